@@ -1,0 +1,704 @@
+"""The client's side of a session as plain Python: no I/O, no clock, no concurrency.
+
+:class:`ClientState` is told what the client sends (:meth:`ClientState.send`)
+and fed the bytes the agent sends back (:meth:`ClientState.receive_data`).
+For every frame it returns a :class:`Traffic` record saying what the frame
+was, which open command it belongs to, whether it completed that command,
+and which rules of the protocol the agent broke by sending it.  Along the
+way it keeps a mirror of the agent's model (machines, nodes, queues, jobs,
+processes and their attributes, process output).
+
+The rules checked here are the ones a client depends on:
+
+* every event carries the TID of a command that is still open, and a
+  completing event (OK, ERROR, SHUTDOWN, SUBMITJOB_ERROR, TERMINATEJOB_ERROR)
+  closes it;
+* model events carry the TID of the open START_EVENTS; ATTR_DEF belongs to a
+  MODEL_DEF, SUBMITJOB_ERROR to a SUBMIT_JOB (with its jobSubId),
+  TERMINATEJOB_ERROR to a TERMINATE_JOB (with its jobId), SHUTDOWN to a QUIT;
+* START_EVENTS completes with OK only once STOP_EVENTS or QUIT was sent after
+  it (likewise STOP_EVENTS with a later START_EVENTS or QUIT), and by
+  SHUTDOWN nothing else is left open;
+* NEW events name ids not in the model and a parent of the right kind
+  (machines and queues under the resource manager, nodes under machines,
+  jobs under queues, processes under jobs); CHANGE and REMOVE events name
+  elements that exist and are of the kind the event is about; process
+  events name a known job and processes of that job;
+* frames are well formed and events have their documented layout.
+
+Breaking a rule is recorded as a :class:`Violation`; the I/O layer decides
+how loudly to complain.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import attrs
+
+from ..protocol.messages import (
+    COMPLETING_EVENTS,
+    ArgumentError,
+    Command,
+    CommandId,
+    ElementChange,
+    ElementKind,
+    ErrorCode,
+    Event,
+    EventId,
+    FilterDef,
+    Message,
+    NewElements,
+    Ok,
+    ProcessChange,
+    RemoveAll,
+    RemoveElements,
+    RemoveProcesses,
+    Shutdown,
+    decode_event,
+)
+from ..protocol.rangeset import RangeSet
+from ..protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, Frame, FrameError, encode_frame
+
+__all__ = [
+    "ClientState",
+    "Element",
+    "OpenCommand",
+    "OutputLine",
+    "Traffic",
+    "Violation",
+    "canonical_id",
+    "RM",
+    "PROTOCOL_VERSION",
+]
+
+PROTOCOL_VERSION = "2.0"
+#: Kind name of the resource-manager element (the base id).
+RM = "rm"
+#: Attributes that carry process output rather than state.
+OUTPUT_KEYS = {"processStdout": "stdout", "processStderr": "stderr"}
+#: Attributes known to repeat (one value per argument / variable) before MODEL_DEF says so.
+DEFAULT_ARRAY_KEYS = frozenset({"progArgs", "env"})
+#: The attribute holding each kind's state.
+STATE_KEYS = {
+    "machine": "machineState",
+    "node": "nodeState",
+    "queue": "queueState",
+    "job": "jobState",
+    "process": "processState",
+}
+#: Element ids one event may make the client expand; more is treated as hostile.
+MAX_IDS_PER_EVENT = 1_000_000
+
+_PARENT_KIND = {
+    ElementKind.MACHINE: RM,
+    ElementKind.QUEUE: RM,
+    ElementKind.NODE: "machine",
+    ElementKind.JOB: "queue",
+    ElementKind.PROCESS: "job",
+}
+_MODEL_EVENTS = frozenset(e for e in EventId if EventId.NEW_JOB <= e <= EventId.REMOVE_QUEUE)
+_COMPLETING_IDS = frozenset(int(e) for e in COMPLETING_EVENTS)
+
+
+def canonical_id(text: str) -> str:
+    """Element ids as the mirror keys them: decimal ids without leading zeros."""
+    if text.isascii() and text.isdigit():
+        return str(int(text))
+    return text
+
+
+@attrs.frozen
+class Violation:
+    """One rule of the protocol the agent broke."""
+
+    rule: str
+    message: str
+    tid: Optional[int] = None
+    raw: bytes = b""
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@attrs.frozen
+class OutputLine:
+    process: str
+    stream: str  # "stdout" or "stderr"
+    text: str
+
+
+@attrs.define(eq=False, repr=False)
+class Element:
+    """One element of the mirrored model.
+
+    ``attributes`` maps attribute ids to strings, or to lists of strings for
+    ARRAY attributes (``progArgs``, ``env``...).  Processes and jobs collect
+    ``output`` (a job's holds the lines of all its processes in arrival
+    order).  ``states`` is the sequence of distinct states the element went
+    through, as seen by the client.
+    """
+
+    id: str
+    kind: str
+    parent: Optional[str]
+    attributes: Dict[str, Union[str, List[str]]] = attrs.Factory(dict)
+    children: Dict[str, None] = attrs.Factory(dict)
+    output: List[OutputLine] = attrs.Factory(list)
+    states: List[str] = attrs.Factory(list)
+    removed: bool = False
+
+    def get(self, key: str, default=None):
+        return self.attributes.get(key, default)
+
+    @property
+    def name(self) -> str:
+        value = self.attributes.get("name", "")
+        return value if isinstance(value, str) else " ".join(value)
+
+    @property
+    def state(self) -> Optional[str]:
+        key = STATE_KEYS.get(self.kind)
+        value = self.attributes.get(key) if key else None
+        return value if isinstance(value, str) else None
+
+    @property
+    def sub_id(self) -> Optional[str]:
+        value = self.attributes.get("jobSubId")
+        return value if isinstance(value, str) else None
+
+    def text(self, stream: str = "stdout") -> str:
+        """Output of one stream, one line per received line, newline-terminated."""
+        return "".join(line.text + "\n" for line in self.output if line.stream == stream)
+
+    def __repr__(self) -> str:
+        extra = f" {self.name!r}" if self.name else ""
+        state = f" {self.state}" if self.state else ""
+        gone = " (removed)" if self.removed else ""
+        return f"<{self.kind} {self.id}{extra}{state}{gone}>"
+
+
+@attrs.define(eq=False)
+class OpenCommand:
+    """A command sent to the agent, with what came back for it so far."""
+
+    tid: int
+    command_id: Union[CommandId, int]
+    args: Tuple[str, ...]
+    #: non-completing events received under this TID (ATTR_DEF, MESSAGE, model events)
+    events: List[Event] = attrs.Factory(list)
+    #: the event that completed it (None while open, or if the completion was malformed)
+    completion: Optional[Event] = None
+    done: bool = False
+    #: why it completed without a usable event (malformed reply, session over)
+    failure: Optional[str] = None
+    #: START_EVENTS: a STOP_EVENTS or QUIT was sent after it (so OK is now due);
+    #: STOP_EVENTS: a START_EVENTS or QUIT was sent after it.
+    released: bool = False
+
+    @property
+    def name(self) -> str:
+        if isinstance(self.command_id, CommandId):
+            return self.command_id.name
+        return f"command 0x{int(self.command_id):04X}"
+
+    def attribute(self, key: str) -> Optional[str]:
+        for arg in self.args:
+            k, sep, v = arg.partition("=")
+            if sep and k == key:
+                return v
+        return None
+
+    @property
+    def ok(self) -> bool:
+        return self.done and isinstance(self.completion, (Ok, Shutdown))
+
+
+@attrs.frozen(eq=False)
+class Traffic:
+    """One frame on the wire, in either direction, with what it meant."""
+
+    direction: str  # "out" (client to agent) or "in"
+    raw: bytes
+    frame: Union[Frame, FrameError, None] = None
+    #: the decoded Command (out) or Event (in), None if it could not be decoded
+    message: Union[Command, Event, None] = None
+    #: the open command an incoming event belongs to
+    command: Optional[OpenCommand] = None
+    completed: bool = False
+    violations: Tuple[Violation, ...] = ()
+
+    @property
+    def fatal(self) -> bool:
+        """The stream can no longer be decoded after this."""
+        return isinstance(self.frame, FrameError) and self.frame.fatal
+
+
+def _id_count(ids: Union[RangeSet, str]) -> int:
+    return 1 if isinstance(ids, str) else len(ids)
+
+
+def _ids(ids: Union[RangeSet, str]) -> Iterator[str]:
+    if isinstance(ids, str):
+        yield canonical_id(ids)
+    else:
+        for n in ids:
+            yield str(n)
+
+
+class ClientState:
+    """Session bookkeeping, protocol checks and the mirrored model, without I/O."""
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+        self._decoder = Decoder(max_frame_size)
+        self._raw = bytearray()
+        self._next_tid = 1
+        self.open: Dict[int, OpenCommand] = {}
+        self.base_id: Optional[str] = None
+        self.initialized = False
+        self.shutdown = False
+        self.violations: List[Violation] = []
+        self.messages: List[Message] = []
+        self.attr_defs: Dict[str, object] = {}
+        self.filter_defs: List[FilterDef] = []
+        self.elements: Dict[str, Element] = {}
+        self.by_kind: Dict[str, Dict[str, Element]] = {k: {} for k in (RM, *STATE_KEYS)}
+        self.jobs_by_sub: Dict[str, Element] = {}
+        self._array_keys = set(DEFAULT_ARRAY_KEYS)
+        # commands sent on purpose under a TID still open, waiting for their refusal
+        self._reusing: Dict[int, List[OpenCommand]] = {}
+        #: count of model events applied (handy for "something happened" waits)
+        self.model_events = 0
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def rm(self) -> Optional[Element]:
+        return self.elements.get(self.base_id) if self.base_id is not None else None
+
+    @property
+    def events_started(self) -> bool:
+        """A START_EVENTS is open and no STOP_EVENTS/QUIT has been sent after it."""
+        return any(c.command_id == CommandId.START_EVENTS and not c.released for c in self.open.values())
+
+    def open_command(self, command_id: CommandId) -> Optional[OpenCommand]:
+        """The most recent open command with that id, if any."""
+        found = None
+        for command in self.open.values():
+            if command.command_id == command_id:
+                found = command
+        return found
+
+    def is_array(self, key: str) -> bool:
+        return key in self._array_keys
+
+    # ------------------------------------------------------------------ output
+
+    def new_tid(self) -> int:
+        tid = self._next_tid
+        while tid in self.open:
+            tid = tid % 0xFFFFFFFF + 1
+        self._next_tid = tid % 0xFFFFFFFF + 1
+        return tid
+
+    def send(self, command_id: Union[CommandId, int], args: Sequence[str] = (), tid: Optional[int] = None) -> Tuple[OpenCommand, Traffic]:
+        """Record a command about to be sent; returns it and its frame.
+
+        ``tid`` may be given to reuse one on purpose (protocol testing).  A
+        command sent under the TID of a command still open does not replace
+        it: the agent refuses it with a MESSAGE (code TID_IN_USE) under that
+        TID, which completes the returned command with a ``failure``.
+        """
+        if tid is None:
+            tid = self.new_tid()
+        try:
+            cid: Union[CommandId, int] = CommandId(command_id)
+        except ValueError:
+            cid = int(command_id)
+        args = tuple(args)
+        if cid == CommandId.START_EVENTS:
+            for other in self.open.values():
+                if other.command_id == CommandId.STOP_EVENTS:
+                    other.released = True
+        elif cid == CommandId.STOP_EVENTS:
+            for other in self.open.values():
+                if other.command_id == CommandId.START_EVENTS:
+                    other.released = True
+        elif cid == CommandId.QUIT:
+            for other in self.open.values():
+                if other.command_id in (CommandId.START_EVENTS, CommandId.STOP_EVENTS):
+                    other.released = True
+        elif cid == CommandId.INIT:
+            self.base_id = _base_id_of(args)
+        command = OpenCommand(tid, cid, args)
+        if tid in self.open:
+            self._reusing.setdefault(tid, []).append(command)
+        else:
+            self.open[tid] = command
+        raw = encode_frame(int(cid), tid, args)
+        frame = Frame(int(cid), tid, args)
+        return command, Traffic("out", raw, frame, Command(cid, tid, args), command)
+
+    # ------------------------------------------------------------------ input
+
+    def receive_data(self, data: bytes) -> List[Traffic]:
+        self._decoder.feed(data)
+        if self._decoder.failed is None:
+            self._raw += data
+        return self._drain()
+
+    def receive_eof(self) -> List[Traffic]:
+        self._decoder.feed_eof()
+        return self._drain()
+
+    def _drain(self) -> List[Traffic]:
+        out = []
+        for item in self._decoder:
+            if isinstance(item, FrameError) and item.fatal:
+                raw = bytes(self._raw[:256])
+                self._raw.clear()
+            else:
+                length = int(self._raw[:8], 16)
+                raw = bytes(self._raw[: 8 + length])
+                del self._raw[: 8 + length]
+            out.append(self._frame(item, raw))
+        return out
+
+    def _frame(self, item: Union[Frame, FrameError], raw: bytes) -> Traffic:
+        problems: List[Violation] = []
+        if isinstance(item, FrameError):
+            where = f" (event {item.msg_id}, TID {item.tid})" if item.tid is not None else ""
+            rule = "framing" if item.fatal else "malformed-frame"
+            problems.append(Violation(rule, f"malformed frame from the agent{where}: {item.message}", item.tid, raw))
+            command, completed = self._complete_broken(item.msg_id, item.tid, f"malformed reply: {item.message}")
+            self.violations.extend(problems)
+            return Traffic("in", raw, item, None, command, completed, tuple(problems))
+        try:
+            event = decode_event(item)
+        except (ArgumentError, ValueError) as exc:
+            name = _event_name(item.msg_id)
+            problems.append(Violation("malformed-event", f"malformed {name} (TID {item.tid}): {exc}", item.tid, raw))
+            command, completed = self._complete_broken(item.msg_id, item.tid, f"malformed {name}: {exc}")
+            self.violations.extend(problems)
+            return Traffic("in", raw, item, None, command, completed, tuple(problems))
+        command, completed = self._event(event, problems)
+        for p in range(len(problems)):
+            if not problems[p].raw:
+                problems[p] = attrs.evolve(problems[p], raw=raw)
+        self.violations.extend(problems)
+        return Traffic("in", raw, item, event, command, completed, tuple(problems))
+
+    def _complete_broken(self, msg_id: Optional[int], tid: Optional[int], why: str) -> Tuple[Optional[OpenCommand], bool]:
+        # A malformed reply that would have completed an open command still
+        # completes it, so that nobody waits forever for a reply already sent.
+        command = self.open.get(tid) if tid is not None else None
+        if command is None or msg_id not in _COMPLETING_IDS:
+            return command, False
+        del self.open[tid]
+        command.done = True
+        command.failure = why
+        return command, True
+
+    # ------------------------------------------------------------------ events
+
+    def _event(self, event: Event, problems: List[Violation]) -> Tuple[Optional[OpenCommand], bool]:
+        eid = event.event_id
+        tid = event.tid
+        name = eid.name
+        command = self.open.get(tid)
+        if command is None:
+            after = " after SHUTDOWN" if self.shutdown else ""
+            problems.append(
+                Violation("unknown-tid", f"{name} with TID {tid}{after}, which matches no open command", tid)
+            )
+            return None, False
+        cid = command.command_id
+        if eid in _MODEL_EVENTS:
+            if cid != CommandId.START_EVENTS:
+                problems.append(
+                    Violation(
+                        "model-event-tid",
+                        f"{name} carries TID {tid} of {command.name}; model events belong to the open START_EVENTS",
+                        tid,
+                    )
+                )
+            command.events.append(event)
+            self._apply(event, problems)
+            return command, False
+        if eid is EventId.MESSAGE:
+            self.messages.append(event)  # type: ignore[arg-type]
+            reusing = self._reusing.get(tid)
+            if reusing and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
+                refused = reusing.pop(0)
+                refused.events.append(event)
+                refused.done = True
+                refused.failure = f"refused: {event.text}"  # type: ignore[attr-defined]
+                return refused, True
+            command.events.append(event)
+            return command, False
+        if eid is EventId.ATTR_DEF:
+            if cid != CommandId.MODEL_DEF:
+                problems.append(Violation("attr-def-tid", f"ATTR_DEF under TID {tid} of {command.name}, not MODEL_DEF", tid))
+            for definition in event.definitions:  # type: ignore[attr-defined]
+                self.attr_defs[definition.id] = definition
+                if _type_name(definition) == "ARRAY":
+                    self._array_keys.add(definition.id)
+            command.events.append(event)
+            return command, False
+        if eid is EventId.FILTER_DEF:
+            if cid not in (CommandId.MODEL_DEF, CommandId.LIST_FILTERS):
+                problems.append(Violation("filter-def-tid", f"FILTER_DEF under TID {tid} of {command.name}", tid))
+            self.filter_defs.append(event)  # type: ignore[arg-type]
+            command.events.append(event)
+            return command, False
+        if eid not in COMPLETING_EVENTS:  # pragma: no cover - every event id is covered above
+            problems.append(Violation("unexpected-event", f"unexpected {name} (TID {tid})", tid))
+            return command, False
+        # completing events
+        if eid is EventId.OK:
+            if cid in (CommandId.START_EVENTS, CommandId.STOP_EVENTS) and not command.released:
+                later = "STOP_EVENTS" if cid == CommandId.START_EVENTS else "START_EVENTS"
+                problems.append(
+                    Violation(
+                        "early-ok",
+                        f"OK for {command.name} (TID {tid}) before the client sent {later} or QUIT",
+                        tid,
+                    )
+                )
+            if cid == CommandId.INIT:
+                self._initialized()
+        elif eid is EventId.SHUTDOWN:
+            if cid != CommandId.QUIT:
+                problems.append(Violation("shutdown-tid", f"SHUTDOWN under TID {tid} of {command.name}, not QUIT", tid))
+            left = [c for t, c in self.open.items() if t != tid]
+            if left:
+                names = ", ".join(f"{c.name} (TID {c.tid})" for c in left)
+                problems.append(Violation("shutdown-open", f"SHUTDOWN while commands were still open: {names}", tid))
+            for other in left:
+                other.done = True
+                other.failure = "the agent shut down without answering it"
+            self.open = {tid: command}
+            self.shutdown = True
+        elif eid is EventId.SUBMITJOB_ERROR:
+            if cid != CommandId.SUBMIT_JOB:
+                problems.append(Violation("error-tid", f"SUBMITJOB_ERROR under TID {tid} of {command.name}", tid))
+            elif event.job_sub_id != (command.attribute("jobSubId") or ""):  # type: ignore[attr-defined]
+                problems.append(
+                    Violation(
+                        "error-subject",
+                        f"SUBMITJOB_ERROR (TID {tid}) names jobSubId {event.job_sub_id!r}, "  # type: ignore[attr-defined]
+                        f"the command submitted {command.attribute('jobSubId')!r}",
+                        tid,
+                    )
+                )
+        elif eid is EventId.TERMINATEJOB_ERROR:
+            if cid != CommandId.TERMINATE_JOB:
+                problems.append(Violation("error-tid", f"TERMINATEJOB_ERROR under TID {tid} of {command.name}", tid))
+            elif canonical_id(event.job_id) != canonical_id(command.attribute("jobId") or ""):  # type: ignore[attr-defined]
+                problems.append(
+                    Violation(
+                        "error-subject",
+                        f"TERMINATEJOB_ERROR (TID {tid}) names job {event.job_id!r}, "  # type: ignore[attr-defined]
+                        f"the command named {command.attribute('jobId')!r}",
+                        tid,
+                    )
+                )
+        del self.open[tid]
+        command.done = True
+        command.completion = event
+        return command, True
+
+    def _initialized(self) -> None:
+        self.initialized = True
+        if self.base_id is not None and self.base_id not in self.elements:
+            rm = Element(self.base_id, RM, None, {"id": self.base_id})
+            self.elements[rm.id] = rm
+            self.by_kind[RM][rm.id] = rm
+
+    # ------------------------------------------------------------------ model
+
+    def _apply(self, event: Event, problems: List[Violation]) -> None:
+        self.model_events += 1
+        name = event.event_id.name
+        total = 0
+        for ids in _event_id_sets(event):
+            total += _id_count(ids)
+        if total > MAX_IDS_PER_EVENT:
+            problems.append(
+                Violation("too-many-ids", f"{name} names {total} elements (more than {MAX_IDS_PER_EVENT}); not applied")
+            )
+            return
+        if isinstance(event, NewElements):
+            self._new(event, problems)
+        elif isinstance(event, ProcessChange):
+            self._process_change(event, problems)
+        elif isinstance(event, ElementChange):
+            self._change(event, problems)
+        elif isinstance(event, RemoveProcesses):
+            self._remove_processes(event, problems)
+        elif isinstance(event, RemoveElements):
+            for eid in _ids(event.ids):
+                element = self._expect(eid, event.kind.value, name, problems)
+                if element is not None:
+                    self._remove(element)
+        elif isinstance(event, RemoveAll):
+            for element in list(self.elements.values()):
+                if element.kind != RM:
+                    self._remove(element)
+
+    def _expect(self, eid: str, kind: str, event: str, problems: List[Violation]) -> Optional[Element]:
+        element = self.elements.get(eid)
+        if element is None:
+            problems.append(Violation("unknown-element", f"{event} for unknown {kind} {eid}"))
+            return None
+        if element.kind != kind:
+            problems.append(Violation("wrong-kind", f"{event} for {eid}, which is a {element.kind}, not a {kind}"))
+            return None
+        return element
+
+    def _new(self, event: NewElements, problems: List[Violation]) -> None:
+        name = event.event_id.name
+        kind = event.kind.value
+        parent_id = canonical_id(event.parent_id)
+        parent = self.elements.get(parent_id)
+        wanted = _PARENT_KIND[event.kind]
+        if parent is None:
+            problems.append(Violation("unknown-parent", f"{name} with unknown parent {parent_id}"))
+        elif parent.kind != wanted:
+            what = "the resource manager" if wanted == RM else f"a {wanted}"
+            problems.append(
+                Violation("wrong-parent", f"{name} with parent {parent_id}, a {parent.kind}; a {kind}'s parent is {what}")
+            )
+        for group in event.groups:
+            values = self._values(group.attributes)
+            for eid in _ids(group.ids):
+                existing = self.elements.get(eid)
+                if existing is not None:
+                    problems.append(Violation("duplicate-id", f"{name} for id {eid}, already a {existing.kind} in the model"))
+                    if existing.kind != kind:
+                        continue
+                    self._set(existing, values)
+                    continue
+                element = Element(eid, kind, parent_id)
+                self.elements[eid] = element
+                self.by_kind[kind][eid] = element
+                if parent is not None:
+                    parent.children[eid] = None
+                self._set(element, values)
+
+    def _change(self, event: ElementChange, problems: List[Violation]) -> None:
+        name = event.event_id.name
+        kind = RM if event.kind is None else event.kind.value
+        for group in event.groups:
+            values = self._values(group.attributes)
+            for eid in _ids(group.ids):
+                element = self._expect(eid, kind, name, problems)
+                if element is not None:
+                    self._set(element, values)
+
+    def _process_change(self, event: ProcessChange, problems: List[Violation]) -> None:
+        job = self._expect(canonical_id(event.job_id), "job", "PROCESS_CHANGE", problems)
+        if job is None:
+            return
+        for group in event.groups:
+            output = [(OUTPUT_KEYS[k], v) for k, v in group.attributes if k in OUTPUT_KEYS]
+            values = self._values([(k, v) for k, v in group.attributes if k not in OUTPUT_KEYS])
+            for pid in _ids(group.ids):
+                process = self._expect(pid, "process", "PROCESS_CHANGE", problems)
+                if process is None:
+                    continue
+                if process.parent != job.id:
+                    problems.append(
+                        Violation("wrong-job", f"PROCESS_CHANGE for process {pid} under job {job.id}; it belongs to job {process.parent}")
+                    )
+                    continue
+                self._set(process, values)
+                for stream, value in output:
+                    for text in value.split("\n"):
+                        line = OutputLine(pid, stream, text)
+                        process.output.append(line)
+                        job.output.append(line)
+
+    def _remove_processes(self, event: RemoveProcesses, problems: List[Violation]) -> None:
+        job = self._expect(canonical_id(event.job_id), "job", "REMOVE_PROCESS", problems)
+        if job is None:
+            return
+        for pid in _ids(event.ids):
+            process = self._expect(pid, "process", "REMOVE_PROCESS", problems)
+            if process is None:
+                continue
+            if process.parent != job.id:
+                problems.append(
+                    Violation("wrong-job", f"REMOVE_PROCESS for process {pid} under job {job.id}; it belongs to job {process.parent}")
+                )
+                continue
+            self._remove(process)
+
+    def _remove(self, element: Element) -> None:
+        for child in list(element.children):
+            node = self.elements.get(child)
+            if node is not None and node.parent == element.id:
+                self._remove(node)
+        self.elements.pop(element.id, None)
+        self.by_kind[element.kind].pop(element.id, None)
+        parent = self.elements.get(element.parent) if element.parent is not None else None
+        if parent is not None:
+            parent.children.pop(element.id, None)
+        sub = element.sub_id
+        if sub is not None and self.jobs_by_sub.get(sub) is element:
+            del self.jobs_by_sub[sub]
+        element.removed = True
+
+    def _values(self, pairs: Iterable[Tuple[str, str]]) -> Dict[str, Union[str, List[str]]]:
+        grouped: Dict[str, List[str]] = {}
+        for key, value in pairs:
+            grouped.setdefault(key, []).append(value)
+        return {
+            key: (values if len(values) > 1 or key in self._array_keys else values[0])
+            for key, values in grouped.items()
+        }
+
+    def _set(self, element: Element, values: Dict[str, Union[str, List[str]]]) -> None:
+        element.attributes.update((k, list(v) if isinstance(v, list) else v) for k, v in values.items())
+        key = STATE_KEYS.get(element.kind)
+        if key is not None:
+            state = values.get(key)
+            if isinstance(state, str) and (not element.states or element.states[-1] != state):
+                element.states.append(state)
+        sub = values.get("jobSubId")
+        if element.kind == "job" and isinstance(sub, str):
+            self.jobs_by_sub[sub] = element
+
+
+def _event_id_sets(event: Event) -> Iterator[Union[RangeSet, str]]:
+    groups = getattr(event, "groups", None)
+    if groups is not None:
+        for group in groups:
+            yield group.ids
+    ids = getattr(event, "ids", None)
+    if ids is not None:
+        yield ids
+
+
+def _event_name(msg_id: int) -> str:
+    try:
+        return EventId(msg_id).name
+    except ValueError:
+        return f"event {msg_id}"
+
+
+def _type_name(definition) -> str:
+    value = getattr(definition, "type", None)
+    value = getattr(value, "value", value)
+    return str(value).upper() if value is not None else ""
+
+
+def _base_id_of(args: Sequence[str]) -> Optional[str]:
+    bare = [a for a in args if "=" not in a]
+    for arg in args:
+        key, sep, value = arg.partition("=")
+        if sep and key == "baseId":
+            return canonical_id(value)
+    if len(bare) >= 2:
+        return canonical_id(bare[1])
+    return None

@@ -1,0 +1,7 @@
+"""``python -m proxy_agent.console``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,797 @@
+"""The console's commands, run against an :class:`~proxy_agent.client.AgentClient`.
+
+Each command is a method ``cmd_<name>(args)``.  A command that cannot do
+what was asked raises (:class:`CommandError` for the console's own
+complaints, the client's errors otherwise); :meth:`Console.execute` turns
+that into one error line and a False result.  Errors that end the session
+(protocol violation, agent gone) are not caught there: they end the console.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import attrs
+import trio
+
+from ..client import (
+    AgentClient,
+    ClientError,
+    ConnectionClosed,
+    Element,
+    ProtocolViolationError,
+    Traffic,
+    UnknownElementError,
+)
+from ..client.state import OUTPUT_KEYS, PROTOCOL_VERSION
+from ..protocol.messages import CommandId, Error, Event, Ok, ProcessChange, Shutdown
+from . import render
+from .terminal import Output
+
+__all__ = ["Console", "CommandError", "split_commands", "COMMANDS"]
+
+
+class CommandError(Exception):
+    """A console command was misused or could not be carried out; the text says why."""
+
+
+@attrs.frozen
+class CommandSpec:
+    name: str
+    usage: str
+    summary: str
+
+
+COMMANDS: Tuple[CommandSpec, ...] = (
+    CommandSpec("submit", "submit [OPTIONS] [KEY=VALUE...] EXECUTABLE [ARG...] [--wait]",
+                "submit a job; options: -n/--count N, -e/--env NAME=VALUE, -d/--dir DIR, -q/--queue QUEUE, "
+                "--sub-id ID, -w/--wait (wait for it to end, print its output, fail if it failed), -t/--timeout S"),
+    CommandSpec("jobs", "jobs", "list the jobs"),
+    CommandSpec("nodes", "nodes", "list the nodes"),
+    CommandSpec("queues", "queues", "list the queues"),
+    CommandSpec("machines", "machines", "list the machines"),
+    CommandSpec("show", "show ID", "every attribute of an element (a job also by its jobSubId)"),
+    CommandSpec("output", "output JOB", "print a job's output and follow it until the job ends (Ctrl-C stops)"),
+    CommandSpec("wait", "wait JOB [STATE] [-t SECONDS]", "wait until the job has reached STATE (default COMPLETED)"),
+    CommandSpec("terminate", "terminate JOB", "terminate a job (TERMINATE_JOB)"),
+    CommandSpec("hold", "hold JOB", "hold a job (CHANGE_JOB)"),
+    CommandSpec("release", "release JOB", "release a held job (CHANGE_JOB)"),
+    CommandSpec("suspend", "suspend JOB", "suspend a running job (CHANGE_JOB)"),
+    CommandSpec("resume", "resume JOB", "resume a suspended job (CHANGE_JOB)"),
+    CommandSpec("change", "change JOB KEY=VALUE...", "change job attributes (CHANGE_JOB)"),
+    CommandSpec("move", "move JOB QUEUE", "move a job to another queue (MOVE_JOB)"),
+    CommandSpec("stop", "stop", "stop the agent's events (STOP_EVENTS); changes are held"),
+    CommandSpec("start", "start", "start events again (START_EVENTS); held changes arrive"),
+    CommandSpec("attrs", "attrs [ID]", "attribute definitions the agent sent (MODEL_DEF)"),
+    CommandSpec("raw", "raw [--tid N] [--no-wait] ID [ARG...]",
+                "send any command by number (decimal or 0x..) and print its reply"),
+    CommandSpec("init", "init [BASE_ID] [--bare] [--token TOKEN] [--version V]", "send INIT (sessions started with --manual)"),
+    CommandSpec("modeldef", "modeldef", "send MODEL_DEF (sessions started with --manual)"),
+    CommandSpec("violations", "violations", "protocol violations by the agent seen so far"),
+    CommandSpec("quiet", "quiet [on|off]", "hide (on) or show (off) events as they arrive"),
+    CommandSpec("sleep", "sleep SECONDS", "pause (useful in scripts)"),
+    CommandSpec("help", "help [COMMAND]", "this list, or one command's usage"),
+    CommandSpec("quit", "quit", "send QUIT (the agent shuts down) and leave"),
+)
+_SPECS = {spec.name: spec for spec in COMMANDS}
+_ALIASES = {"exit": "quit", "ls": "jobs", "kill": "terminate", "?": "help"}
+
+#: Job statuses that mean the job did not succeed.
+_FAILED_STATUSES = {"FAILED", "CANCELED", "CANCELLED", "ERROR", "KILLED", "TIMEOUT"}
+_ATTRIBUTE_ARG = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*=")
+
+#: CHANGE_JOB attributes per console command: candidates, in order of preference.
+_HOLD_ATTRIBUTES = ("hold", "jobHold")
+_SUSPEND_ATTRIBUTES = ("suspend", "jobSuspend")
+
+
+def split_commands(text: str) -> List[List[str]]:
+    """Split command text into commands (';' or newlines) and those into words (shell quoting)."""
+    commands: List[List[str]] = []
+    for raw_line in text.splitlines():
+        line = raw_line.strip()
+        if not line or line.startswith("#"):
+            continue
+        lexer = shlex.shlex(line, posix=True, punctuation_chars=";")
+        lexer.whitespace_split = True
+        lexer.commenters = ""
+        current: List[str] = []
+        try:
+            tokens = list(lexer)
+        except ValueError as exc:
+            raise CommandError(f"cannot parse {line!r}: {exc}") from None
+        for token in tokens:
+            if token and set(token) == {";"}:
+                if current:
+                    commands.append(current)
+                current = []
+            else:
+                current.append(token)
+        if current:
+            commands.append(current)
+    return commands
+
+
+def command_text(words: Sequence[str]) -> str:
+    return " ".join(shlex.quote(w) for w in words)
+
+
+@attrs.define
+class SubmitRequest:
+    executable: str
+    args: List[str]
+    count: int = 1
+    env: List[str] = attrs.Factory(list)
+    cwd: Optional[str] = None
+    queue: Optional[str] = None
+    sub_id: Optional[str] = None
+    wait: bool = False
+    timeout: Optional[float] = None
+    attributes: Dict[str, Any] = attrs.Factory(dict)
+
+
+def parse_submit(args: Sequence[str]) -> SubmitRequest:
+    """``[OPTIONS] [KEY=VALUE...] EXECUTABLE [ARG...] [--wait]``."""
+    options: Dict[str, Any] = {"env": [], "attributes": {}}
+    words = list(args)
+    i = 0
+
+    def value(flag: str) -> str:
+        nonlocal i
+        if i + 1 >= len(words):
+            raise CommandError(f"submit: {flag} needs a value")
+        i += 1
+        return words[i]
+
+    while i < len(words):
+        word = words[i]
+        flag, eq, inline = word.partition("=") if word.startswith("--") else (word, "", "")
+        get = (lambda f=flag: inline) if eq else (lambda f=flag: value(f))
+        if word == "--":
+            i += 1
+            break
+        if flag in ("-n", "--count"):
+            text = get()
+            if not text.isdigit() or int(text) < 1:
+                raise CommandError(f"submit: {flag} needs a positive number, got {text!r}")
+            options["count"] = int(text)
+        elif flag in ("-e", "--env"):
+            text = get()
+            if "=" not in text:
+                raise CommandError(f"submit: {flag} needs NAME=VALUE, got {text!r}")
+            options["env"].append(text)
+        elif flag in ("-d", "--dir"):
+            options["cwd"] = get()
+        elif flag in ("-q", "--queue"):
+            options["queue"] = get()
+        elif flag == "--sub-id":
+            options["sub_id"] = get()
+        elif flag in ("-t", "--timeout"):
+            options["timeout"] = _seconds(get(), "submit --timeout")
+        elif flag in ("-w", "--wait"):
+            options["wait"] = True
+        elif word.startswith("-") and len(word) > 1:
+            raise CommandError(f"submit: unknown option {word!r} (see 'help submit')")
+        elif _ATTRIBUTE_ARG.match(word):
+            key, _, val = word.partition("=")
+            previous = options["attributes"].get(key)
+            if previous is None:
+                options["attributes"][key] = val
+            else:
+                options["attributes"][key] = (previous if isinstance(previous, list) else [previous]) + [val]
+        else:
+            break
+        i += 1
+    rest = words[i:]
+    if len(rest) > 1 and rest[-1] in ("--wait", "-w"):
+        options["wait"] = True
+        rest = rest[:-1]
+    if not rest:
+        raise CommandError("submit needs an executable (see 'help submit')")
+    return SubmitRequest(rest[0], rest[1:], **options)
+
+
+def _seconds(text: str, what: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        raise CommandError(f"{what}: expected seconds, got {text!r}") from None
+    if seconds < 0:
+        raise CommandError(f"{what}: seconds must not be negative")
+    return seconds
+
+
+def exit_codes(client: AgentClient, job: Element) -> List[str]:
+    codes = []
+    for process in client.children(job, "process"):
+        code = process.get("processExitCode")
+        sig = process.get("processSignalName")
+        if isinstance(code, str):
+            codes.append(code)
+        elif isinstance(sig, str):
+            codes.append(sig)
+    return codes
+
+
+def job_failed(client: AgentClient, job: Element) -> bool:
+    status = job.get("jobStatus")
+    if isinstance(status, str) and status.upper() in _FAILED_STATUSES:
+        return True
+    return any(code != "0" for code in exit_codes(client, job))
+
+
+class Console:
+    """Runs console commands and shows what the agent sends."""
+
+    def __init__(
+        self,
+        client: AgentClient,
+        output: Output,
+        *,
+        trace: bool = False,
+        quiet: bool = False,
+        timeout: Optional[float] = None,
+        reply_timeout: float = 10.0,
+        token: Optional[str] = None,
+        base_id: int = 1000,
+        interactive: bool = False,
+    ) -> None:
+        self.client = client
+        self.out = output
+        self.json = output.json_mode
+        self.trace = trace
+        self.quiet = quiet
+        self.timeout = timeout
+        #: how long ``raw`` waits for a reply
+        self.reply_timeout = reply_timeout
+        self.token = token
+        self.base_id = base_id
+        self.interactive = interactive
+        self.finished = False
+        self.last_job: Optional[str] = None
+        self._followed: set = set()
+        self._printed: Dict[str, int] = {}
+        self._command_scope: Optional[trio.CancelScope] = None
+        client.add_listener(self._on_traffic)
+
+    # ------------------------------------------------------------------ showing events
+
+    def _on_traffic(self, traffic: Traffic) -> None:
+        if self.trace:
+            if self.json:
+                self.out.record(render.trace_record(traffic))
+            else:
+                for text in render.trace_lines(traffic):
+                    self.out.note(text)
+        if traffic.direction != "in":
+            return
+        for violation in traffic.violations:
+            if self.json:
+                self.out.record({"type": "violation", "rule": violation.rule, "message": str(violation)})
+            else:
+                self.out.note(f"protocol violation: {violation}")
+        event = traffic.message
+        if not isinstance(event, Event) or isinstance(event, (Ok, Error, Shutdown)):
+            return
+        if self.json:
+            if not self.quiet:
+                self.out.record(render.event_record(event, self.client.state))
+        elif not self.quiet:
+            self.out.lines(render.event_lines(self.client.state, event))
+        if isinstance(event, ProcessChange) and any(k in OUTPUT_KEYS for g in event.groups for k, _ in g.attributes):
+            self._flush_output(event.job_id)
+
+    def _flush_output(self, job_id: str) -> None:
+        """Print the job's output lines not printed yet (text mode, unless quiet and not followed)."""
+        if self.json:
+            return
+        job = self.client.find_job(job_id)
+        if job is None or (self.quiet and job.id not in self._followed):
+            return
+        start = self._printed.get(job.id, 0)
+        for line in job.output[start:]:
+            self.out.line(render.output_line(self.client.state, line))
+        self._printed[job.id] = len(job.output)
+
+    # ------------------------------------------------------------------ results
+
+    def result(self, command: str, text_lines: Iterable[str] = (), **fields: Any) -> None:
+        if self.json:
+            self.out.record({"type": "result", "command": command, "ok": True, **fields})
+        else:
+            self.out.lines(text_lines)
+
+    def failure(self, words: Sequence[str], message: str, index: Optional[int] = None) -> None:
+        where = f"command {index} " if index is not None else ""
+        text = f"{where}failed: {command_text(words)}: {message}" if index is not None else f"error: {message}"
+        if self.json:
+            self.out.record({"type": "result", "command": words[0] if words else "", "ok": False, "error": message, "line": command_text(words)})
+        self.out.note(f"proxy-console: {text}" if index is not None else text)
+
+    # ------------------------------------------------------------------ running commands
+
+    def resolve(self, name: str) -> Optional[Callable]:
+        name = _ALIASES.get(name, name)
+        if name not in _SPECS:
+            return None
+        return getattr(self, f"cmd_{name}")
+
+    async def execute(self, words: Sequence[str], index: Optional[int] = None) -> bool:
+        """Run one command; False (after an error line) if it failed."""
+        if not words:
+            return True
+        handler = self.resolve(words[0])
+        if handler is None:
+            self.failure(words, f"unknown command {words[0]!r} (type 'help' for the list)", index)
+            return False
+        try:
+            with trio.CancelScope() as scope:
+                self._command_scope = scope
+                await handler(list(words[1:]))
+            if scope.cancelled_caught:
+                self.out.note("interrupted")
+                return False
+            return True
+        except (ProtocolViolationError, ConnectionClosed):
+            raise
+        except (CommandError, ClientError) as exc:
+            self.failure(words, str(exc), index)
+            return False
+        finally:
+            self._command_scope = None
+
+    def interrupt(self) -> bool:
+        """Ctrl-C: cancel the running command; False if none was running."""
+        if self._command_scope is None:
+            return False
+        self._command_scope.cancel()
+        return True
+
+    async def watch_interrupts(self) -> None:
+        """Interactive mode: Ctrl-C stops the running command instead of the console."""
+        with trio.open_signal_receiver(signal.SIGINT) as signals:
+            async for _ in signals:
+                if not self.interrupt():
+                    self.out.note("(type 'quit' or press Ctrl-D to leave)")
+
+    async def startup(self) -> None:
+        """INIT, MODEL_DEF, START_EVENTS."""
+        await self.client.init(self.base_id, token=self.token)
+        definitions = await self.client.model_def()
+        await self.client.start_events()
+        peer = self.client.peer
+        if self.json:
+            self.out.record({"type": "connected", "peer": peer, "base_id": self.base_id, "attribute_definitions": len(definitions)})
+        else:
+            self.out.note(f"connected to {peer}: {len(definitions)} attribute definitions, events started")
+
+    async def finish(self, send_quit: bool) -> None:
+        """End of input: QUIT (spawned agents) or just leave."""
+        if self.finished or self.client.ended is not None:
+            return
+        self.finished = True
+        if send_quit:
+            with trio.move_on_after(10):
+                await self.client.quit()
+
+    def completions(self, text: str, words: List[str]) -> List[str]:
+        """Tab completion: command names first, then job ids, jobSubIds, queue and element ids."""
+        if not words:
+            names = sorted(set(_SPECS) | set(_ALIASES))
+            return [n + " " for n in names if n.startswith(text)]
+        candidates: List[str] = []
+        try:
+            state = self.client.state
+            command = _ALIASES.get(words[0], words[0])
+            if command in ("move",) and len(words) == 2:
+                pool = [q.name or q.id for q in list(state.by_kind["queue"].values())] + list(state.by_kind["queue"])
+            elif command == "show":
+                pool = list(state.elements) + list(state.jobs_by_sub)
+            else:
+                pool = list(state.by_kind["job"]) + list(state.jobs_by_sub)
+            candidates = sorted({c for c in pool if c.startswith(text)})
+        except RuntimeError:  # the model changed under us (another thread); try again next time
+            return []
+        return [c + " " for c in candidates]
+
+    # ------------------------------------------------------------------ helpers
+
+    def _job(self, ref: str) -> Element:
+        if ref == "." and self.last_job is not None:
+            ref = self.last_job
+        return self.client.job(ref)
+
+    def _job_ref(self, ref: str) -> str:
+        """For job commands: a known job's id; an unknown numeric id passes through for the agent to judge."""
+        if ref == "." and self.last_job is not None:
+            ref = self.last_job
+        job = self.client.find_job(ref)
+        if job is not None:
+            return job.id
+        if ref.isdigit():
+            return ref
+        return self.client.job(ref).id  # raises: unknown jobSubId
+
+    def _one_arg(self, name: str, args: Sequence[str], what: str = "JOB") -> str:
+        if len(args) != 1:
+            raise CommandError(f"usage: {_SPECS[name].usage}")
+        return args[0]
+
+    def _wait_timeout(self, given: Optional[float]) -> Optional[float]:
+        return given if given is not None else self.timeout
+
+    async def _follow(self, job: Element, timeout: Optional[float]) -> None:
+        """Show the job's output as it arrives until it completes."""
+        self._followed.add(job.id)
+        try:
+            self._flush_output(job.id)
+            await self.client.wait_job_state(job, "COMPLETED", timeout)
+        finally:
+            self._followed.discard(job.id)
+
+    def _job_end_line(self, job: Element) -> str:
+        codes = exit_codes(self.client, job)
+        tail = ""
+        if len(codes) == 1:
+            tail = f" (exit status {codes[0]})"
+        elif codes:
+            tail = f" (exit statuses {','.join(codes)})"
+        return render.element_summary(job) + tail
+
+    # ------------------------------------------------------------------ commands
+
+    async def cmd_help(self, args: List[str]) -> None:
+        if args:
+            spec = _SPECS.get(_ALIASES.get(args[0], args[0]))
+            if spec is None:
+                raise CommandError(f"no command {args[0]!r}")
+            self.result("help", [f"usage: {spec.usage}", f"  {spec.summary}"], usage=spec.usage, summary=spec.summary)
+            return
+        width = max(len(spec.usage) for spec in COMMANDS if len(spec.usage) < 40)
+        lines = ["commands (separate several with ';'; JOB is an element id, a jobSubId, or '.' for the last submitted):"]
+        for spec in COMMANDS:
+            summary = spec.summary.split(";")[0]
+            if len(spec.usage) <= width:
+                lines.append(f"  {spec.usage.ljust(width)}  {summary}")
+            else:
+                lines.append(f"  {spec.usage}")
+                lines.append(f"  {'':{width}}  {summary}")
+        self.result("help", lines, commands=[{"usage": s.usage, "summary": s.summary} for s in COMMANDS])
+
+    async def cmd_submit(self, args: List[str]) -> None:
+        request = parse_submit(args)
+        client = self.client
+        kwargs = dict(
+            count=request.count,
+            env=request.env or None,
+            cwd=request.cwd,
+            queue=request.queue,
+            sub_id=request.sub_id,
+            **request.attributes,
+        )
+        if not client.events_started:
+            sub_id = await client.submit_nowait(request.executable, request.args, **kwargs)
+            self.result("submit", [f"submitted {sub_id}; events are stopped, its job id arrives with 'start'"], sub_id=sub_id)
+            if request.wait:
+                raise CommandError("cannot wait for a job while events are stopped")
+            return
+        job_id = await client.submit(request.executable, request.args, **kwargs)
+        job = client.job(job_id)
+        self.last_job = job.id
+        if not request.wait:
+            self.result("submit", [f"submitted job {job.id} ({job.sub_id})"], job=job.id, sub_id=job.sub_id)
+            return
+        if not self.json:
+            self.out.line(f"submitted job {job.id} ({job.sub_id}), waiting for it to end")
+        await self._follow(job, self._wait_timeout(request.timeout))
+        failed = job_failed(client, job)
+        self.result(
+            "submit",
+            [self._job_end_line(job)],
+            job=job.id,
+            sub_id=job.sub_id,
+            state=job.state,
+            status=job.get("jobStatus"),
+            exit_codes=exit_codes(client, job),
+            stdout=job.text("stdout"),
+            stderr=job.text("stderr"),
+            failed=failed,
+        )
+        if failed:
+            raise CommandError(f"job {job.id} did not succeed: {self._job_end_line(job)}")
+
+    def _listing(self, command: str, kind: str, headers: Sequence[str], row: Callable[[Element], Sequence[Any]]) -> None:
+        elements = render.sorted_elements(self.client.state.by_kind[kind].values())
+        lines = render.table(headers, (row(e) for e in elements)) if elements else [f"no {command}"]
+        self.result(command, lines, **{command: [render.element_record(e) for e in elements]})
+
+    async def cmd_jobs(self, args: List[str]) -> None:
+        client = self.client
+
+        def row(job: Element) -> Sequence[Any]:
+            queue = client.state.elements.get(job.parent or "")
+            procs = len(client.children(job, "process")) or job.get("jobNumProcs", "")
+            return (job.id, job.sub_id or "", job.name, job.state or "", job.get("jobStatus", ""),
+                    (queue.name or queue.id) if queue else job.parent, procs)
+
+        self._listing("jobs", "job", ("ID", "SUBID", "NAME", "STATE", "STATUS", "QUEUE", "PROCS"), row)
+
+    async def cmd_nodes(self, args: List[str]) -> None:
+        client = self.client
+
+        def row(node: Element) -> Sequence[Any]:
+            machine = client.state.elements.get(node.parent or "")
+            return (node.id, node.name, node.state or "", (machine.name or machine.id) if machine else node.parent)
+
+        self._listing("nodes", "node", ("ID", "NAME", "STATE", "MACHINE"), row)
+
+    async def cmd_queues(self, args: List[str]) -> None:
+        client = self.client
+        self._listing(
+            "queues", "queue", ("ID", "NAME", "STATE", "JOBS"),
+            lambda q: (q.id, q.name, q.state or "", len(client.children(q, "job"))),
+        )
+
+    async def cmd_machines(self, args: List[str]) -> None:
+        client = self.client
+        self._listing(
+            "machines", "machine", ("ID", "NAME", "STATE", "NODES"),
+            lambda m: (m.id, m.name, m.state or "", len(client.children(m, "node"))),
+        )
+
+    async def cmd_show(self, args: List[str]) -> None:
+        ref = self._one_arg("show", args, "ID")
+        client = self.client
+        try:
+            element = self._job(ref)
+        except UnknownElementError:
+            element = client.element(ref)
+        lines = [render.element_summary(element)]
+        parent = client.state.elements.get(element.parent or "")
+        if parent is not None:
+            lines.append(f"  parent: {render.element_summary(parent)}")
+        for key in sorted(element.attributes):
+            lines.append(f"  {key} = {render.value_text(element.attributes[key])}")
+        if element.kind in ("job", "process") and element.states:
+            lines.append(f"  states seen: {' -> '.join(element.states)}")
+        children = client.children(element)
+        for child in render.sorted_elements(children)[:50]:
+            text = render.element_summary(child)
+            if child.kind == "process":
+                text = text.replace(f"process {child.id}", f"process {child.id} ({render.process_label(client.state, child)})", 1)
+                code = child.get("processExitCode")
+                text += f" exit {code}" if isinstance(code, str) else ""
+            lines.append(f"  child: {text}")
+        if len(children) > 50:
+            lines.append(f"  ... and {len(children) - 50} more children")
+        if element.output:
+            out = sum(1 for line in element.output if line.stream == "stdout")
+            lines.append(f"  output: {out} stdout lines, {len(element.output) - out} stderr lines (see 'output {element.id}')")
+        record = render.element_record(element)
+        record["children"] = [c.id for c in children]
+        self.result("show", lines, element=record)
+
+    async def cmd_output(self, args: List[str]) -> None:
+        job = self._job(self._one_arg("output", args))
+        if self.json:
+            if job.state != "COMPLETED":
+                await self._follow(job, self.timeout)
+            self.result("output", job=job.id, stdout=job.text("stdout"), stderr=job.text("stderr"))
+            return
+        for line in job.output:
+            self.out.line(render.output_line(self.client.state, line))
+        self._printed[job.id] = len(job.output)
+        if job.state != "COMPLETED" and not job.removed:
+            await self._follow(job, self.timeout)
+        self.out.line(self._job_end_line(job))
+
+    async def cmd_wait(self, args: List[str]) -> None:
+        timeout = None
+        words = []
+        i = 0
+        while i < len(args):
+            if args[i] in ("-t", "--timeout") and i + 1 < len(args):
+                timeout = _seconds(args[i + 1], "wait --timeout")
+                i += 2
+                continue
+            words.append(args[i])
+            i += 1
+        if not 1 <= len(words) <= 2:
+            raise CommandError(f"usage: {_SPECS['wait'].usage}")
+        job = self._job(words[0])
+        state = words[1].upper() if len(words) == 2 else "COMPLETED"
+        await self.client.wait_job_state(job, state, self._wait_timeout(timeout))
+        self.result("wait", [f"job {job.id} reached {state}"], job=job.id, state=state, current=job.state)
+
+    async def cmd_terminate(self, args: List[str]) -> None:
+        job = self._job_ref(self._one_arg("terminate", args))
+        await self.client.terminate(job)
+        self.result("terminate", [f"terminate job {job}: OK"], job=job)
+
+    def _change_attribute(self, candidates: Sequence[str]) -> str:
+        defs = self.client.attr_defs
+        for key in candidates:
+            if key in defs:
+                return key
+        for key in defs:
+            if any(key.lower() == c.lower() for c in candidates):
+                return key
+        return candidates[0]
+
+    async def _change(self, name: str, args: List[str], candidates: Sequence[str], value: str) -> None:
+        job = self._job_ref(self._one_arg(name, args))
+        key = self._change_attribute(candidates)
+        await self.client.change_job(job, **{key: value})
+        self.result(name, [f"{name} job {job}: OK"], job=job, attribute=key, value=value)
+
+    async def cmd_hold(self, args: List[str]) -> None:
+        await self._change("hold", args, _HOLD_ATTRIBUTES, "true")
+
+    async def cmd_release(self, args: List[str]) -> None:
+        await self._change("release", args, _HOLD_ATTRIBUTES, "false")
+
+    async def cmd_suspend(self, args: List[str]) -> None:
+        await self._change("suspend", args, _SUSPEND_ATTRIBUTES, "true")
+
+    async def cmd_resume(self, args: List[str]) -> None:
+        await self._change("resume", args, _SUSPEND_ATTRIBUTES, "false")
+
+    async def cmd_change(self, args: List[str]) -> None:
+        if len(args) < 2 or not all(_ATTRIBUTE_ARG.match(a) for a in args[1:]):
+            raise CommandError(f"usage: {_SPECS['change'].usage}")
+        job = self._job_ref(args[0])
+        attributes: Dict[str, Any] = {}
+        for arg in args[1:]:
+            key, _, value = arg.partition("=")
+            previous = attributes.get(key)
+            attributes[key] = value if previous is None else (previous if isinstance(previous, list) else [previous]) + [value]
+        await self.client.change_job(job, **attributes)
+        self.result("change", [f"change job {job}: OK"], job=job)
+
+    async def cmd_move(self, args: List[str]) -> None:
+        if len(args) != 2:
+            raise CommandError(f"usage: {_SPECS['move'].usage}")
+        job = self._job_ref(args[0])
+        await self.client.move_job(job, args[1])
+        self.result("move", [f"move job {job} to {args[1]}: OK"], job=job, queue=args[1])
+
+    async def cmd_stop(self, args: List[str]) -> None:
+        await self.client.stop_events()
+        self.result("stop", ["events stopped"])
+
+    async def cmd_start(self, args: List[str]) -> None:
+        await self.client.start_events()
+        self.result("start", ["events started"])
+
+    async def cmd_attrs(self, args: List[str]) -> None:
+        defs = self.client.attr_defs
+        if args:
+            key = args[0]
+            if key not in defs:
+                raise CommandError(f"no attribute definition {key!r} (type 'attrs' for the list)")
+            d = defs[key]
+            lines = [f"{d.id}: {d.type.value} {d.name!r}", f"  {d.description}", f"  default {d.default!r}, display {d.display}"]
+            if d.values:
+                lines.append(f"  values: {' '.join(d.values)}")
+            if d.minimum is not None or d.maximum is not None:
+                lines.append(f"  range: {d.minimum} .. {d.maximum}")
+            self.result("attrs", lines, definition=_def_record(d))
+            return
+        if not defs:
+            self.result("attrs", ["no attribute definitions (MODEL_DEF not sent yet?)"], definitions=[])
+            return
+        rows = []
+        for d in defs.values():
+            extra = " ".join(d.values) if d.values else d.default
+            rows.append((d.id, d.type.value, d.name, extra))
+        self.result("attrs", render.table(("ID", "TYPE", "NAME", "DEFAULT/VALUES"), rows), definitions=[_def_record(d) for d in defs.values()])
+
+    async def cmd_raw(self, args: List[str]) -> None:
+        tid: Optional[int] = None
+        wait = True
+        words = list(args)
+        while words and words[0].startswith("--"):
+            option = words.pop(0)
+            if option == "--tid" and words:
+                tid = _number(words.pop(0), "raw --tid")
+            elif option == "--no-wait":
+                wait = False
+            else:
+                raise CommandError(f"usage: {_SPECS['raw'].usage}")
+        if not words:
+            raise CommandError(f"usage: {_SPECS['raw'].usage}")
+        command_id = _number(words[0], "raw: command id")
+        if command_id > 0xFFFF:
+            raise CommandError("raw: command ids have 4 hex digits (at most 0xFFFF)")
+        if command_id in (CommandId.START_EVENTS, CommandId.STOP_EVENTS):
+            wait = False  # they complete only when the other one is sent
+        command = await self.client.raw(command_id, words[1:], tid=tid, wait=False)
+        if not wait:
+            self.result("raw", [f"sent {command.name} (TID {command.tid})"], tid=command.tid, done=command.done)
+            return
+        await self.client.wait_for(lambda: command.done, self.reply_timeout,
+                                   description=f"the reply to {command.name} (TID {command.tid})")
+        reply = command.completion
+        if reply is None:
+            text = f"{command.name} (TID {command.tid}): {command.failure}"
+            name = None
+        else:
+            name = reply.event_id.name
+            detail = ""
+            if hasattr(reply, "message"):
+                detail = f": {reply.message} (error {reply.code})"
+            text = f"{name} (TID {command.tid}){detail}"
+        self.result("raw", [text], tid=command.tid, reply=name, args=list(reply.to_args()) if reply is not None else None)
+
+    async def cmd_init(self, args: List[str]) -> None:
+        base_id = self.base_id
+        bare = False
+        token = self.token
+        version = PROTOCOL_VERSION
+        words = list(args)
+        while words:
+            word = words.pop(0)
+            if word == "--bare":
+                bare = True
+            elif word == "--token" and words:
+                token = words.pop(0)
+            elif word == "--version" and words:
+                version = words.pop(0)
+            elif word.isdigit():
+                base_id = int(word)
+            else:
+                raise CommandError(f"usage: {_SPECS['init'].usage}")
+        self.base_id = base_id
+        await self.client.init(base_id, token=token, bare=bare, version=version)
+        self.result("init", [f"INIT OK (base id {base_id})"], base_id=base_id)
+
+    async def cmd_modeldef(self, args: List[str]) -> None:
+        definitions = await self.client.model_def()
+        self.result("modeldef", [f"MODEL_DEF OK: {len(definitions)} attribute definitions"], count=len(definitions))
+
+    async def cmd_violations(self, args: List[str]) -> None:
+        found = self.client.violations
+        lines = [f"{v.rule}: {v}" for v in found] or ["no protocol violations"]
+        self.result("violations", lines, violations=[{"rule": v.rule, "message": str(v)} for v in found])
+
+    async def cmd_quiet(self, args: List[str]) -> None:
+        if args and args[0] not in ("on", "off"):
+            raise CommandError(f"usage: {_SPECS['quiet'].usage}")
+        self.quiet = not args or args[0] == "on"
+        self.result("quiet", [f"events {'hidden' if self.quiet else 'shown'}"], quiet=self.quiet)
+
+    async def cmd_sleep(self, args: List[str]) -> None:
+        await trio.sleep(_seconds(self._one_arg("sleep", args, "SECONDS"), "sleep"))
+        self.result("sleep")
+
+    async def cmd_quit(self, args: List[str]) -> None:
+        self.finished = True
+        await self.client.quit()
+        self.result("quit", ["agent shut down"])
+
+
+def _number(text: str, what: str) -> int:
+    try:
+        value = int(text, 0)
+    except ValueError:
+        raise CommandError(f"{what}: expected a number (decimal or 0x...), got {text!r}") from None
+    if value < 0:
+        raise CommandError(f"{what}: must not be negative")
+    return value
+
+
+def _def_record(d: Any) -> Dict[str, Any]:
+    return {
+        "id": d.id,
+        "type": d.type.value,
+        "name": d.name,
+        "description": d.description,
+        "display": d.display,
+        "default": d.default,
+        "values": list(d.values),
+        "minimum": d.minimum,
+        "maximum": d.maximum,
+    }

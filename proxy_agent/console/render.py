@@ -1,0 +1,345 @@
+"""How the console shows things: one-line events, tables, trace lines and JSON records.
+
+Everything here is a pure function of its arguments (and of the client's
+mirrored model, which is read, never changed).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
+
+from ..client.state import OUTPUT_KEYS, ClientState, Element, OutputLine, Traffic, canonical_id
+from ..protocol.messages import (
+    AttrDef,
+    Command,
+    ElementChange,
+    ElementGroup,
+    Event,
+    EventId,
+    Message,
+    NewElements,
+    ProcessChange,
+    RemoveAll,
+    RemoveElements,
+    RemoveProcesses,
+)
+from ..protocol.wire import FrameError
+
+#: A group naming more elements than this is shown as one summary line.
+GROUP_SUMMARY_THRESHOLD = 4
+#: An event about more elements than this is shown as one summary line.
+EVENT_SUMMARY_THRESHOLD = 10
+#: Raw frames longer than this are cut in trace output.
+TRACE_RAW_LIMIT = 1200
+
+_PLURAL = {"machine": "machines", "node": "nodes", "queue": "queues", "job": "jobs", "process": "processes"}
+_QUIET_KEYS = {"name", "id", "jobSubId", "jobStatus", "processStatus", "processIndex"}
+
+
+# --------------------------------------------------------------------------- small helpers
+
+
+def value_text(value: Union[str, List[str], None]) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, list):
+        return " ".join(_quote(v) for v in value)
+    return value
+
+
+def _quote(text: str) -> str:
+    if text and all(c.isprintable() and not c.isspace() and c not in "'\"\\" for c in text):
+        return text
+    return repr(text)
+
+
+def process_label(state: ClientState, process: Element) -> str:
+    """``1042.0``: the job's id and the process index (the process id if no index)."""
+    index = process.get("processIndex")
+    job = process.parent or "?"
+    return f"{job}.{index}" if isinstance(index, str) else f"{job}:{process.id}"
+
+
+def output_line(state: ClientState, line: OutputLine) -> str:
+    process = state.elements.get(line.process)
+    if process is not None:
+        label = process_label(state, process)
+    else:
+        label = line.process
+    marker = " err" if line.stream == "stderr" else ""
+    return f"[{label}{marker}] {line.text}"
+
+
+def element_summary(element: Element) -> str:
+    """``job 1042 hello RUNNING``, ``node 1003 n17 DOWN``."""
+    parts = [element.kind, element.id]
+    if element.name:
+        parts.append(element.name)
+    if element.state:
+        parts.append(element.state)
+    status = element.get(f"{element.kind}Status")
+    if isinstance(status, str) and status and status != element.state:
+        parts.append(status)
+    return " ".join(parts)
+
+
+def _group_ids(group: ElementGroup) -> List[str]:
+    if isinstance(group.ids, str):
+        return [canonical_id(group.ids)]
+    if len(group.ids) > GROUP_SUMMARY_THRESHOLD:
+        return []
+    return [str(i) for i in group.ids]
+
+
+def _group_attrs(group: ElementGroup, skip: Iterable[str] = ()) -> Dict[str, List[str]]:
+    out: Dict[str, List[str]] = {}
+    skipped = set(skip)
+    for key, value in group.attributes:
+        if key not in skipped:
+            out.setdefault(key, []).append(value)
+    return out
+
+
+def _attrs_text(attrs: Dict[str, List[str]], skip: Iterable[str] = ()) -> str:
+    skipped = set(skip)
+    return " ".join(f"{k}={_quote(' '.join(v)) if len(v) == 1 else value_text(v)}" for k, v in attrs.items() if k not in skipped)
+
+
+# --------------------------------------------------------------------------- events
+
+
+def event_lines(state: ClientState, event: Event) -> List[str]:
+    """Readable lines for one event (after the client's model took it in).
+
+    Output lines are not included: the console prints those from the job's
+    accumulated output, so that nothing is shown twice.
+    """
+    if isinstance(event, (NewElements, ElementChange)) and not isinstance(event, ProcessChange):
+        summary = _summary(state, event)
+        if summary is not None:
+            return [summary]
+    if isinstance(event, NewElements):
+        kind = event.kind.value
+        lines = []
+        for group in event.groups:
+            ids = _group_ids(group)
+            if not ids:
+                attrs = _group_attrs(group)
+                state_value = next((v[0] for k, v in attrs.items() if k.endswith("State")), "")
+                lines.append(f"{_PLURAL[kind]} {group.ids} ({len(group.ids)}) {state_value} new".replace("  ", " "))
+                continue
+            for eid in ids:
+                element = state.elements.get(eid)
+                if element is None:
+                    continue
+                if element.kind == "process":
+                    lines.append(f"process {process_label(state, element)} {element.state or ''} new".replace("  ", " "))
+                else:
+                    extra = f" ({element.sub_id})" if element.sub_id else ""
+                    lines.append(f"{element_summary(element)} new{extra}")
+        return lines
+    if isinstance(event, ProcessChange):
+        lines = []
+        for group in event.groups:
+            attrs = _group_attrs(group, OUTPUT_KEYS)
+            if not attrs:
+                continue
+            ids = _group_ids(group)
+            if not ids:
+                lines.append(f"processes {group.ids} of job {event.job_id}: {_attrs_text(attrs)}")
+                continue
+            for pid in ids:
+                process = state.elements.get(pid)
+                if process is None:
+                    continue
+                label = process_label(state, process)
+                if "processExitCode" in attrs:
+                    lines.append(f"process {label} exited with status {attrs['processExitCode'][0]}")
+                elif "processSignalName" in attrs:
+                    lines.append(f"process {label} killed by {attrs['processSignalName'][0]}")
+                else:
+                    rest = _attrs_text(attrs, ("processState",) + tuple(_QUIET_KEYS))
+                    text = f"process {label} {process.state or ''}".rstrip()
+                    lines.append(f"{text} {rest}".rstrip())
+        return lines
+    if isinstance(event, ElementChange):
+        kind = "rm" if event.kind is None else event.kind.value
+        lines = []
+        for group in event.groups:
+            attrs = _group_attrs(group)
+            if kind == "rm":
+                lines.append(f"resource manager {_attrs_text(attrs)}")
+                continue
+            ids = _group_ids(group)
+            if not ids:
+                lines.append(f"{_PLURAL.get(kind, kind)} {group.ids} ({len(group.ids)}) {_attrs_text(attrs)}")
+                continue
+            for eid in ids:
+                element = state.elements.get(eid)
+                if element is None:
+                    continue
+                state_key = f"{kind}State"
+                rest = _attrs_text(attrs, (state_key,) + tuple(_QUIET_KEYS))
+                lines.append(f"{element_summary(element)} {rest}".rstrip())
+        return lines
+    if isinstance(event, RemoveProcesses):
+        return [f"processes {event.ids} of job {event.job_id} removed"]
+    if isinstance(event, RemoveElements):
+        kind = event.kind.value
+        if isinstance(event.ids, str) or len(event.ids) == 1:
+            return [f"{kind} {event.ids} removed"]
+        return [f"{_PLURAL[kind]} {event.ids} ({len(event.ids)}) removed"]
+    if isinstance(event, RemoveAll):
+        return ["all elements removed (REMOVE_ALL)"]
+    if isinstance(event, Message):
+        return [f"agent {event.level}: {event.text} (code {event.code})"]
+    return []
+
+
+def _summary(state: ClientState, event: Event) -> Optional[str]:
+    """One line for an event about many elements: how many, and how many in each state."""
+    total = sum(1 if isinstance(g.ids, str) else len(g.ids) for g in event.groups)  # type: ignore[attr-defined]
+    if total <= EVENT_SUMMARY_THRESHOLD:
+        return None
+    kind = "rm" if event.kind is None else event.kind.value  # type: ignore[attr-defined]
+    state_key = f"{kind}State"
+    counts: Dict[str, int] = {}
+    keys: Dict[str, None] = {}
+    for group in event.groups:  # type: ignore[attr-defined]
+        size = 1 if isinstance(group.ids, str) else len(group.ids)
+        value = next((v for k, v in group.attributes if k == state_key), None)
+        if value is not None:
+            counts[value] = counts.get(value, 0) + size
+        for key, _ in group.attributes:
+            if key != state_key:
+                keys[key] = None
+    what = "new" if isinstance(event, NewElements) else "changed"
+    parts = [f"{total} {_PLURAL.get(kind, kind)} {what}"]
+    if isinstance(event, NewElements):
+        parts[0] += f" under {event.parent_id}"
+    if counts:
+        parts.append(", ".join(f"{n} {value}" for value, n in sorted(counts.items(), key=lambda item: -item[1])))
+    if keys and not isinstance(event, NewElements):
+        parts.append("attributes " + " ".join(keys))
+    return ": ".join(parts)
+
+
+# --------------------------------------------------------------------------- trace
+
+
+def _printable_raw(raw: bytes) -> str:
+    text = raw[:TRACE_RAW_LIMIT].decode("utf-8", "backslashreplace")
+    text = text.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    text = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    if len(raw) > TRACE_RAW_LIMIT:
+        text += f"... ({len(raw) - TRACE_RAW_LIMIT} more bytes)"
+    return text
+
+
+def decoded_text(traffic: Traffic) -> str:
+    """``INIT tid=1 version=2.0 baseId=1000``: the frame's name, TID and arguments."""
+    frame = traffic.frame
+    if isinstance(frame, FrameError):
+        return f"malformed frame: {frame.message}"
+    message = traffic.message
+    if frame is None:
+        return "(nothing decodable)"
+    if isinstance(message, Command):
+        name = message.name
+    elif isinstance(message, Event):
+        name = message.event_id.name
+    else:
+        try:
+            name = EventId(frame.msg_id).name + " (malformed)"
+        except ValueError:
+            name = f"unknown event {frame.msg_id}"
+    args = " ".join(_quote(a) for a in frame.args)
+    return f"{name} tid={frame.tid}" + (f" {args}" if args else "")
+
+
+def trace_lines(traffic: Traffic) -> List[str]:
+    arrow = "->" if traffic.direction == "out" else "<-"
+    lines = [f"{arrow} {_printable_raw(traffic.raw)}", f"   {decoded_text(traffic)}"]
+    for violation in traffic.violations:
+        lines.append(f"   !! {violation}")
+    return lines
+
+
+def trace_record(traffic: Traffic) -> Dict[str, Any]:
+    record: Dict[str, Any] = {
+        "type": "trace",
+        "direction": traffic.direction,
+        "raw": traffic.raw.decode("utf-8", "backslashreplace"),
+        "decoded": decoded_text(traffic),
+    }
+    if traffic.violations:
+        record["violations"] = [str(v) for v in traffic.violations]
+    return record
+
+
+# --------------------------------------------------------------------------- JSON
+
+
+def group_record(group: ElementGroup, state: Optional[ClientState] = None) -> Dict[str, Any]:
+    """``{"ids": "1003-1052", "attributes": {...}}``; ARRAY attributes as lists."""
+    attrs: Dict[str, Any] = {}
+    for key, values in _group_attrs(group).items():
+        array = len(values) > 1 or (state is not None and state.is_array(key))
+        attrs[key] = values if array else values[0]
+    return {"ids": str(group.ids), "attributes": attrs}
+
+
+def event_record(event: Event, state: Optional[ClientState] = None) -> Dict[str, Any]:
+    record: Dict[str, Any] = {"type": "event", "event": event.event_id.name, "tid": event.tid}
+    if isinstance(event, NewElements):
+        record["parent"] = event.parent_id
+        record["groups"] = [group_record(g, state) for g in event.groups]
+    elif isinstance(event, ProcessChange):
+        record["job"] = event.job_id
+        record["groups"] = [group_record(g, state) for g in event.groups]
+    elif isinstance(event, ElementChange):
+        record["groups"] = [group_record(g, state) for g in event.groups]
+    elif isinstance(event, AttrDef):
+        record["definitions"] = [d.id for d in event.definitions]
+    elif isinstance(event, RemoveProcesses):
+        record["job"] = event.job_id
+        record["ids"] = str(event.ids)
+    elif isinstance(event, RemoveElements):
+        record["ids"] = str(event.ids)
+    elif isinstance(event, Message):
+        record.update(level=str(event.level), code=event.code, text=event.text)
+    return record
+
+
+def element_record(element: Element, state: Optional[ClientState] = None) -> Dict[str, Any]:
+    record: Dict[str, Any] = {
+        "id": element.id,
+        "kind": element.kind,
+        "parent": element.parent,
+        "attributes": dict(element.attributes),
+    }
+    if element.kind in ("job", "process"):
+        record["states"] = list(element.states)
+    return record
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> List[str]:
+    """Columns padded to their widest cell; the last column is not padded."""
+    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
+    lines = []
+    for row in cells:
+        padded = [cell.ljust(widths[i]) if i < len(row) - 1 else cell for i, cell in enumerate(row)]
+        lines.append("  ".join(padded).rstrip())
+    return lines
+
+
+def _numeric_key(element: Element):
+    return (0, int(element.id), "") if element.id.isdigit() else (1, 0, element.id)
+
+
+def sorted_elements(elements: Iterable[Element]) -> List[Element]:
+    return sorted(elements, key=_numeric_key)

@@ -1,0 +1,715 @@
+"""Commands and events of the proxy protocol as typed values.
+
+Commands travel from the client (the IDE's resource manager, or the test
+console) to the agent; events travel back.  Both share the frame layout of
+:mod:`proxy_agent.protocol.wire`.  This module turns frames into typed values
+and back, following the argument layouts in ``spec/protocol.md``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Iterable, Optional, Sequence, Tuple, Union
+
+import attrs
+
+from .attributes import AttributeDefinition, decode_attr_defs, encode_attr_defs, split_attribute
+from .rangeset import RangeSet, RangeSetError
+from .wire import Frame, encode_frame
+
+__all__ = [
+    "ArgumentError",
+    "AttrDef",
+    "Command",
+    "CommandId",
+    "ElementChange",
+    "ElementGroup",
+    "ElementKind",
+    "Error",
+    "ErrorCode",
+    "Event",
+    "EventId",
+    "FilterDef",
+    "InitRequest",
+    "Message",
+    "MessageLevel",
+    "NewElements",
+    "Ok",
+    "ProcessChange",
+    "RemoveAll",
+    "RemoveElements",
+    "RemoveProcesses",
+    "Shutdown",
+    "SubmitJobError",
+    "TerminateJobError",
+    "COMPLETING_EVENTS",
+    "SUPPORTED_VERSIONS",
+    "decode_event",
+    "encode_event",
+    "parse_init",
+]
+
+#: Protocol versions this agent speaks.
+SUPPORTED_VERSIONS = ("2.0",)
+
+
+class ArgumentError(ValueError):
+    """A command's or event's arguments do not have the documented layout."""
+
+
+class CommandId(enum.IntEnum):
+    QUIT = 0x0
+    INIT = 0x1
+    MODEL_DEF = 0x2
+    START_EVENTS = 0x3
+    STOP_EVENTS = 0x4
+    SUBMIT_JOB = 0x5
+    TERMINATE_JOB = 0x6
+    MOVE_JOB = 0x7
+    CHANGE_JOB = 0x8
+    LIST_FILTERS = 0x9
+    SET_FILTERS = 0xA
+
+
+class EventId(enum.IntEnum):
+    OK = 0
+    MESSAGE = 1
+    ERROR = 5
+    SHUTDOWN = 6
+    SUBMITJOB_ERROR = 211
+    TERMINATEJOB_ERROR = 212
+    NEW_JOB = 220
+    NEW_MACHINE = 221
+    NEW_NODE = 222
+    NEW_PROCESS = 223
+    NEW_QUEUE = 224
+    JOB_CHANGE = 230
+    MACHINE_CHANGE = 231
+    NODE_CHANGE = 232
+    PROCESS_CHANGE = 233
+    QUEUE_CHANGE = 234
+    RM_CHANGE = 235
+    REMOVE_ALL = 240
+    REMOVE_JOB = 241
+    REMOVE_MACHINE = 242
+    REMOVE_NODE = 243
+    REMOVE_PROCESS = 244
+    REMOVE_QUEUE = 245
+    #: Not numbered by the reference client; chosen from the unused range.
+    FILTER_DEF = 250
+    ATTR_DEF = 251
+
+
+#: Events that complete the command whose TID they carry.
+COMPLETING_EVENTS = frozenset(
+    {EventId.OK, EventId.ERROR, EventId.SHUTDOWN, EventId.SUBMITJOB_ERROR, EventId.TERMINATEJOB_ERROR}
+)
+
+
+class ErrorCode(enum.IntEnum):
+    """Values of ``errorCode=`` / ``messageCode=`` sent by this agent."""
+
+    MALFORMED_FRAME = 1
+    UNKNOWN_COMMAND = 2
+    ILLEGAL_IN_PHASE = 3
+    BAD_ARGUMENTS = 4
+    TID_IN_USE = 5
+    UNSUPPORTED_VERSION = 6
+    AUTHENTICATION = 7
+    BUSY = 8
+    SUBMIT_FAILED = 9
+    NO_SUCH_JOB = 10
+    NOT_SUPPORTED = 11
+    SCHEDULER = 12
+    INTERNAL = 13
+    SHUTTING_DOWN = 14
+    NO_SUCH_QUEUE = 15
+    OPERATION_FAILED = 16
+
+
+class MessageLevel(str, enum.Enum):
+    FATAL = "FATAL"
+    ERROR = "ERROR"
+    WARNING = "WARNING"
+    INFO = "INFO"
+    DEBUG = "DEBUG"
+
+
+class ElementKind(enum.Enum):
+    """Model element kinds, with the events that create, change and remove them."""
+
+    MACHINE = "machine"
+    NODE = "node"
+    QUEUE = "queue"
+    JOB = "job"
+    PROCESS = "process"
+
+    @property
+    def new_event(self) -> EventId:
+        return _NEW_EVENTS[self]
+
+    @property
+    def change_event(self) -> EventId:
+        return _CHANGE_EVENTS[self]
+
+    @property
+    def remove_event(self) -> EventId:
+        return _REMOVE_EVENTS[self]
+
+
+_NEW_EVENTS = {
+    ElementKind.JOB: EventId.NEW_JOB,
+    ElementKind.MACHINE: EventId.NEW_MACHINE,
+    ElementKind.NODE: EventId.NEW_NODE,
+    ElementKind.PROCESS: EventId.NEW_PROCESS,
+    ElementKind.QUEUE: EventId.NEW_QUEUE,
+}
+_CHANGE_EVENTS = {
+    ElementKind.JOB: EventId.JOB_CHANGE,
+    ElementKind.MACHINE: EventId.MACHINE_CHANGE,
+    ElementKind.NODE: EventId.NODE_CHANGE,
+    ElementKind.PROCESS: EventId.PROCESS_CHANGE,
+    ElementKind.QUEUE: EventId.QUEUE_CHANGE,
+}
+_REMOVE_EVENTS = {
+    ElementKind.JOB: EventId.REMOVE_JOB,
+    ElementKind.MACHINE: EventId.REMOVE_MACHINE,
+    ElementKind.NODE: EventId.REMOVE_NODE,
+    ElementKind.PROCESS: EventId.REMOVE_PROCESS,
+    ElementKind.QUEUE: EventId.REMOVE_QUEUE,
+}
+_KIND_BY_EVENT = {}
+for _table in (_NEW_EVENTS, _CHANGE_EVENTS, _REMOVE_EVENTS):
+    for _kind, _eid in _table.items():
+        _KIND_BY_EVENT[_eid] = _kind
+
+
+# --------------------------------------------------------------------------- commands
+
+
+@attrs.frozen(slots=True)
+class Command:
+    """A command as received.  ``command_id`` is an int when the id is unknown."""
+
+    command_id: Union[CommandId, int]
+    tid: int
+    args: Tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        if isinstance(self.command_id, CommandId):
+            return self.command_id.name
+        return f"command 0x{self.command_id:04X}"
+
+    @property
+    def known(self) -> bool:
+        return isinstance(self.command_id, CommandId)
+
+    @classmethod
+    def from_frame(cls, frame: Frame) -> "Command":
+        try:
+            cid: Union[CommandId, int] = CommandId(frame.msg_id)
+        except ValueError:
+            cid = frame.msg_id
+        return cls(cid, frame.tid, frame.args)
+
+    def encode(self) -> bytes:
+        return encode_frame(int(self.command_id), self.tid, self.args)
+
+
+@attrs.frozen(slots=True)
+class InitRequest:
+    version: str
+    base_id: int
+    #: Any further ``key=value`` arguments (e.g. ``token=...``).
+    attributes: Tuple[Tuple[str, str], ...] = ()
+
+    def get(self, key: str) -> Optional[str]:
+        for k, v in self.attributes:
+            if k == key:
+                return v
+        return None
+
+
+def parse_init(args: Sequence[str]) -> InitRequest:
+    """Parse INIT arguments in either accepted form.
+
+    ``version=2.0 baseId=100 [key=value...]`` (reference client) or
+    ``2.0 100 [key=value...]`` (the design's bare form).  Raises
+    :class:`ArgumentError` for a missing or non-numeric base id; the version is
+    returned as given (the session decides whether it is supported).
+    """
+    version: Optional[str] = None
+    base: Optional[str] = None
+    extra = []
+    bare = [a for a in args if "=" not in a]
+    keyed = [a for a in args if "=" in a]
+    if bare:
+        if len(bare) > 2:
+            raise ArgumentError(f"INIT takes a version and a base id, got {len(bare)} bare arguments")
+        version = bare[0]
+        if len(bare) == 2:
+            base = bare[1]
+    for arg in keyed:
+        try:
+            key, value = split_attribute(arg)
+        except ValueError as exc:
+            raise ArgumentError(f"INIT: {exc}") from None
+        if key == "version" and version is None:
+            version = value
+        elif key == "baseId" and base is None:
+            base = value
+        elif key in ("version", "baseId"):
+            raise ArgumentError(f"INIT argument {key!r} given twice")
+        else:
+            extra.append((key, value))
+    if version is None:
+        raise ArgumentError("INIT is missing the protocol version (version=2.0)")
+    if base is None:
+        raise ArgumentError("INIT is missing the base id (baseId=N)")
+    if not (base.isascii() and base.isdigit()):
+        raise ArgumentError(f"INIT base id must be a non-negative decimal integer, got {base!r}")
+    return InitRequest(version, int(base), tuple(extra))
+
+
+# --------------------------------------------------------------------------- events
+
+
+def _attr_pairs(values: Iterable[Union[str, Tuple[str, str]]]) -> Tuple[Tuple[str, str], ...]:
+    out = []
+    for item in values:
+        if isinstance(item, str):
+            out.append(split_attribute(item))
+        else:
+            out.append((item[0], item[1]))
+    return tuple(out)
+
+
+@attrs.frozen(slots=True)
+class ElementGroup:
+    """Elements sharing attributes: a range set of numeric ids (or one string id)."""
+
+    ids: Union[RangeSet, str]
+    attributes: Tuple[Tuple[str, str], ...] = attrs.field(default=(), converter=_attr_pairs)
+
+    def id_list(self) -> list:
+        """Element ids as strings (range sets expanded)."""
+        if isinstance(self.ids, RangeSet):
+            return [str(i) for i in self.ids]
+        return [self.ids]
+
+
+_RANGE_SET_CHARS = frozenset("0123456789,-")
+
+
+def _parse_ids(text: str) -> Union[RangeSet, str]:
+    """A range set when the text could only be one, else a string element id.
+
+    String ids (``100:job-7``) may contain digits and '-' too, so only text
+    made of nothing but digits, ',' and '-' is read as a range set (and
+    must then be a valid one).
+    """
+    if not text:
+        raise ArgumentError("empty element id")
+    if _RANGE_SET_CHARS.issuperset(text):
+        return RangeSet.parse(text)
+    return text
+
+
+def _encode_groups(args: list, groups: Sequence[ElementGroup]) -> None:
+    args.append(str(len(groups)))
+    for group in groups:
+        args.append(str(group.ids))
+        args.append(str(len(group.attributes)))
+        args.extend(f"{k}={v}" for k, v in group.attributes)
+
+
+def _decode_groups(args: Sequence[str], pos: int) -> Tuple[Tuple[ElementGroup, ...], int]:
+    count = _count(args, pos, "number of ranges")
+    pos += 1
+    groups = []
+    for n in range(count):
+        if pos + 2 > len(args):
+            raise ArgumentError(f"range group {n + 1} of {count} is missing")
+        try:
+            ids = _parse_ids(args[pos])
+        except (RangeSetError, ArgumentError) as exc:
+            raise ArgumentError(f"range group {n + 1}: bad element ids: {exc}") from None
+        nattrs = _count(args, pos + 1, f"attribute count of group {n + 1}")
+        pos += 2
+        if pos + nattrs > len(args):
+            raise ArgumentError(f"range group {n + 1} declares {nattrs} attributes, {len(args) - pos} present")
+        try:
+            pairs = tuple(split_attribute(a) for a in args[pos:pos + nattrs])
+        except ValueError as exc:
+            raise ArgumentError(f"range group {n + 1}: {exc}") from None
+        groups.append(ElementGroup(ids, pairs))
+        pos += nattrs
+    return tuple(groups), pos
+
+
+def _count(args: Sequence[str], pos: int, what: str) -> int:
+    if pos >= len(args):
+        raise ArgumentError(f"missing {what}")
+    text = args[pos]
+    if not (text.isascii() and text.isdigit()):
+        raise ArgumentError(f"{what} must be a decimal number, got {text!r}")
+    return int(text)
+
+
+def _expect_attrs(args: Sequence[str], keys: Sequence[str], event: str) -> list:
+    count = _count(args, 0, f"{event} argument count")
+    if count != len(keys) or len(args) != count + 1:
+        raise ArgumentError(f"{event} takes {len(keys)} attributes, got {len(args) - 1} (declared {count})")
+    values = []
+    for key, arg in zip(keys, args[1:]):
+        try:
+            k, v = split_attribute(arg)
+        except ValueError:
+            raise ArgumentError(f"{event}: expected {key}=..., got {arg!r}") from None
+        if k != key:
+            raise ArgumentError(f"{event}: expected {key}=..., got {arg!r}")
+        values.append(v)
+    return values
+
+
+def _int_value(text: str, what: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ArgumentError(f"{what} must be an integer, got {text!r}") from None
+
+
+class Event:
+    """Base of all typed events: ``tid`` plus an argument layout."""
+
+    __slots__ = ()
+    event_id: EventId
+    tid: int
+
+    def to_args(self) -> list:
+        raise NotImplementedError
+
+    @classmethod
+    def from_args(cls, tid: int, args: Sequence[str], event_id: EventId) -> "Event":
+        raise NotImplementedError
+
+    def encode(self) -> bytes:
+        return encode_frame(int(self.event_id), self.tid, self.to_args())
+
+    @property
+    def completes(self) -> bool:
+        return self.event_id in COMPLETING_EVENTS
+
+
+@attrs.frozen(slots=True)
+class Ok(Event):
+    tid: int
+    event_id = EventId.OK
+
+    def to_args(self) -> list:
+        return []
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        if args:
+            raise ArgumentError(f"OK takes no arguments, got {len(args)}")
+        return cls(tid)
+
+
+@attrs.frozen(slots=True)
+class Shutdown(Event):
+    tid: int
+    event_id = EventId.SHUTDOWN
+
+    def to_args(self) -> list:
+        return []
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        if args:
+            raise ArgumentError(f"SHUTDOWN takes no arguments, got {len(args)}")
+        return cls(tid)
+
+
+@attrs.frozen(slots=True)
+class Error(Event):
+    tid: int
+    code: int
+    message: str
+    event_id = EventId.ERROR
+
+    def to_args(self) -> list:
+        return ["2", f"errorCode={int(self.code)}", f"errorMsg={self.message}"]
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        code, msg = _expect_attrs(args, ("errorCode", "errorMsg"), "ERROR")
+        return cls(tid, _int_value(code, "errorCode"), msg)
+
+
+@attrs.frozen(slots=True)
+class Message(Event):
+    tid: int
+    level: str
+    code: int
+    text: str
+    event_id = EventId.MESSAGE
+
+    def to_args(self) -> list:
+        level = self.level.value if isinstance(self.level, MessageLevel) else self.level
+        return ["3", f"messageLevel={level}", f"messageCode={int(self.code)}", f"messageText={self.text}"]
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        level, code, text = _expect_attrs(args, ("messageLevel", "messageCode", "messageText"), "MESSAGE")
+        if level not in MessageLevel.__members__:
+            raise ArgumentError(f"MESSAGE: unknown messageLevel {level!r}")
+        return cls(tid, level, _int_value(code, "messageCode"), text)
+
+
+@attrs.frozen(slots=True)
+class SubmitJobError(Event):
+    tid: int
+    job_sub_id: str
+    code: int
+    message: str
+    event_id = EventId.SUBMITJOB_ERROR
+
+    def to_args(self) -> list:
+        return ["3", f"jobSubId={self.job_sub_id}", f"errorCode={int(self.code)}", f"errorMsg={self.message}"]
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        sub, code, msg = _expect_attrs(args, ("jobSubId", "errorCode", "errorMsg"), "SUBMITJOB_ERROR")
+        return cls(tid, sub, _int_value(code, "errorCode"), msg)
+
+
+@attrs.frozen(slots=True)
+class TerminateJobError(Event):
+    tid: int
+    job_id: str
+    code: int
+    message: str
+    event_id = EventId.TERMINATEJOB_ERROR
+
+    def to_args(self) -> list:
+        return ["3", f"jobId={self.job_id}", f"errorCode={int(self.code)}", f"errorMsg={self.message}"]
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        job, code, msg = _expect_attrs(args, ("jobId", "errorCode", "errorMsg"), "TERMINATEJOB_ERROR")
+        return cls(tid, job, _int_value(code, "errorCode"), msg)
+
+
+@attrs.frozen(slots=True)
+class AttrDef(Event):
+    tid: int
+    definitions: Tuple[AttributeDefinition, ...] = attrs.field(converter=tuple)
+    event_id = EventId.ATTR_DEF
+
+    def to_args(self) -> list:
+        return list(encode_attr_defs(self.definitions))
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        try:
+            return cls(tid, decode_attr_defs(args))
+        except ValueError as exc:
+            raise ArgumentError(f"ATTR_DEF: {exc}") from None
+
+
+@attrs.frozen(slots=True)
+class FilterDef(Event):
+    """Filter definitions; this agent announces none, but the layout is opaque strings."""
+
+    tid: int
+    args: Tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    event_id = EventId.FILTER_DEF
+
+    def to_args(self) -> list:
+        return list(self.args)
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        return cls(tid, args)
+
+
+@attrs.frozen(slots=True)
+class NewElements(Event):
+    """NEW_MACHINE / NEW_NODE / NEW_QUEUE / NEW_JOB / NEW_PROCESS."""
+
+    tid: int
+    kind: ElementKind
+    parent_id: str
+    groups: Tuple[ElementGroup, ...] = attrs.field(converter=tuple)
+
+    @property
+    def event_id(self) -> EventId:  # type: ignore[override]
+        return self.kind.new_event
+
+    def to_args(self) -> list:
+        args = [str(self.parent_id)]
+        _encode_groups(args, self.groups)
+        return args
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        if not args:
+            raise ArgumentError(f"{event_id.name}: missing parent id")
+        groups, pos = _decode_groups(args, 1)
+        if pos != len(args):
+            raise ArgumentError(f"{event_id.name}: {len(args) - pos} arguments after the last range group")
+        return cls(tid, _KIND_BY_EVENT[event_id], args[0], groups)
+
+
+@attrs.frozen(slots=True)
+class ElementChange(Event):
+    """JOB_CHANGE / MACHINE_CHANGE / NODE_CHANGE / QUEUE_CHANGE (and RM_CHANGE with kind None)."""
+
+    tid: int
+    kind: Optional[ElementKind] = attrs.field()
+    groups: Tuple[ElementGroup, ...] = attrs.field(converter=tuple)
+
+    @kind.validator
+    def _not_process(self, attribute, value) -> None:
+        # PROCESS_CHANGE carries the job id first: that layout is ProcessChange.
+        if value is ElementKind.PROCESS:
+            raise ValueError("process changes are ProcessChange events (they need the job id)")
+
+    @property
+    def event_id(self) -> EventId:  # type: ignore[override]
+        return EventId.RM_CHANGE if self.kind is None else self.kind.change_event
+
+    def to_args(self) -> list:
+        args: list = []
+        _encode_groups(args, self.groups)
+        return args
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        groups, pos = _decode_groups(args, 0)
+        if pos != len(args):
+            raise ArgumentError(f"{event_id.name}: {len(args) - pos} arguments after the last range group")
+        kind = None if event_id == EventId.RM_CHANGE else _KIND_BY_EVENT[event_id]
+        return cls(tid, kind, groups)
+
+
+@attrs.frozen(slots=True)
+class ProcessChange(Event):
+    tid: int
+    job_id: str
+    groups: Tuple[ElementGroup, ...] = attrs.field(converter=tuple)
+    event_id = EventId.PROCESS_CHANGE
+    kind = ElementKind.PROCESS
+
+    def to_args(self) -> list:
+        args = [str(self.job_id)]
+        _encode_groups(args, self.groups)
+        return args
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        if not args:
+            raise ArgumentError("PROCESS_CHANGE: missing job id")
+        groups, pos = _decode_groups(args, 1)
+        if pos != len(args):
+            raise ArgumentError(f"PROCESS_CHANGE: {len(args) - pos} arguments after the last range group")
+        return cls(tid, args[0], groups)
+
+
+@attrs.frozen(slots=True)
+class RemoveElements(Event):
+    """REMOVE_JOB / REMOVE_MACHINE / REMOVE_NODE / REMOVE_QUEUE."""
+
+    tid: int
+    kind: ElementKind
+    ids: Union[RangeSet, str]
+
+    @property
+    def event_id(self) -> EventId:  # type: ignore[override]
+        return self.kind.remove_event
+
+    def to_args(self) -> list:
+        return [str(self.ids)]
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        if len(args) != 1:
+            raise ArgumentError(f"{event_id.name} takes one id range, got {len(args)} arguments")
+        try:
+            ids = _parse_ids(args[0])
+        except (RangeSetError, ArgumentError) as exc:
+            raise ArgumentError(f"{event_id.name}: {exc}") from None
+        return cls(tid, _KIND_BY_EVENT[event_id], ids)
+
+
+@attrs.frozen(slots=True)
+class RemoveProcesses(Event):
+    tid: int
+    job_id: str
+    ids: Union[RangeSet, str]
+    event_id = EventId.REMOVE_PROCESS
+    kind = ElementKind.PROCESS
+
+    def to_args(self) -> list:
+        return [str(self.job_id), str(self.ids)]
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        if len(args) != 2:
+            raise ArgumentError(f"REMOVE_PROCESS takes a job id and an id range, got {len(args)} arguments")
+        try:
+            ids = _parse_ids(args[1])
+        except (RangeSetError, ArgumentError) as exc:
+            raise ArgumentError(f"REMOVE_PROCESS: {exc}") from None
+        return cls(tid, args[0], ids)
+
+
+@attrs.frozen(slots=True)
+class RemoveAll(Event):
+    tid: int
+    event_id = EventId.REMOVE_ALL
+
+    def to_args(self) -> list:
+        return []
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        if args:
+            raise ArgumentError(f"REMOVE_ALL takes no arguments, got {len(args)}")
+        return cls(tid)
+
+
+_EVENT_CLASSES = {
+    EventId.OK: Ok,
+    EventId.MESSAGE: Message,
+    EventId.ERROR: Error,
+    EventId.SHUTDOWN: Shutdown,
+    EventId.SUBMITJOB_ERROR: SubmitJobError,
+    EventId.TERMINATEJOB_ERROR: TerminateJobError,
+    EventId.ATTR_DEF: AttrDef,
+    EventId.FILTER_DEF: FilterDef,
+    EventId.REMOVE_ALL: RemoveAll,
+    EventId.PROCESS_CHANGE: ProcessChange,
+    EventId.REMOVE_PROCESS: RemoveProcesses,
+    EventId.RM_CHANGE: ElementChange,
+}
+for _kind in ElementKind:
+    _EVENT_CLASSES[_kind.new_event] = NewElements
+    if _kind is not ElementKind.PROCESS:
+        _EVENT_CLASSES[_kind.change_event] = ElementChange
+        _EVENT_CLASSES[_kind.remove_event] = RemoveElements
+
+
+def decode_event(frame: Frame) -> Event:
+    """Interpret a frame as an event; :class:`ArgumentError` if it is not one."""
+    try:
+        event_id = EventId(frame.msg_id)
+    except ValueError:
+        raise ArgumentError(f"unknown event id {frame.msg_id} (0x{frame.msg_id:04X})") from None
+    return _EVENT_CLASSES[event_id].from_args(frame.tid, frame.args, event_id)
+
+
+def encode_event(event: Event) -> bytes:
+    return event.encode()

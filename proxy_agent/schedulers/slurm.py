@@ -1,0 +1,1547 @@
+"""The SLURM backend: a cluster's nodes, partitions and jobs, kept current by polling.
+
+What the model shows
+--------------------
+* One machine, the cluster (``ClusterName`` from ``scontrol show config``, else ``slurm``).
+  ``machineState`` is UP when every node is up, ALERT when some are not, DOWN when none is,
+  ERROR while SLURM's commands fail.
+* Its nodes, with ``nodeState`` mapped from SLURM's state (``slurm_parse.map_node_state``)
+  and SLURM's own view in ``slurmNodeState``, ``cpus``, ``slurmCpusAllocated``,
+  ``slurmMemoryMB``, ``slurmPartitions`` and ``slurmReason``.
+* One queue per partition: ``queueState`` NORMAL when the partition is UP, else STOPPED, with
+  its limits (``slurmMaxTime``, ``slurmDefaultTime``, ``slurmMaxNodes``, ``slurmDefault``,
+  ``slurmNodeList``...).
+* The user's jobs (everyone's with ``--all-users``), each under its partition's queue.
+  ``jobState`` is the coarse state (``slurm_parse.JOB_STATE_TABLE``), ``jobStatus`` SLURM's
+  own state word, ``jobStatusMessage`` SLURM's reason; ``slurmJobId``, ``slurmNodeList``,
+  ``slurmTimeUsed``, ``timeLimit``, ``slurmExitCode`` (``exit:signal``), ``userId``... Each
+  job has one process (index 0) carrying the followed output of jobs submitted here and, at
+  the end, ``processExitCode`` (128 + signal number when a signal ended it, as shells do)
+  and ``processSignalName``.
+
+How it is kept current
+----------------------
+One ``squeue`` for all jobs per poll interval (every 0.5 s for ten seconds after a submit,
+cancel, change or move), one node query per poll interval and the partitions every 30 s or
+six intervals. :class:`JobTable` compares each listing with the previous one, so only jobs
+whose record changed touch the model. ``slurmTimeUsed`` is refreshed with a job's other
+changes and otherwise once a minute, so a cluster of running jobs does not turn every poll
+into one JOB_CHANGE per job. A job that vanishes from the listing without a final state is
+looked up once more (``scontrol show job`` while the controller remembers it, then ``sacct``
+from the accounting database or the job-completion log) and reported COMPLETED; completed
+jobs are removed from the model after ``retention`` seconds.
+
+Every command runs from an argv list with a timeout; big outputs are parsed in a worker
+thread. A failing or hanging command is logged, kept in :attr:`SlurmScheduler.last_error`,
+passed to :attr:`SlurmScheduler.on_message` when that is set, and retried with exponential
+back-off; the agent keeps serving meanwhile.
+
+JSON or text
+------------
+Node, partition, single-job and ``sacct`` queries use ``--json`` where the installed SLURM
+has it (``slurm_parse.json_support``) and fall back to the text formats for good once the
+JSON query fails where the text query works. ``squeue`` uses the text format unless
+``squeue_json=True``: up to 22.05 ``squeue --json`` ignores ``--user``/``--states`` and prints
+about 2.7 KB per job (measured on 22.05.8), ten times the text listing, for every job of
+every user, on every poll.
+
+Submitting
+----------
+The batch script comes from :mod:`.batch` (every user value shell-quoted; options are argv
+elements of ``sbatch --parsable``, the script goes on stdin). Output goes to
+``~/.proxy-agent/slurm/<jobSubId>.<random>.out`` / ``.err`` unless ``stdoutPath`` /
+``stderrPath`` say otherwise, and those files are followed while the job runs.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import gc
+import inspect
+import logging
+import operator
+import os
+import re
+import secrets
+import time
+from collections import deque
+from contextlib import contextmanager
+from typing import (
+    Any, Awaitable, Callable, Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Set, Tuple,
+)
+
+import attrs
+import trio
+
+from ..model import Model, UnknownElement
+from ..protocol.attributes import (
+    INT32_MAX,
+    A,
+    AttributeDefinition,
+    AttributeRegistry,
+    AttributeSet,
+    AttrType,
+)
+from ..protocol.messages import ElementKind, ErrorCode, MessageLevel
+from . import batch
+from . import common
+from . import slurm_parse as sp
+from .base import JobError, Scheduler, SchedulerError, SchedulerOptions, SubmitError
+from .slurm_parse import SlurmJob, SlurmNode, SlurmPartition
+
+__all__ = [
+    "S",
+    "CommandResult",
+    "JobChanges",
+    "JobTable",
+    "LineSplitter",
+    "SlurmCommandError",
+    "SlurmScheduler",
+    "clean_message",
+    "job_attributes",
+    "node_attributes",
+    "partition_attributes",
+    "process_attributes",
+    "run_command",
+]
+
+log = logging.getLogger("proxy_agent.schedulers.slurm")
+
+COMPLETED = "COMPLETED"
+_ACTIVE_STATES = ("RUNNING", "SUSPENDED")
+
+
+class S:
+    """Attribute ids of the SLURM backend (the standard ones are in ``A``)."""
+
+    # submission (the first four also describe a job element)
+    PARTITION = "partition"
+    ACCOUNT = "account"
+    TIME_LIMIT = "timeLimit"
+    NODES = "nodes"
+    CPUS_PER_TASK = "cpusPerTask"
+    MEMORY = "memory"
+    HOLD = common.HOLD
+    BEGIN_TIME = "beginTime"
+    STDOUT_PATH = "stdoutPath"
+    STDERR_PATH = "stderrPath"
+    # job
+    JOB_ID = "slurmJobId"
+    NODE_LIST = "slurmNodeList"
+    NUM_NODES = "slurmNumNodes"
+    NUM_CPUS = "slurmNumCpus"
+    TIME_USED = "slurmTimeUsed"
+    EXIT_CODE = "slurmExitCode"
+    # node
+    NODE_STATE = "slurmNodeState"
+    CPUS = common.CPUS
+    CPUS_ALLOCATED = "slurmCpusAllocated"
+    MEMORY_MB = "slurmMemoryMB"
+    PARTITIONS = "slurmPartitions"
+    REASON = "slurmReason"
+    # queue
+    PARTITION_STATE = "slurmPartitionState"
+    DEFAULT = "slurmDefault"
+    MAX_TIME = "slurmMaxTime"
+    DEFAULT_TIME = "slurmDefaultTime"
+    MAX_NODES = "slurmMaxNodes"
+    TOTAL_NODES = "slurmTotalNodes"
+    TOTAL_CPUS = "slurmTotalCpus"
+    # machine
+    VERSION = "slurmVersion"
+
+
+def _string(attr_id: str, name: str, description: str) -> AttributeDefinition:
+    return AttributeDefinition(attr_id, AttrType.STRING, name, description)
+
+
+def _count(attr_id: str, name: str, description: str, default: str = "0", minimum: str = "0") -> AttributeDefinition:
+    return AttributeDefinition(
+        attr_id, AttrType.INTEGER, name, description, True, default, minimum=minimum, maximum=str(INT32_MAX)
+    )
+
+
+#: Attributes the backend shows on machines, nodes, queues and jobs.
+DISPLAY_ATTRIBUTES: Tuple[AttributeDefinition, ...] = (
+    _string(S.VERSION, "SLURM Version", "Version of the SLURM installation"),
+    _string(S.NODE_STATE, "SLURM Node State", "The node's state in SLURM's words (IDLE, MIXED+DRAIN, DOWN*...)"),
+    _count(S.CPUS_ALLOCATED, "CPUs Allocated", "CPUs of the node allocated to jobs"),
+    _count(S.MEMORY_MB, "Memory (MB)", "Memory the node has, in megabytes"),
+    _string(S.PARTITIONS, "Partitions", "Partitions the node belongs to, comma-separated"),
+    _string(S.REASON, "Reason", "Why the node is down, drained or failing"),
+    _string(S.PARTITION_STATE, "SLURM Partition State", "The partition's state in SLURM's words (UP, DOWN, DRAIN, INACTIVE)"),
+    AttributeDefinition(S.DEFAULT, AttrType.BOOLEAN, "Default Partition",
+                        "Whether jobs that name no partition go here", True, "false"),
+    _string(S.MAX_TIME, "Maximum Time", "Longest time limit a job of the partition may have"),
+    _string(S.DEFAULT_TIME, "Default Time", "Time limit of a job of the partition that sets none"),
+    _string(S.MAX_NODES, "Maximum Nodes", "Most nodes one job of the partition may use (UNLIMITED or a number)"),
+    _count(S.TOTAL_NODES, "Total Nodes", "Nodes in the partition"),
+    _count(S.TOTAL_CPUS, "Total CPUs", "CPUs in the partition"),
+    _string(S.NODE_LIST, "Node List", "Nodes of the partition, or nodes the job runs on, in SLURM's notation"),
+    _string(S.JOB_ID, "SLURM Job ID", "The job's id in SLURM (for squeue, scontrol, sacct)"),
+    _count(S.NUM_NODES, "Nodes Used", "Nodes the job uses or asked for"),
+    _count(S.NUM_CPUS, "CPUs Used", "CPUs the job uses or asked for"),
+    _string(S.TIME_USED, "Time Used", "Run time so far (refreshed at least once a minute)"),
+    _string(S.EXIT_CODE, "SLURM Exit Code", "How the job ended, as exit:signal (3:0 exited with 3, 0:9 killed by signal 9)"),
+)
+
+_HOLD_DEFINITION = AttributeDefinition(
+    common.HOLD, AttrType.BOOLEAN, "Hold",
+    "Submit the job held (sbatch --hold); CHANGE_JOB hold=true/false holds or releases a pending job",
+    True, "false",
+)
+
+#: Submission attributes other than the partition (whose legal values come from the cluster).
+SUBMIT_ATTRIBUTES: Tuple[AttributeDefinition, ...] = (
+    _string(S.ACCOUNT, "Account", "Account the job is charged to (sbatch --account); empty: your default"),
+    _string(S.TIME_LIMIT, "Time Limit",
+            "Time limit (sbatch --time): minutes, or [D-]HH:MM:SS; empty: the partition's default"),
+    _count(S.NODES, "Nodes", "Nodes to run on (sbatch --nodes); 0 lets SLURM decide"),
+    _count(S.CPUS_PER_TASK, "CPUs per Task", "CPUs for each process (sbatch --cpus-per-task)", "1", "1"),
+    _string(S.MEMORY, "Memory", "Memory per node (sbatch --mem): megabytes, or 500M, 4G; empty: the partition's default"),
+    _HOLD_DEFINITION,
+    _string(S.BEGIN_TIME, "Begin Time",
+            "Do not start before this time (sbatch --begin): 2030-01-31T10:00, now+1hour, tomorrow..."),
+    _string(S.STDOUT_PATH, "Standard Output File",
+            "Where the job's standard output goes (sbatch --output, %j is the job id); "
+            "empty: a file in ~/.proxy-agent/slurm that the agent follows"),
+    _string(S.STDERR_PATH, "Standard Error File",
+            "Where the job's standard error goes (sbatch --error); empty: next to the standard output"),
+)
+
+
+# --------------------------------------------------------------------------------------------
+# Pure mapping: SLURM records -> model attributes
+# --------------------------------------------------------------------------------------------
+
+
+def _text(n: Optional[int]) -> str:
+    return "" if n is None else str(n)
+
+
+def job_attributes(job: SlurmJob) -> Dict[str, str]:
+    """A job's model attributes (every key, empty when SLURM has no value; no time used)."""
+    state, status = sp.map_job_state(job.state)
+    return {
+        A.NAME: job.name,
+        A.JOB_STATE: state,
+        A.JOB_STATUS: status,
+        A.JOB_STATUS_MESSAGE: job.reason,
+        A.USER_ID: job.user,
+        S.JOB_ID: job.job_id,
+        S.PARTITION: job.partition,
+        S.ACCOUNT: job.account,
+        S.NODE_LIST: job.nodes,
+        S.NUM_NODES: _text(job.num_nodes),
+        S.NUM_CPUS: _text(job.num_cpus),
+        A.JOB_NUM_PROCS: _text(job.num_tasks),
+        S.TIME_LIMIT: job.time_limit,
+        S.EXIT_CODE: job.exit_code if state == COMPLETED else "",
+        A.WORKING_DIR: job.work_dir,
+    }
+
+
+#: The SlurmJob fields job_attributes() reads: a listing record whose key is unchanged
+#: changes nothing in the model (time used is refreshed separately).
+_JOB_KEY = operator.attrgetter(
+    "state", "reason", "nodes", "partition", "exit_code", "name", "num_nodes", "num_cpus",
+    "num_tasks", "time_limit", "user", "account", "work_dir",
+)
+
+
+def split_exit_code(text: str) -> Tuple[Optional[int], int]:
+    """``"3:0"`` -> (3, 0), ``"0:9"`` -> (0, 9), anything else -> (None, 0)."""
+    code, _, sig = text.partition(":")
+    if not code.isdigit():
+        return None, 0
+    return int(code), int(sig) if sig.isdigit() else 0
+
+
+def process_attributes(job: SlurmJob, node_id: Optional[int] = None) -> Dict[str, str]:
+    """The attributes of a job's process 0 that follow from the job's record."""
+    state, status = sp.map_job_state(job.state)
+    out = {A.PROCESS_STATE: state, A.PROCESS_STATUS: status}
+    if node_id is not None:
+        out[A.PROCESS_NODE_ID] = str(node_id)
+    if state == COMPLETED:
+        code, sig = split_exit_code(job.exit_code)
+        if code is not None:
+            out[A.PROCESS_EXIT_CODE] = str(128 + sig if sig else code)
+            if sig:
+                out[A.PROCESS_SIGNAL_NAME] = common.signal_name(sig)
+    return out
+
+
+def node_attributes(node: SlurmNode) -> Dict[str, str]:
+    """A node's model attributes (every key; the node number is the caller's)."""
+    state, raw = sp.map_node_state(node.state)
+    return {
+        A.NAME: node.name,
+        A.NODE_STATE: state,
+        S.NODE_STATE: raw,
+        S.CPUS: _text(node.cpus),
+        S.CPUS_ALLOCATED: _text(node.alloc_cpus),
+        S.MEMORY_MB: _text(node.memory_mb),
+        S.PARTITIONS: ",".join(node.partitions),
+        S.REASON: node.reason,
+    }
+
+
+def partition_attributes(part: SlurmPartition) -> Dict[str, str]:
+    """A partition's queue attributes (every key)."""
+    state, raw = sp.map_partition_state(part.state)
+    return {
+        A.NAME: part.name,
+        A.QUEUE_STATE: state,
+        S.PARTITION_STATE: raw,
+        S.DEFAULT: "true" if part.is_default else "false",
+        S.MAX_TIME: part.max_time,
+        S.DEFAULT_TIME: part.default_time,
+        S.MAX_NODES: "UNLIMITED" if part.max_nodes is None else str(part.max_nodes),
+        S.TOTAL_NODES: _text(part.total_nodes),
+        S.TOTAL_CPUS: _text(part.total_cpus),
+        S.NODE_LIST: part.nodes,
+    }
+
+
+def first_host(nodelist: str) -> str:
+    """The first host of a SLURM host list: ``node[003-005,9]`` -> ``node003``,
+    ``rack[1-2]-n[1-4],x`` -> ``rack1-n1``."""
+    host: List[str] = []
+    i, end = 0, len(nodelist)
+    while i < end:
+        char = nodelist[i]
+        if char == ",":
+            break
+        if char == "[":
+            close = nodelist.find("]", i)
+            if close < 0:
+                break
+            host.append(nodelist[i + 1:close].split(",", 1)[0].split("-", 1)[0])
+            i = close + 1
+            continue
+        host.append(char)
+        i += 1
+    return "".join(host)
+
+
+# --------------------------------------------------------------------------------------------
+# The diff of job listings
+# --------------------------------------------------------------------------------------------
+
+
+@contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause the cyclic garbage collector around bulk work.
+
+    A big listing makes ~100,000 key tuples, records and model rows, none in a cycle; the
+    collections their allocation would trigger scan the whole heap for nothing and can
+    double the time taken. Collection resumes, if it was on, at the end.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+@attrs.frozen
+class JobChanges:
+    """What one listing changed: new jobs, changed ones as (previous, current) and the ids
+    of jobs no longer listed. ``previous`` is None for a job announced with
+    :meth:`JobTable.expect` and listed for the first time."""
+
+    added: List[SlurmJob]
+    changed: List[Tuple[Optional[SlurmJob], SlurmJob]]
+    gone: List[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.changed or self.gone)
+
+
+class JobTable:
+    """SLURM's job listing as last seen, and what each new listing changes. Pure: no I/O.
+
+    * :meth:`apply` takes a full listing and returns :class:`JobChanges`; a record counts
+      as changed only when a field the model shows differs (``_JOB_KEY``), so the running
+      clock of a job does not make it a change.
+    * :meth:`expect` announces a job that was just submitted: a listing that started before
+      the submission may lack it, so it is not reported gone by listings of an earlier
+      ``generation`` than the one it was announced in.
+    * Jobs reported gone leave the table (``expect`` them again to hear of them once more).
+    * :meth:`retire` forgets a job whose element is gone from the model; while SLURM keeps
+      listing it (finished jobs stay for MinJobAge) it is not reported as new again.
+    """
+
+    __slots__ = ("_records", "_keys", "_expected", "_retired")
+
+    def __init__(self) -> None:
+        self._records: Dict[str, Optional[SlurmJob]] = {}
+        self._keys: Dict[str, Optional[tuple]] = {}
+        self._expected: Dict[str, int] = {}
+        self._retired: Set[str] = set()
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def __contains__(self, job_id: object) -> bool:
+        return job_id in self._keys
+
+    def record(self, job_id: str) -> Optional[SlurmJob]:
+        """The latest listed record of a job (None if never listed or not tracked)."""
+        return self._records.get(job_id)
+
+    def expect(self, job_id: str, generation: int = 0) -> None:
+        if job_id in self._keys:
+            return
+        self._retired.discard(job_id)
+        self._keys[job_id] = None
+        self._records[job_id] = None
+        self._expected[job_id] = generation
+
+    def discard(self, job_id: str) -> None:
+        self._keys.pop(job_id, None)
+        self._records.pop(job_id, None)
+        self._expected.pop(job_id, None)
+
+    def retire(self, job_id: str) -> None:
+        self.discard(job_id)
+        self._retired.add(job_id)
+
+    def apply(self, jobs: Iterable[SlurmJob], generation: int = 0) -> JobChanges:
+        """Take a complete listing (made by a query started in ``generation``)."""
+        with gc_paused():
+            return self._apply(jobs, generation)
+
+    def _apply(self, jobs: Iterable[SlurmJob], generation: int) -> JobChanges:
+        keys = self._keys
+        records = self._records
+        retired = self._retired
+        key_of = _JOB_KEY
+        missing = _MISSING
+        added: List[SlurmJob] = []
+        changed: List[Tuple[Optional[SlurmJob], SlurmJob]] = []
+        seen: Set[str] = set()
+        see = seen.add
+        for job in jobs:
+            job_id = job.job_id
+            see(job_id)
+            key = key_of(job)
+            old = keys.get(job_id, missing)
+            if old is missing:
+                if retired and job_id in retired:
+                    continue
+                added.append(job)
+            elif old != key:
+                changed.append((records[job_id], job))
+            keys[job_id] = key
+            records[job_id] = job
+        expected = self._expected
+        if expected:
+            for job_id in [j for j in expected if j in seen]:
+                del expected[job_id]
+        if len(seen) == len(keys):
+            gone: List[str] = []  # every tracked job was listed
+        else:
+            gone = [
+                job_id for job_id in keys
+                if job_id not in seen and not (job_id in expected and expected[job_id] >= generation)
+            ]
+            for job_id in gone:
+                del keys[job_id], records[job_id]
+                expected.pop(job_id, None)
+        if retired:
+            self._retired = {job_id for job_id in retired if job_id in seen}
+        return JobChanges(added, changed, gone)
+
+
+_MISSING: Any = object()
+
+
+# --------------------------------------------------------------------------------------------
+# Output files
+# --------------------------------------------------------------------------------------------
+
+
+class LineSplitter:
+    """Bytes of a growing file in, complete lines out (UTF-8, invalid bytes replaced).
+
+    The last, unterminated line is held until its newline arrives or :meth:`flush`; a line
+    longer than ``max_line`` characters is passed on in pieces so memory stays bounded.
+    """
+
+    def __init__(self, max_line: int = 1 << 20) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        self._partial = ""
+        self.max_line = max_line
+
+    def feed(self, data: bytes) -> List[str]:
+        text = self._partial + self._decoder.decode(data)
+        lines = text.split("\n")
+        partial = lines.pop()
+        while len(partial) > self.max_line:
+            lines.append(partial[: self.max_line])
+            partial = partial[self.max_line:]
+        self._partial = partial
+        return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+    def flush(self) -> List[str]:
+        """The held last line (if any) as a line of its own."""
+        text = self._partial + self._decoder.decode(b"", final=True)
+        self._partial = ""
+        if not text:
+            return []
+        return [text[:-1] if text.endswith("\r") else text]
+
+
+_READ_CHUNK = 1 << 18
+
+
+def _read_new(path: str, offset: int, stale: Optional[tuple]) -> Tuple[Optional[tuple], int, bytes]:
+    """(signature of the file or None if missing, its size, bytes from ``offset``).
+
+    Nothing is read while the file still has the ``stale`` signature it had before the job
+    started (a file left by an earlier run under the same name).
+    """
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            sig = (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
+            if stale is not None and sig == stale:
+                return sig, st.st_size, b""
+            if st.st_size <= offset:
+                return sig, st.st_size, b""
+            f.seek(offset)
+            return sig, st.st_size, f.read(_READ_CHUNK)
+    except OSError:
+        return None, 0, b""
+
+
+def _file_signature(path: str) -> Optional[tuple]:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size)
+
+
+_PATTERN = re.compile(r"%(\d*)([%a-zA-Z])")
+
+
+def expand_output_pattern(path: str, job_id: str, job_name: str, user: str) -> Optional[str]:
+    """SLURM's file name pattern with what is known at submission, or None if it needs more
+    (``%N`` node name, ``%t`` task...). A backslash turns patterns off, as in SLURM."""
+    if "\\" in path:
+        return path.replace("\\", "")
+    values = {"j": job_id, "A": job_id, "x": job_name, "u": user, "a": "4294967294", "J": job_id}
+    unknown = False
+
+    def sub(match: "re.Match[str]") -> str:
+        nonlocal unknown
+        width, letter = match.group(1), match.group(2)
+        if letter == "%":
+            return "%"
+        value = values.get(letter)
+        if value is None:
+            unknown = True
+            return match.group(0)
+        return value.zfill(int(width)) if width and value.isdigit() else value
+
+    expanded = _PATTERN.sub(sub, path)
+    return None if unknown else expanded
+
+
+# --------------------------------------------------------------------------------------------
+# Running SLURM's commands
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class CommandResult:
+    argv: Tuple[str, ...]
+    returncode: int
+    stdout: bytes
+    stderr: bytes
+
+
+#: Runs one command: (argv, stdin bytes or None, env or None) -> CommandResult.  Raises
+#: OSError when it cannot start.  Timeouts are applied around it by the scheduler.
+Runner = Callable[[Sequence[str], Optional[bytes], Optional[Mapping[str, str]]], Awaitable[CommandResult]]
+
+
+async def run_command(argv: Sequence[str], stdin: Optional[bytes] = None,
+                      env: Optional[Mapping[str, str]] = None) -> CommandResult:
+    """Run argv (never through a shell), stdin given or empty, stdout/stderr captured.
+
+    The child never inherits the agent's stdin: in stdio mode that is the protocol stream.
+    """
+    process = await trio.run_process(
+        list(argv),
+        stdin=stdin if stdin is not None else b"",
+        capture_stdout=True,
+        capture_stderr=True,
+        check=False,
+        env=env,
+    )
+    return CommandResult(tuple(argv), process.returncode, process.stdout, process.stderr)
+
+
+class SlurmCommandError(SchedulerError):
+    """A SLURM command failed, hung or could not be started; ``message`` is SLURM's words."""
+
+    def __init__(self, argv: Sequence[str], message: str, returncode: Optional[int] = None) -> None:
+        super().__init__(message, ErrorCode.SCHEDULER)
+        self.argv = tuple(argv)
+        self.returncode = returncode
+
+
+_MESSAGE_PREFIX = re.compile(
+    r"^(?:(?:sbatch|squeue|sinfo|scontrol|scancel|sacct|srun|salloc|sacctmgr): )?(?:(?:error|fatal): )?"
+)
+
+
+def clean_message(stderr: str, limit: int = 600) -> str:
+    """A command's stderr as one line for the client: ``sbatch: error:`` prefixes dropped,
+    blank and repeated lines skipped, lines joined with ``"; "``, at most ``limit`` chars."""
+    lines: List[str] = []
+    for line in stderr.splitlines():
+        line = _MESSAGE_PREFIX.sub("", line.strip(), count=1).strip()
+        if line and line not in lines:
+            lines.append(line)
+    text = "; ".join(lines)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------------------------
+# The scheduler
+# --------------------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _Job:
+    """A job in the model: its SLURM id, its element, its process and its queue."""
+
+    slurm_id: str
+    element: int
+    process: int
+    queue: int
+    sub_id: Optional[str] = None
+    completed: bool = False
+    retire_at: Optional[float] = None
+    gone_polls: int = 0
+    node: Optional[int] = None
+    #: for jobs whose output is followed: set when it first runs / when it has completed
+    started: Optional[trio.Event] = None
+    done: Optional[trio.Event] = None
+
+
+_SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+# trio 0.23 renamed to_thread.run_sync's "cancellable" to "abandon_on_cancel".
+_ABANDON = (
+    "abandon_on_cancel" if "abandon_on_cancel" in inspect.signature(trio.to_thread.run_sync).parameters
+    else "cancellable"
+)
+
+
+class SlurmScheduler(Scheduler):
+    """A SLURM cluster (see the module documentation)."""
+
+    name = "slurm"
+
+    #: Jobs looked up one by one with scontrol when they vanish (the rest go to one sacct).
+    MAX_SCONTROL_LOOKUPS = 20
+    #: Polls a vanished job may wait for a final state while lookups fail.
+    MAX_GONE_POLLS = 3
+
+    def __init__(
+        self,
+        model: Model,
+        options: SchedulerOptions,
+        *,
+        retention: float = 60.0,
+        command_timeout: float = 30.0,
+        fast_poll_interval: float = 0.5,
+        fast_poll_duration: float = 10.0,
+        partition_interval: Optional[float] = None,
+        time_used_interval: float = 60.0,
+        output_interval: float = 0.5,
+        output_drain_grace: float = 1.0,
+        max_backoff: float = 60.0,
+        spool_dir: Optional[str] = None,
+        prefer_json: bool = True,
+        squeue_json: bool = False,
+        parse_in_thread_above: int = 256 * 1024,
+        parse_timeout: float = 60.0,
+        user: Optional[str] = None,
+        runner: Optional[Runner] = None,
+    ) -> None:
+        super().__init__(model, options)
+        self.poll_interval = max(0.1, float(options.poll_interval))
+        self.all_users = options.all_users
+        self.retention = retention
+        self.command_timeout = command_timeout
+        self.fast_poll_interval = min(fast_poll_interval, self.poll_interval)
+        self.fast_poll_duration = fast_poll_duration
+        self.partition_interval = (
+            partition_interval if partition_interval is not None else max(30.0, 6 * self.poll_interval)
+        )
+        self.time_used_interval = time_used_interval
+        self.output_interval = output_interval
+        self.output_drain_grace = output_drain_grace
+        self.max_backoff = max(max_backoff, self.poll_interval)
+        self.spool_dir = spool_dir or os.path.join(os.path.expanduser("~"), ".proxy-agent", "slurm")
+        self.prefer_json = prefer_json
+        self.squeue_json = squeue_json
+        self.parse_in_thread_above = parse_in_thread_above
+        self.parse_timeout = parse_timeout
+        self.user = user or common.current_user()
+        self._runner: Runner = runner or run_command
+
+        #: the last failure of a SLURM query (None while they work), for the agent to show
+        self.last_error: Optional[str] = None
+        #: called as on_message(level, code, text) when SLURM stops or starts answering;
+        #: the agent may set it (e.g. to Session.notify) to show it to the client
+        self.on_message: Optional[Callable[[MessageLevel, int, str], None]] = None
+
+        self.version: Optional[Tuple[int, int, int]] = None
+        self.version_text = ""
+        self.config: Dict[str, str] = {}
+        self.cluster_name = "slurm"
+        self._json: Dict[str, bool] = {}
+        self._sacct_mode: Optional[str] = None  # "accounting", "completion" or None
+
+        self._machine: Optional[int] = None
+        self._queues: Dict[str, int] = {}
+        self._partitions: Dict[str, SlurmPartition] = {}
+        self._default_partition: Optional[str] = None
+        self._partitions_stale = False
+        self._nodes: Dict[str, Tuple[int, SlurmNode]] = {}
+        self._node_numbers: Dict[str, int] = {}
+        self._table = JobTable()
+        self._jobs: Dict[str, _Job] = {}
+        self._by_element: Dict[int, _Job] = {}
+        self._retire: Deque[Tuple[float, str]] = deque()
+        self._generation = 0
+        self._failures = 0
+        self._failing = False
+        self._reported_error: Optional[str] = None
+        self._wake = trio.Event()
+        self._fast_until = 0.0
+        self._nursery: Optional[trio.Nursery] = None
+        self._query_env = dict(os.environ, SLURM_TIME_FORMAT="standard")
+
+    # ------------------------------------------------------------------ definitions
+
+    def attribute_definitions(self) -> List[AttributeDefinition]:
+        default_queue = self._queues.get(self._default_partition or "")
+        return common.scheduler_attribute_definitions(
+            max_procs=INT32_MAX,
+            default_queue=str(default_queue) if default_queue is not None else None,
+            hold=True,
+            extra=[*DISPLAY_ATTRIBUTES, self._partition_definition(), *SUBMIT_ATTRIBUTES],
+        )
+
+    def _partition_definition(self) -> AttributeDefinition:
+        description = "Partition to submit to (sbatch --partition); a queueId names one too"
+        names = tuple(name for name in self._partitions if name)
+        if not names:
+            return _string(S.PARTITION, "Partition", description)
+        default = self._default_partition if self._default_partition in names else names[0]
+        return AttributeDefinition(
+            S.PARTITION, AttrType.ENUMERATED, "Partition", description, True, default, values=names
+        )
+
+    @functools.cached_property
+    def _submit_registry(self) -> AttributeRegistry:
+        # The partition is checked by SLURM itself (its list may have changed since we looked),
+        # so it is validated as plain text here.
+        return AttributeRegistry(common.scheduler_attribute_definitions(
+            max_procs=INT32_MAX, hold=True, extra=[_string(S.PARTITION, "Partition", ""), *SUBMIT_ATTRIBUTES],
+        ))
+
+    # ------------------------------------------------------------------ commands
+
+    async def _command(
+        self,
+        argv: Sequence[str],
+        *,
+        stdin: Optional[bytes] = None,
+        check: bool = True,
+        timeout: Optional[float] = None,
+        env: Optional[Mapping[str, str]] = None,
+    ) -> CommandResult:
+        limit = self.command_timeout if timeout is None else timeout
+        shown = " ".join(argv[:3])
+        try:
+            with trio.fail_after(limit):
+                result = await self._runner(argv, stdin, env if env is not None else self._query_env)
+        except trio.TooSlowError:
+            raise SlurmCommandError(argv, f"{shown} did not finish within {limit:g} s") from None
+        except FileNotFoundError:
+            raise SlurmCommandError(argv, f"{argv[0]}: command not found (is SLURM installed and on PATH?)") from None
+        except OSError as exc:
+            raise SlurmCommandError(argv, f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+        if check and result.returncode != 0:
+            text = clean_message(result.stderr.decode("utf-8", "replace"))
+            raise SlurmCommandError(
+                argv, text or f"{shown} failed with exit status {result.returncode}", result.returncode
+            )
+        return result
+
+    async def _parse(self, parser: Callable[[str], Any], data: bytes, what: str) -> Any:
+        """Parse a command's output; a large one in a worker thread, bounded in time."""
+
+        def work() -> Any:
+            return parser(data.decode("utf-8", "replace"))
+
+        if len(data) <= self.parse_in_thread_above:
+            return work()
+        try:
+            with trio.fail_after(self.parse_timeout):
+                return await trio.to_thread.run_sync(work, **{_ABANDON: True})
+        except trio.TooSlowError:
+            raise SlurmCommandError((what,), f"parsing the output of {what} took more than {self.parse_timeout:g} s") from None
+
+    async def _query(
+        self,
+        kind: str,
+        text_argv: Sequence[str],
+        text_parser: Callable[[str], Any],
+        json_argv: Optional[Sequence[str]] = None,
+        json_parser: Optional[Callable[[str], Any]] = None,
+    ) -> Any:
+        """Run one query in JSON if this SLURM has it for ``kind``, else (or if JSON turns out
+        not to work while text does) in text."""
+        if json_argv is not None and json_parser is not None and self._json.get(kind):
+            try:
+                result = await self._command(json_argv)
+                return await self._parse(json_parser, result.stdout, " ".join(json_argv[:3]))
+            except (SlurmCommandError, sp.SlurmError) as exc:
+                json_error = exc
+            result = await self._command(text_argv)  # raises if SLURM itself is failing
+            parsed = await self._parse(text_parser, result.stdout, " ".join(text_argv[:3]))
+            log.warning("%s --json does not work here (%s); using the text format from now on",
+                        " ".join(json_argv[:3]), json_error)
+            self._json[kind] = False
+            return parsed
+        result = await self._command(text_argv)
+        return await self._parse(text_parser, result.stdout, " ".join(text_argv[:3]))
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            result = await self._command(sp.version_argv())
+            text = result.stdout.decode("utf-8", "replace").strip()
+            self.version = sp.parse_version(text)
+            self.version_text = text.split()[-1] if text else ""
+        except (SlurmCommandError, sp.SlurmError) as exc:
+            raise SchedulerError(f"cannot use SLURM on this machine: {exc}", ErrorCode.SCHEDULER) from None
+        support = sp.json_support(self.version if self.prefer_json else None)
+        self._json = {
+            "nodes": support["nodes"],
+            "partitions": support["partitions"],
+            "job": support["job"],
+            "squeue": support["squeue"] and self.squeue_json,
+            "sacct": False,  # decided with the configuration: needs slurmdbd
+        }
+        log.info("SLURM %s; JSON for %s", self.version_text,
+                 ", ".join(k for k, v in self._json.items() if v) or "nothing")
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            errors = await self._poll(nodes=True, partitions=True)
+            self._report(errors)
+            task_status.started()
+            await self._poll_loop()
+
+    async def aclose(self) -> None:
+        # Jobs stay with SLURM; only our polling and output followers stop.
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
+    def _poke(self) -> None:
+        """Poll now and often for a while (after a submit, cancel, change or move)."""
+        self._fast_until = trio.current_time() + self.fast_poll_duration
+        self._wake.set()
+
+    async def _poll_loop(self) -> None:
+        now = trio.current_time()
+        next_nodes = now + self.poll_interval
+        next_partitions = now + self.partition_interval
+        next_time_used = now + self.time_used_interval
+        while True:
+            if self._failures:
+                delay = min(self.poll_interval * 2 ** (self._failures - 1), self.max_backoff)
+            elif trio.current_time() < self._fast_until:
+                delay = self.fast_poll_interval
+            else:
+                delay = self.poll_interval
+            with trio.move_on_after(delay):
+                await self._wake.wait()
+            self._wake = trio.Event()
+            now = trio.current_time()
+            nodes = now >= next_nodes
+            partitions = now >= next_partitions or self._partitions_stale
+            try:
+                errors = await self._poll(nodes=nodes, partitions=partitions)
+                now = trio.current_time()
+                if now >= next_time_used:
+                    self._refresh_time_used()
+                    next_time_used = now + self.time_used_interval
+                self._retire_due()
+            except Exception as exc:  # noqa: BLE001 - a bug in one poll must not end the agent
+                log.exception("polling SLURM failed")
+                errors = [SlurmCommandError((), f"internal error while polling: {type(exc).__name__}: {exc}")]
+            self._report(errors)
+            now = trio.current_time()
+            if nodes:
+                next_nodes = now + self.poll_interval
+            if partitions:
+                next_partitions = now + self.partition_interval
+
+    async def _poll(self, *, nodes: bool, partitions: bool) -> List[SlurmCommandError]:
+        errors: List[SlurmCommandError] = []
+
+        async def attempt(step: Callable[[], Awaitable[None]]) -> None:
+            try:
+                await step()
+            except SlurmCommandError as exc:
+                errors.append(exc)
+            except sp.SlurmError as exc:
+                errors.append(SlurmCommandError((), f"unreadable SLURM output: {exc}"))
+
+        if not self.config:
+            await attempt(self._refresh_config)
+        if self._machine is None:
+            self._add_machine()
+        if partitions:
+            await attempt(self._refresh_partitions)
+        if nodes:
+            await attempt(self._refresh_nodes)
+        await attempt(self._refresh_jobs)
+        self._failing = bool(errors)
+        self._update_machine()
+        return errors
+
+    def _report(self, errors: List[SlurmCommandError]) -> None:
+        if errors:
+            self._failures += 1
+            text = "; ".join(dict.fromkeys(e.message for e in errors))
+            self.last_error = text
+            delay = min(self.poll_interval * 2 ** (self._failures - 1), self.max_backoff)
+            if text != self._reported_error:
+                self._reported_error = text
+                log.warning("SLURM query failed (retrying in %g s): %s", delay, text)
+                self._message(MessageLevel.ERROR, f"SLURM query failed (retrying): {text}")
+            else:
+                log.debug("SLURM query failed again (attempt %d, retrying in %g s): %s", self._failures, delay, text)
+        elif self._failures:
+            log.info("SLURM answers again after %d failed polls", self._failures)
+            self._message(MessageLevel.INFO, "SLURM answers again")
+            self._failures = 0
+            self.last_error = None
+            self._reported_error = None
+
+    def _message(self, level: MessageLevel, text: str) -> None:
+        callback = self.on_message
+        if callback is None:
+            return
+        try:
+            callback(level, int(ErrorCode.SCHEDULER), text)
+        except Exception:  # noqa: BLE001 - reporting must not break polling
+            log.exception("on_message callback failed")
+
+    # ------------------------------------------------------------------ machine and config
+
+    async def _refresh_config(self) -> None:
+        result = await self._command(sp.config_argv())
+        config = sp.parse_scontrol_config(result.stdout.decode("utf-8", "replace"))
+        if not config:
+            raise sp.SlurmError("scontrol show config printed no settings")
+        self.config = config
+        name = config.get("ClusterName", "")
+        if name and name != "(null)":
+            self.cluster_name = name
+            if self._machine is not None:
+                self.model.update(self._machine, {A.NAME: name})
+        storage = config.get("AccountingStorageType", "accounting_storage/none")
+        if storage and storage != "accounting_storage/none":
+            self._sacct_mode = "accounting"
+            self._json["sacct"] = sp.json_support(self.version if self.prefer_json else None)["sacct"]
+        elif config.get("JobCompType") == "jobcomp/filetxt":
+            self._sacct_mode = "completion"
+        else:
+            self._sacct_mode = None
+
+    def _add_machine(self) -> None:
+        version = self.version_text
+        self._machine = self.model.add(ElementKind.MACHINE, None, {
+            A.NAME: self.cluster_name, A.MACHINE_STATE: "UNKNOWN", A.NUM_NODES: "0", S.VERSION: version,
+        })
+
+    def _update_machine(self) -> None:
+        if self._machine is None:
+            return
+        if self._failing:
+            state = "ERROR"
+        elif not self._nodes:
+            state = "UNKNOWN"
+        else:
+            up = sum(1 for _eid, node in self._nodes.values() if sp.map_node_state(node.state)[0] == "UP")
+            state = "UP" if up == len(self._nodes) else ("ALERT" if up else "DOWN")
+        self.model.update(self._machine, {A.MACHINE_STATE: state, A.NUM_NODES: str(len(self._nodes))})
+
+    def _set(self, eid: int, attrs: Mapping[str, str]) -> None:
+        """Update an element; an empty value clears a key only if it was ever set."""
+        model = self.model
+        model.update(eid, {k: v for k, v in attrs.items() if v or model.attr(eid, k) is not None})
+
+    # ------------------------------------------------------------------ partitions
+
+    async def _refresh_partitions(self) -> None:
+        parts = await self._query(
+            "partitions",
+            sp.partitions_argv(False), sp.parse_scontrol_partitions,
+            sp.partitions_argv(True), sp.parse_partitions_json,
+        )
+        self._apply_partitions(parts)
+
+    def _apply_partitions(self, parts: Sequence[SlurmPartition]) -> None:
+        model = self.model
+        listed: Dict[str, SlurmPartition] = {}
+        default = None
+        for part in parts:
+            if not part.name or part.name in listed:
+                continue
+            listed[part.name] = part
+            if part.is_default and default is None:
+                default = part.name
+            attrs_ = partition_attributes(part)
+            eid = self._queues.get(part.name)
+            if eid is None:
+                self._queues[part.name] = model.add(ElementKind.QUEUE, None, {k: v for k, v in attrs_.items() if v})
+            elif self._partitions.get(part.name) != part:
+                self._set(eid, attrs_)
+        for name, eid in list(self._queues.items()):
+            if name not in listed and not model.children(eid):
+                model.remove(eid)
+                del self._queues[name]
+        self._partitions = listed
+        self._default_partition = default or next(iter(listed), None)
+        self._partitions_stale = False
+
+    def _queue_for(self, partition: str) -> int:
+        """The queue of a job's partition (``debug,long`` for a job pending in either: the
+        first known one); a partition not listed (hidden) gets a queue of its own."""
+        names = [p for p in partition.split(",") if p]
+        for name in names:
+            eid = self._queues.get(name)
+            if eid is not None:
+                return eid
+        name = names[0] if names else (self._default_partition or "unknown")
+        eid = self._queues.get(name)
+        if eid is None:
+            eid = self._queues[name] = self.model.add(
+                ElementKind.QUEUE, None, {A.NAME: name, A.QUEUE_STATE: "NORMAL"}
+            )
+            self._partitions_stale = True
+        return eid
+
+    # ------------------------------------------------------------------ nodes
+
+    async def _refresh_nodes(self) -> None:
+        nodes = await self._query(
+            "nodes",
+            sp.nodes_argv(False), sp.parse_sinfo_nodes_text,
+            sp.nodes_argv(True, self.version), sp.parse_nodes_json,
+        )
+        self._apply_nodes(nodes)
+
+    def _apply_nodes(self, nodes: Sequence[SlurmNode]) -> None:
+        model = self.model
+        assert self._machine is not None
+        listed: Set[str] = set()
+        new: List[SlurmNode] = []
+        for node in nodes:
+            if not node.name or node.name in listed:
+                continue
+            listed.add(node.name)
+            known = self._nodes.get(node.name)
+            if known is None:
+                new.append(node)
+            elif known[1] != node:
+                self._set(known[0], node_attributes(node))
+                self._nodes[node.name] = (known[0], node)
+        if new:
+            attrs_list = []
+            for node in new:
+                number = self._node_numbers.setdefault(node.name, len(self._node_numbers))
+                attrs_ = {k: v for k, v in node_attributes(node).items() if v}
+                attrs_[A.NODE_NUMBER] = str(number)
+                attrs_list.append(attrs_)
+            for eid, node in zip(model.add_many(ElementKind.NODE, self._machine, attrs_list), new):
+                self._nodes[node.name] = (eid, node)
+        for name in [n for n in self._nodes if n not in listed]:
+            model.remove(self._nodes.pop(name)[0])
+
+    def _node_id(self, nodelist: str) -> Optional[int]:
+        known = self._nodes.get(first_host(nodelist))
+        return known[0] if known is not None else None
+
+    # ------------------------------------------------------------------ jobs
+
+    async def _refresh_jobs(self) -> None:
+        self._generation += 1
+        generation = self._generation
+        user = None if self.all_users else self.user
+        jobs = await self._query(
+            "squeue",
+            sp.squeue_argv(user), sp.parse_squeue_text,
+            sp.squeue_argv(user, json=True),
+            lambda text: sp.parse_squeue_json(text, user, int(time.time())),
+        )
+        changes = self._table.apply(jobs, generation)
+        if changes.added or changes.changed:
+            await self._apply_jobs(changes)
+        if changes.gone:
+            await self._finish_gone(changes.gone)
+
+    #: Jobs put into the model between two checkpoints, so a first listing of 100,000 jobs
+    #: (some seconds of model work) does not stop the agent from answering meanwhile.
+    APPLY_CHUNK = 5000
+
+    async def _apply_jobs(self, changes: JobChanges) -> None:
+        chunk = self.APPLY_CHUNK
+        added = changes.added
+        for start in range(0, len(added), chunk):
+            with gc_paused():
+                self._add_or_update(added[start:start + chunk])
+            await trio.lowlevel.checkpoint()
+        changed = [job for _previous, job in changes.changed]
+        for start in range(0, len(changed), chunk):
+            with gc_paused():
+                self._add_or_update(changed[start:start + chunk])
+            await trio.lowlevel.checkpoint()
+
+    def _add_or_update(self, jobs: Sequence[SlurmJob]) -> None:
+        by_queue: Dict[int, List[SlurmJob]] = {}
+        for job in jobs:
+            tracked = self._jobs.get(job.job_id)
+            if tracked is not None:
+                self._update_job(tracked, job)
+            else:
+                by_queue.setdefault(self._queue_for(job.partition), []).append(job)
+        for queue, new in by_queue.items():
+            self._add_jobs(queue, new)
+
+    def _add_jobs(self, queue: int, jobs: List[SlurmJob]) -> None:
+        model = self.model
+        partition = model.attr(queue, A.NAME) or ""
+        attrs_list = []
+        for job in jobs:
+            attrs_ = {k: v for k, v in job_attributes(job).items() if v}
+            attrs_[A.QUEUE_ID] = str(queue)
+            # the queue it is shown under (a pending job may list several: "debug,long")
+            attrs_[S.PARTITION] = partition
+            if job.time_used:
+                attrs_[S.TIME_USED] = job.time_used
+            attrs_list.append(attrs_)
+        for eid, job in zip(model.add_many(ElementKind.JOB, queue, attrs_list), jobs):
+            node = self._node_id(job.nodes)
+            process = process_attributes(job, node)
+            process[A.PROCESS_INDEX] = "0"
+            pid = model.add(ElementKind.PROCESS, eid, process)
+            tracked = _Job(job.job_id, eid, pid, queue, node=node)
+            self._jobs[job.job_id] = tracked
+            self._by_element[eid] = tracked
+            if process[A.PROCESS_STATE] == COMPLETED:
+                self._completed(tracked)
+
+    def _update_job(self, tracked: _Job, job: SlurmJob) -> None:
+        queue = self._queue_for(job.partition)
+        if queue != tracked.queue:
+            self.model.move(tracked.element, queue)
+            tracked.queue = queue
+        attrs_ = job_attributes(job)
+        attrs_[A.QUEUE_ID] = str(queue)
+        attrs_[S.PARTITION] = self.model.attr(queue, A.NAME) or ""
+        if job.time_used:
+            attrs_[S.TIME_USED] = job.time_used
+        self._set(tracked.element, attrs_)
+        if job.nodes:
+            tracked.node = self._node_id(job.nodes)
+        process = process_attributes(job, tracked.node)
+        self._set(tracked.process, process)
+        state = process[A.PROCESS_STATE]
+        if state != "STARTING" and tracked.started is not None:
+            tracked.started.set()
+        if state == COMPLETED:
+            if not tracked.completed:
+                self._completed(tracked)
+        elif tracked.completed:
+            # Requeued: it is back in the queue under the same id.
+            tracked.completed = False
+            tracked.retire_at = None
+
+    def _completed(self, tracked: _Job) -> None:
+        tracked.completed = True
+        tracked.retire_at = trio.current_time() + self.retention
+        self._retire.append((tracked.retire_at, tracked.slurm_id))
+        if tracked.done is not None:
+            tracked.done.set()
+
+    def _retire_due(self) -> None:
+        now = trio.current_time()
+        while self._retire and self._retire[0][0] <= now:
+            at, slurm_id = self._retire.popleft()
+            tracked = self._jobs.get(slurm_id)
+            if tracked is None or not tracked.completed or tracked.retire_at != at:
+                continue
+            del self._jobs[slurm_id]
+            self._by_element.pop(tracked.element, None)
+            if tracked.element in self.model:
+                self.model.remove(tracked.element)
+            self._table.retire(slurm_id)
+
+    def _refresh_time_used(self) -> None:
+        for tracked in self._jobs.values():
+            if tracked.completed:
+                continue
+            record = self._table.record(tracked.slurm_id)
+            if record is not None and record.time_used and tracked.element in self.model:
+                self.model.update(tracked.element, {S.TIME_USED: record.time_used})
+
+    async def _finish_gone(self, gone: List[str]) -> None:
+        """Jobs SLURM no longer lists: find how they ended and report them COMPLETED."""
+        todo = [t for t in map(self._jobs.get, gone) if t is not None and not t.completed]
+        if not todo:
+            return
+        try:
+            finals = await self._final_records([t.slurm_id for t in todo])
+        except SlurmCommandError as exc:
+            log.warning("cannot look up how %d jobs ended: %s", len(todo), exc.message)
+            finals = None
+        for tracked in todo:
+            record = finals.get(tracked.slurm_id) if finals is not None else None
+            if record is not None and sp.map_job_state(record.state)[0] == COMPLETED:
+                self._update_job(tracked, record)
+                continue
+            tracked.gone_polls += 1
+            if tracked.gone_polls < self.MAX_GONE_POLLS and (finals is None or record is not None):
+                # The lookup failed, or SLURM still calls the job active although squeue left it
+                # out: the next listing is to mention it, or it is looked up again.
+                if record is not None:
+                    self._update_job(tracked, record)
+                self._table.expect(tracked.slurm_id, self._generation)
+                continue
+            self._set(tracked.element, {
+                A.JOB_STATE: COMPLETED,
+                A.JOB_STATUS: "UNKNOWN",
+                A.JOB_STATUS_MESSAGE: "SLURM no longer lists the job and has no record of how it ended",
+            })
+            self._set(tracked.process, {A.PROCESS_STATE: COMPLETED, A.PROCESS_STATUS: "UNKNOWN"})
+            self._completed(tracked)
+
+    async def _final_records(self, job_ids: List[str]) -> Dict[str, SlurmJob]:
+        """Last known records of jobs: ``scontrol show job`` (while the controller remembers
+        them), then one ``sacct`` for the rest when accounting or the completion log exists."""
+        found: Dict[str, SlurmJob] = {}
+        for slurm_id in job_ids[: self.MAX_SCONTROL_LOOKUPS]:
+            if self._json.get("job"):
+                argv, parser = sp.scontrol_job_argv(slurm_id, json=True), sp.parse_scontrol_jobs_json
+            else:
+                argv, parser = sp.scontrol_job_argv(slurm_id), sp.parse_scontrol_jobs
+            result = await self._command(argv, check=False)
+            if result.returncode != 0:
+                continue  # "Invalid job id specified": purged already
+            try:
+                for record in await self._parse(parser, result.stdout, "scontrol show job"):
+                    if record.job_id == slurm_id:
+                        found[slurm_id] = record
+            except sp.SlurmError:
+                continue
+        rest = [j for j in job_ids if j not in found]
+        if rest and self._sacct_mode is not None:
+            use_json = bool(self._json.get("sacct"))
+            argv = sp.sacct_argv(rest, json=use_json, completion=self._sacct_mode == "completion")
+            result = await self._command(argv, check=False)
+            if result.returncode == 0:
+                parser = sp.parse_sacct_json if use_json else sp.parse_sacct_text
+                try:
+                    records = await self._parse(parser, result.stdout, "sacct")
+                except sp.SlurmError:
+                    records = []
+                wanted = set(rest)
+                for record in records:  # a requeued job has several: the last one wins
+                    if record.job_id in wanted:
+                        found[record.job_id] = record
+            else:
+                log.info("sacct could not say how jobs ended: %s",
+                         clean_message(result.stderr.decode("utf-8", "replace")))
+        return found
+
+    def _tracked(self, job_id: int) -> _Job:
+        tracked = self._by_element.get(job_id)
+        if tracked is None:
+            raise JobError(f"no SLURM job with element id {job_id}", ErrorCode.NO_SUCH_JOB)
+        return tracked
+
+    # ------------------------------------------------------------------ submit
+
+    async def submit(self, job: AttributeSet) -> int:
+        sub_id = common.require_sub_id(job)
+        problems = self._submit_registry.validate(job)
+        if problems:
+            raise SubmitError("; ".join(problems), ErrorCode.BAD_ARGUMENTS)
+        spec, follow = self._job_spec(job, sub_id)
+        try:
+            script = batch.render_script(spec).encode("utf-8")
+            argv = batch.submit_argv(spec)
+        except batch.BatchScriptError as exc:
+            raise SubmitError(str(exc), ErrorCode.BAD_ARGUMENTS) from None
+        stale = {path: _file_signature(path) for path in follow.values() if path}
+        try:
+            # sbatch passes its environment to the job: no query settings in it.
+            result = await self._command(argv, stdin=script, env=dict(os.environ))
+        except SlurmCommandError as exc:
+            message = exc.message
+            if "did not finish" in message:
+                message += "; the job may or may not have been submitted"
+            raise SubmitError(message) from None
+        try:
+            slurm_id = sp.parse_sbatch_parsable(result.stdout.decode("utf-8", "replace"))
+        except sp.SlurmError as exc:
+            raise SubmitError(f"{exc}; sbatch said: {clean_message(result.stderr.decode('utf-8', 'replace'))}") from None
+        warnings = clean_message(result.stderr.decode("utf-8", "replace"))
+        if warnings:
+            log.info("sbatch for %s (SLURM job %s): %s", sub_id, slurm_id, warnings)
+        tracked = self._register_submitted(slurm_id, sub_id, spec, job)
+        if self._nursery is not None:
+            tracked.started = trio.Event()
+            tracked.done = trio.Event()
+            if tracked.completed:
+                tracked.done.set()
+            for stream, pattern in follow.items():
+                path = expand_output_pattern(pattern, slurm_id, spec.job_name or "", self.user) if pattern else None
+                if path is None:
+                    log.info("cannot follow %s of SLURM job %s: %r needs the node to expand", stream, slurm_id, pattern)
+                    continue
+                self._nursery.start_soon(self._follow, tracked, path, stream, stale.get(pattern))
+        self._poke()
+        log.info("submitted %s as SLURM job %s (element %d)", sub_id, slurm_id, tracked.element)
+        return tracked.element
+
+    def _register_submitted(self, slurm_id: str, sub_id: str, spec: batch.JobSpec, job: AttributeSet) -> _Job:
+        model = self.model
+        attrs_: Dict[str, Any] = {
+            A.JOB_SUB_ID: sub_id,
+            A.NAME: spec.job_name or "",
+            S.JOB_ID: slurm_id,
+            A.USER_ID: self.user,
+            A.JOB_NUM_PROCS: str(spec.num_procs),
+            A.EXEC_NAME: os.path.basename(spec.executable),
+        }
+        if "/" in spec.executable:
+            attrs_[A.EXEC_PATH] = spec.executable
+        if spec.arguments:
+            attrs_[A.PROG_ARGS] = spec.arguments
+        if spec.working_dir:
+            attrs_[A.WORKING_DIR] = spec.working_dir
+        tracked = self._jobs.get(slurm_id)
+        if tracked is not None:
+            # The listing saw the job before sbatch's answer came back.
+            self._set(tracked.element, attrs_)
+            tracked.sub_id = sub_id
+            return tracked
+        queue = self._queue_for(spec.queue or self._default_partition or "")
+        attrs_.update({
+            A.JOB_STATE: "STARTING",
+            A.JOB_STATUS: "PENDING",
+            A.QUEUE_ID: str(queue),
+            S.PARTITION: model.attr(queue, A.NAME) or "",
+        })
+        eid = model.add(ElementKind.JOB, queue, attrs_)
+        pid = model.add(ElementKind.PROCESS, eid, {
+            A.PROCESS_INDEX: "0", A.PROCESS_STATE: "STARTING", A.PROCESS_STATUS: "PENDING",
+        })
+        tracked = _Job(slurm_id, eid, pid, queue, sub_id)
+        self._jobs[slurm_id] = tracked
+        self._by_element[eid] = tracked
+        self._table.expect(slurm_id, self._generation)
+        return tracked
+
+    def _job_spec(self, job: AttributeSet, sub_id: str) -> Tuple[batch.JobSpec, Dict[str, str]]:
+        """The batch job a submission describes, and the output files to follow by stream."""
+        path = job.get(A.EXEC_PATH) or ""
+        name = job.get(A.EXEC_NAME) or ""
+        if path and name:
+            # Both conventions exist: execPath the program itself, or its directory.
+            executable = path if os.path.basename(path.rstrip("/")) == name else os.path.join(path, name)
+        elif path or name:
+            executable = path or name
+        else:
+            raise SubmitError("SUBMIT_JOB names no program: give execName or execPath", ErrorCode.BAD_ARGUMENTS)
+        environment = common.parse_env(job.getall(A.ENV))
+        hold = (job.get(S.HOLD) or "false").lower() == "true"
+        extra = ["--hold"] if hold else []
+        begin = job.get(S.BEGIN_TIME)
+        if begin:
+            extra.append("--begin=" + begin)
+        working_dir = job.get(A.WORKING_DIR) or None
+        stdout_path = job.get(S.STDOUT_PATH) or None
+        stderr_path = job.get(S.STDERR_PATH) or None
+        if stdout_path is None:
+            stdout_path, default_err = self._spool_paths(sub_id)
+            stderr_path = stderr_path or default_err
+        elif stderr_path is None:
+            stderr_path = stdout_path  # SLURM's own default: both streams in one file
+        nodes = int(job.get(S.NODES) or 0)
+        cpus = job.get(S.CPUS_PER_TASK)
+        try:
+            spec = batch.JobSpec(
+                executable=executable,
+                arguments=tuple(job.getall(A.PROG_ARGS)),
+                environment=environment,
+                working_dir=working_dir,
+                num_procs=common.parse_num_procs(job, INT32_MAX),
+                nodes=nodes or None,
+                cpus_per_task=int(cpus) if cpus else None,
+                memory=job.get(S.MEMORY) or None,
+                time_limit=job.get(S.TIME_LIMIT) or None,
+                queue=self._submit_partition(job),
+                account=job.get(S.ACCOUNT) or None,
+                job_name=job.get(common.JOB_NAME) or job.get(A.NAME)
+                or os.path.basename(executable.rstrip("/")) or executable,
+                stdout_path=stdout_path,
+                stderr_path=stderr_path,
+                extra_options=extra,
+            )
+            batch.scheduler_options(spec)  # validates every value now, with its name
+        except (batch.BatchScriptError, ValueError) as exc:
+            raise SubmitError(str(exc), ErrorCode.BAD_ARGUMENTS) from None
+        base = working_dir or os.getcwd()
+        follow = {"stdout": os.path.join(base, stdout_path)}
+        if stderr_path != stdout_path:
+            follow["stderr"] = os.path.join(base, stderr_path)
+        return spec, follow
+
+    def _submit_partition(self, job: AttributeSet) -> Optional[str]:
+        named = job.get(S.PARTITION) or None
+        queue_text = job.get(A.QUEUE_ID)
+        if not queue_text:
+            return named
+        try:
+            queue = self.model.find(int(queue_text), ElementKind.QUEUE)
+        except (ValueError, UnknownElement):
+            raise SubmitError(f"no queue with id {queue_text!r}", ErrorCode.NO_SUCH_QUEUE) from None
+        from_queue = self.model.attr(queue.id, A.NAME)
+        if named and from_queue != named:
+            raise SubmitError(
+                f"queueId {queue_text} is partition {from_queue!r} but partition is {named!r}; give one of them",
+                ErrorCode.BAD_ARGUMENTS,
+            )
+        return from_queue  # type: ignore[return-value]
+
+    def _spool_paths(self, sub_id: str) -> Tuple[str, str]:
+        try:
+            os.makedirs(self.spool_dir, mode=0o700, exist_ok=True)
+        except OSError as exc:
+            raise SubmitError(f"cannot create the output directory {self.spool_dir}: {exc.strerror or exc}") from None
+        stem = f"{_SAFE_NAME.sub('_', sub_id)[:80] or 'job'}.{secrets.token_hex(4)}"
+        # '%' would be a SLURM file name pattern: double it in the directory part.
+        base = os.path.join(self.spool_dir, stem).replace("%", "%%")
+        return base + ".out", base + ".err"
+
+    # ------------------------------------------------------------------ output
+
+    async def _follow(self, tracked: _Job, path: str, stream: str, stale: Optional[tuple]) -> None:
+        """Pass the lines of a job's output file to its process while the job runs, then what
+        is left once it has completed (waiting ``output_drain_grace`` for late writes)."""
+        assert tracked.started is not None and tracked.done is not None
+        splitter = LineSplitter()
+        offset = 0
+        quiet_since: Optional[float] = None
+        model = self.model
+        pid = tracked.process
+        # Nothing to read before the job starts (its file may be left from an earlier run).
+        while not (tracked.started.is_set() or tracked.done.is_set()):
+            await trio.sleep(self.output_interval)
+        while pid in model:
+            done = tracked.done.is_set()
+            signature, size, data = await trio.to_thread.run_sync(_read_new, path, offset, stale)
+            if signature is not None and signature != stale:
+                stale = None
+                if size < offset:  # truncated or replaced: start over
+                    offset = 0
+                    splitter = LineSplitter()
+                    continue
+            if data:
+                offset += len(data)
+                for line in splitter.feed(data):
+                    model.output(pid, line, stream)
+                quiet_since = None
+                if len(data) == _READ_CHUNK:
+                    continue
+            if done:
+                now = trio.current_time()
+                if quiet_since is None:
+                    quiet_since = now
+                elif now - quiet_since >= self.output_drain_grace:
+                    break
+            await trio.sleep(self.output_interval)
+        if pid in model:
+            for line in splitter.flush():
+                model.output(pid, line, stream)
+
+    # ------------------------------------------------------------------ job commands
+
+    async def terminate(self, job_id: int) -> None:
+        tracked = self._tracked(job_id)
+        try:
+            await self._command(sp.scancel_argv(tracked.slurm_id))
+        except SlurmCommandError as exc:
+            raise JobError(f"cannot cancel SLURM job {tracked.slurm_id}: {exc.message}") from None
+        self._poke()
+
+    async def change(self, job_id: int, changes: AttributeSet) -> None:
+        """``hold=true|false`` (scontrol hold/release), ``suspend=true|false`` or
+        ``jobState=SUSPENDED|RUNNING`` (scontrol suspend/resume: SLURM lets only operators)."""
+        tracked = self._tracked(job_id)
+        wanted = common.parse_job_changes(changes, hold=True)
+        slurm_id = tracked.slurm_id
+        if wanted.hold is not None:
+            argv, what = (sp.hold_job_argv(slurm_id), "hold") if wanted.hold else (sp.release_job_argv(slurm_id), "release")
+        elif wanted.suspend:
+            argv, what = sp.suspend_job_argv(slurm_id), "suspend"
+        else:
+            argv, what = sp.resume_job_argv(slurm_id), "resume"
+        try:
+            await self._command(argv)
+        except SlurmCommandError as exc:
+            raise JobError(f"cannot {what} SLURM job {slurm_id}: {exc.message}") from None
+        finally:
+            self._poke()
+
+    async def move(self, job_id: int, queue_id: int) -> None:
+        tracked = self._tracked(job_id)
+        if queue_id == tracked.queue:
+            return
+        partition = self.model.attr(queue_id, A.NAME)
+        if not isinstance(partition, str) or not partition:
+            raise JobError(f"queue {queue_id} has no partition name", ErrorCode.NO_SUCH_QUEUE)
+        try:
+            argv = sp.move_job_argv(tracked.slurm_id, partition)
+        except ValueError as exc:
+            raise JobError(str(exc), ErrorCode.BAD_ARGUMENTS) from None
+        try:
+            await self._command(argv)
+        except SlurmCommandError as exc:
+            raise JobError(f"cannot move SLURM job {tracked.slurm_id} to partition {partition}: {exc.message}") from None
+        if tracked.element in self.model:
+            self.model.move(tracked.element, queue_id)
+            tracked.queue = queue_id
+            self.model.update(tracked.element, {A.QUEUE_ID: str(queue_id), S.PARTITION: partition})
+        self._poke()

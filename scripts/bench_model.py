@@ -1,0 +1,101 @@
+#!/usr/bin/env python3
+"""Initial-model delivery at cluster scale, and agent start-up latency.
+
+* model: ``--scheduler sim --sim-nodes 10000 --sim-jobs 100000``; time from
+  sending START_EVENTS to receiving the last event of the initial model
+  (the bench then sends STOP_EVENTS: the OK that completes START_EVENTS
+  follows the last model event on the wire).  Also bytes on the wire and
+  the agent's peak RSS.  Targets: <= 1.0 s, <= 150 MB.
+* start-up: from spawning ``proxy-agent --stdio`` to the OK for INIT,
+  median of several runs.  Target: <= 250 ms.
+
+Usage: scripts/bench_model.py [--nodes N] [--jobs N] [--runs N] [--startup-runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from benchlib import RawAgent, median
+from proxy_agent.protocol.messages import CommandId, EventId
+
+
+def bench_model(nodes: int, jobs: int) -> dict:
+    agent = RawAgent(["--scheduler", "sim", "--sim-nodes", str(nodes), "--sim-jobs", str(jobs)])
+    try:
+        agent.handshake()
+        before = agent.bytes_received
+        t0 = time.perf_counter()
+        start_tid = agent.send(CommandId.START_EVENTS)
+        counts = {"events": 0, "elements_frames": 0}
+        first = None
+        stop_sent = False
+        last_model_event = t0
+        for frame in agent.frames():
+            if frame.tid == start_tid and EventId.NEW_JOB <= frame.msg_id <= EventId.REMOVE_QUEUE:
+                counts["events"] += 1
+                last_model_event = time.perf_counter()
+                if first is None:
+                    first = last_model_event - t0
+                if not stop_sent:
+                    agent.send(CommandId.STOP_EVENTS)
+                    stop_sent = True
+            elif frame.msg_id == EventId.OK and frame.tid == start_tid:
+                break
+            elif frame.msg_id == EventId.ERROR:
+                raise RuntimeError(f"agent error: {frame.args}")
+        elapsed = last_model_event - t0
+        return {
+            "seconds": elapsed,
+            "first_event": first or 0.0,
+            "events": counts["events"],
+            "bytes": agent.bytes_received - before,
+            "rss_mb": agent.peak_rss_mb(),
+        }
+    finally:
+        agent.close()
+
+
+def bench_startup(runs: int) -> list:
+    times = []
+    for _ in range(runs):
+        agent = RawAgent()
+        try:
+            tid = agent.send(CommandId.INIT, "version=2.0", "baseId=100")
+            agent.complete(tid)
+            times.append(time.perf_counter() - agent.started)
+        finally:
+            agent.close()
+    return times
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=10000)
+    parser.add_argument("--jobs", type=int, default=100000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--startup-runs", type=int, default=11)
+    args = parser.parse_args()
+
+    results = [bench_model(args.nodes, args.jobs) for _ in range(args.runs)]
+    secs = median([r["seconds"] for r in results])
+    rss = max(r["rss_mb"] for r in results)
+    print(f"initial model, sim {args.nodes} nodes / {args.jobs} jobs, {args.runs} runs:")
+    for r in results:
+        print(
+            f"  START_EVENTS -> last model event {r['seconds'] * 1000:8.1f} ms  (first after {r['first_event'] * 1000:.1f} ms)"
+            f"  {r['events']} events  {r['bytes'] / 1e6:.1f} MB on the wire  peak RSS {r['rss_mb']:.1f} MB"
+        )
+    print(f"  median {secs * 1000:.1f} ms (target <= 1000 ms)   peak RSS max {rss:.1f} MB (target <= 150 MB)")
+
+    startup = bench_startup(args.startup_runs)
+    print(f"start-up, spawn -> OK for INIT, {len(startup)} runs:")
+    print(
+        f"  median {median(startup) * 1000:.1f} ms  min {min(startup) * 1000:.1f} ms  max {max(startup) * 1000:.1f} ms"
+        " (target: median <= 250 ms)"
+    )
+
+
+if __name__ == "__main__":
+    main()

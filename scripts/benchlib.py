@@ -1,0 +1,109 @@
+"""Small helpers shared by the benchmark scripts: a bare wire-level driver of a spawned agent.
+
+The benchmarks talk raw frames (no mirrored model) so that what they time is
+the agent, not a client's bookkeeping.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import time
+from typing import Callable, List, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from proxy_agent.protocol.messages import CommandId, EventId  # noqa: E402
+from proxy_agent.protocol.wire import Decoder, Frame, encode_frame  # noqa: E402
+
+
+class RawAgent:
+    """An agent subprocess driven over stdio with raw frames."""
+
+    def __init__(self, agent_args: Sequence[str] = (), env: Optional[dict] = None) -> None:
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy_agent", "--stdio", *agent_args],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+            env=env,
+            bufsize=0,
+        )
+        self.decoder = Decoder(max_frame_size=1 << 30)
+        self.bytes_received = 0
+        self.tid = 0
+        self._pending: List[Frame] = []
+
+    def send(self, cid: CommandId, *args: str) -> int:
+        self.tid += 1
+        self.proc.stdin.write(encode_frame(int(cid), self.tid, list(args)))
+        self.proc.stdin.flush()
+        return self.tid
+
+    def send_many(self, frames: List[bytes]) -> None:
+        self.proc.stdin.write(b"".join(frames))
+        self.proc.stdin.flush()
+
+    def frames(self):
+        """Yield frames as they arrive."""
+        while True:
+            while self._pending:
+                yield self._pending.pop(0)
+            data = os.read(self.proc.stdout.fileno(), 1 << 20)
+            if not data:
+                return
+            self.bytes_received += len(data)
+            self.decoder.feed(data)
+            for item in self.decoder:
+                if not isinstance(item, Frame):
+                    raise RuntimeError(f"agent sent a malformed frame: {item}")
+                self._pending.append(item)
+
+    def wait_for(self, predicate: Callable[[Frame], bool]) -> Frame:
+        for frame in self.frames():
+            if frame.msg_id == EventId.ERROR:
+                raise RuntimeError(f"agent answered ERROR: {frame.args}")
+            if predicate(frame):
+                return frame
+        raise RuntimeError("agent closed its output")
+
+    def complete(self, tid: int) -> Frame:
+        return self.wait_for(lambda f: f.tid == tid and f.msg_id in (EventId.OK, EventId.SHUTDOWN))
+
+    def handshake(self, base_id: int = 100, start: bool = True) -> None:
+        self.complete(self.send(CommandId.INIT, "version=2.0", f"baseId={base_id}"))
+        self.complete(self.send(CommandId.MODEL_DEF))
+
+    def peak_rss_mb(self) -> float:
+        with open(f"/proc/{self.proc.pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+        return float("nan")
+
+    def cpu_seconds(self) -> float:
+        with open(f"/proc/{self.proc.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+        return (int(fields[11]) + int(fields[12])) / ticks
+
+    def close(self) -> None:
+        try:
+            self.send(CommandId.QUIT)
+            self.proc.stdin.close()
+        except (BrokenPipeError, ValueError):
+            pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)

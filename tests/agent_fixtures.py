@@ -1,0 +1,176 @@
+"""Helpers shared by tests that talk to an agent: a scripted fake agent and the real one's command line.
+
+Import from test modules (``from agent_fixtures import FakeAgent``); pytest puts
+this directory on ``sys.path``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections import deque
+from pathlib import Path
+from typing import Deque, List, Sequence
+
+import trio
+
+from proxy_agent.protocol.attributes import STANDARD_ATTRIBUTES
+from proxy_agent.protocol.messages import (
+    AttrDef,
+    Command,
+    CommandId,
+    ElementGroup,
+    ElementKind,
+    Event,
+    NewElements,
+    Ok,
+)
+from proxy_agent.protocol.rangeset import RangeSet
+from proxy_agent.protocol.wire import Decoder, FrameError
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT_MAIN = ROOT / "proxy_agent" / "__main__.py"
+
+
+def agent_present() -> bool:
+    """The agent's command line exists (end-to-end tests are skipped until it does)."""
+    return AGENT_MAIN.exists()
+
+
+def agent_argv(*args: str) -> List[str]:
+    """The real agent with this interpreter: ``python -m proxy_agent ARGS``."""
+    return [sys.executable, "-m", "proxy_agent", *args]
+
+
+def console_argv(*args: str) -> List[str]:
+    return [sys.executable, "-m", "proxy_agent.console", *args]
+
+
+def subprocess_env(**extra: str) -> dict:
+    """The environment for child processes: this checkout importable, no colour, no pager."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("PROXY_AGENT_TOKEN", None)
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (for agents that need a fixed port)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ids(text: str) -> RangeSet:
+    return RangeSet.parse(text)
+
+
+class FakeAgent:
+    """Plays the agent over a stream, one scripted step at a time.
+
+    ``await fake.expect(CommandId.INIT)`` reads the next command and checks
+    its id; ``await fake.send(event, ...)`` writes events; ``send_raw`` writes
+    any bytes (for malformed frames).
+    """
+
+    def __init__(self, stream: trio.abc.Stream) -> None:
+        self.stream = stream
+        self.decoder = Decoder()
+        self.pending: Deque[Command] = deque()
+        self.received: List[Command] = []
+        self.base_id = 1000
+
+    async def command(self, timeout: float = 5) -> Command:
+        with trio.fail_after(timeout):
+            while not self.pending:
+                data = await self.stream.receive_some(65536)
+                if not data:
+                    raise EOFError("the client closed the connection")
+                self.decoder.feed(data)
+                for item in self.decoder:
+                    assert not isinstance(item, FrameError), f"client sent a malformed frame: {item}"
+                    self.pending.append(Command.from_frame(item))
+        command = self.pending.popleft()
+        self.received.append(command)
+        return command
+
+    async def expect(self, command_id: CommandId, timeout: float = 5) -> Command:
+        command = await self.command(timeout)
+        assert command.command_id == command_id, f"expected {command_id.name}, got {command.name} {command.args}"
+        return command
+
+    async def send(self, *events: Event) -> None:
+        await self.stream.send_all(b"".join(event.encode() for event in events))
+
+    async def send_raw(self, data: bytes) -> None:
+        await self.stream.send_all(data)
+
+    def initial_model(self, tid: int) -> Sequence[Event]:
+        """A machine with two nodes and one queue under base id 1000."""
+        base = str(self.base_id)
+        return [
+            NewElements(tid, ElementKind.MACHINE, base, [ElementGroup(ids("1001"), [("name", "m0"), ("machineState", "UP")])]),
+            NewElements(tid, ElementKind.QUEUE, base, [ElementGroup(ids("1002"), [("name", "default"), ("queueState", "NORMAL")])]),
+            NewElements(
+                tid,
+                ElementKind.NODE,
+                "1001",
+                [ElementGroup(ids("1003-1004"), [("nodeState", "UP")])],
+            ),
+        ]
+
+    async def handshake(self, *, model: bool = True) -> int:
+        """Answer INIT, MODEL_DEF and START_EVENTS; returns the START_EVENTS TID."""
+        init = await self.expect(CommandId.INIT)
+        await self.send(Ok(init.tid))
+        model_def = await self.expect(CommandId.MODEL_DEF)
+        await self.send(AttrDef(model_def.tid, STANDARD_ATTRIBUTES[:10]), AttrDef(model_def.tid, STANDARD_ATTRIBUTES[10:]), Ok(model_def.tid))
+        start = await self.expect(CommandId.START_EVENTS)
+        if model:
+            await self.send(*self.initial_model(start.tid))
+        return start.tid
+
+
+def stderr_so_far(process) -> str:
+    return process.stderr_tail(lines=1000)
+
+
+class BackgroundAgent:
+    """A real agent serving on a socket (``--listen`` / ``--unix``) for the length of a block.
+
+    ``async with BackgroundAgent("--unix", path) as agent:`` returns once the
+    agent says it is listening; the block's end terminates and reaps it.
+    """
+
+    def __init__(self, *args: str, env: dict = None) -> None:
+        self.args = args
+        self.env = env
+        self.process = None
+        self._nursery_cm = None
+
+    async def __aenter__(self) -> "BackgroundAgent":
+        from proxy_agent.client import AgentProcess
+
+        self.process = await AgentProcess.start(agent_argv(*self.args), env=self.env or subprocess_env(), stdio=False)
+        self._nursery_cm = trio.open_nursery()
+        nursery = await self._nursery_cm.__aenter__()
+        nursery.start_soon(self.process.pump_stderr)
+        try:
+            with trio.fail_after(15):
+                while "listening on" not in stderr_so_far(self.process):
+                    if self.process.returncode is not None:
+                        raise AssertionError(f"the agent exited early: {stderr_so_far(self.process)}")
+                    await trio.sleep(0.02)
+        except BaseException:
+            await self.__aexit__(None, None, None)
+            raise
+        return self
+
+    async def __aexit__(self, *exc_info) -> None:
+        if self.process.returncode is None:
+            self.process.process.terminate()
+        await self.process.reap(0.0)
+        await self._nursery_cm.__aexit__(None, None, None)

@@ -1,0 +1,431 @@
+"""The agent end to end: a real subprocess, real sockets, real jobs.
+
+Every client here runs the protocol checker in strict mode, so an event
+with a TID that is not open, a CHANGE for an unknown element or a malformed
+frame fails the test that caused it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import trio
+import trio.testing
+
+from agent_fixtures import agent_argv, free_port, subprocess_env
+from proxy_agent.agent import AgentConfig, Session
+from proxy_agent.client import AgentClient, CommandFailed, TokenRefused
+from proxy_agent.protocol.messages import CommandId, ErrorCode, EventId
+from proxy_agent.protocol.wire import Decoder, Frame, encode_frame
+from proxy_agent.schedulers.base import SchedulerOptions
+
+
+def _alive(pid: int) -> bool:
+    """True if ``pid`` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+class RawPeer:
+    """Bare frames over a spawned agent's stdio, for checking exact event sequences."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self.decoder = Decoder()
+        self.frames: list = []
+
+    @classmethod
+    async def spawn(cls, *args: str) -> "RawPeer":
+        process = await trio.lowlevel.open_process(
+            agent_argv(*args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=subprocess_env()
+        )
+        return cls(process)
+
+    async def send(self, cid: int, tid: int, *args: str) -> None:
+        await self.process.stdin.send_all(encode_frame(cid, tid, list(args)))
+
+    async def next(self, timeout: float = 10) -> Frame:
+        with trio.fail_after(timeout):
+            while not self.frames:
+                data = await self.process.stdout.receive_some(65536)
+                assert data, "agent closed its output"
+                self.decoder.feed(data)
+                for item in self.decoder:
+                    assert isinstance(item, Frame), item
+                    self.frames.append(item)
+        return self.frames.pop(0)
+
+    async def until(self, predicate, timeout: float = 10) -> list:
+        seen = []
+        while True:
+            frame = await self.next(timeout)
+            seen.append(frame)
+            if predicate(frame):
+                return seen
+
+    async def stderr(self) -> str:
+        chunks = []
+        with trio.move_on_after(3):
+            while True:
+                data = await self.process.stderr.receive_some(65536)
+                if not data:
+                    break
+                chunks.append(data)
+        return b"".join(chunks).decode(errors="replace")
+
+
+async def test_seed_phase_example_over_stdio():
+    """The design's phase example, frame by frame, against the real agent."""
+    peer = await RawPeer.spawn("--scheduler", "local")
+    await peer.send(CommandId.INIT, 1, "version=2.0", "baseId=100")
+    assert await peer.next() == Frame(EventId.OK, 1, ())
+    await peer.send(CommandId.MODEL_DEF, 2)
+    seen = await peer.until(lambda f: f.msg_id == EventId.OK)
+    assert [f.tid for f in seen] == [2] * len(seen)
+    assert {f.msg_id for f in seen[:-1]} == {EventId.ATTR_DEF} and len(seen) >= 3
+    await peer.send(CommandId.START_EVENTS, 3)
+    model = [await peer.next() for _ in range(3)]
+    assert [f.msg_id for f in model] == [EventId.NEW_MACHINE, EventId.NEW_QUEUE, EventId.NEW_NODE]
+    assert all(f.tid == 3 for f in model)
+    await peer.send(CommandId.STOP_EVENTS, 4)
+    assert await peer.next() == Frame(EventId.OK, 3, ())
+    # held while suspended: a job submitted now appears only after START_EVENTS
+    await peer.send(CommandId.SUBMIT_JOB, 7, "jobSubId=held", "execPath=/bin/true")
+    assert await peer.next() == Frame(EventId.OK, 7, ())
+    with trio.move_on_after(0.5):
+        frame = await peer.next()
+        pytest.fail(f"event sent while suspended: {frame}")
+    await peer.send(CommandId.START_EVENTS, 5)
+    assert await peer.next() == Frame(EventId.OK, 4, ())
+    new_job = await peer.next()
+    assert new_job.msg_id == EventId.NEW_JOB and new_job.tid == 5
+    assert "jobSubId=held" in new_job.args
+    await peer.send(CommandId.QUIT, 6)
+    tail = await peer.until(lambda f: f.msg_id == EventId.SHUTDOWN)
+    assert tail[-2:] == [Frame(EventId.OK, 5, ()), Frame(EventId.SHUTDOWN, 6, ())]
+    assert all(f.tid == 5 for f in tail[:-2])
+    with trio.fail_after(5):
+        assert await peer.process.wait() == 0
+    assert "Traceback" not in await peer.stderr()
+
+
+async def test_bad_input_gets_errors_and_agent_keeps_serving():
+    peer = await RawPeer.spawn()
+    await peer.send(0x77, 1)
+    frame = await peer.next()
+    assert frame.msg_id == EventId.ERROR and frame.tid == 1 and f"errorCode={ErrorCode.UNKNOWN_COMMAND}" in frame.args
+    await peer.send(CommandId.START_EVENTS, 2)  # illegal before INIT
+    frame = await peer.next()
+    assert frame.msg_id == EventId.ERROR and frame.tid == 2 and "INITIALIZE" in frame.args[2]
+    await peer.send(CommandId.INIT, 3, "version=9.9", "baseId=1")
+    frame = await peer.next()
+    assert frame.msg_id == EventId.ERROR and "9.9" in frame.args[2]
+    await peer.send(CommandId.INIT, 4, "version=2.0")
+    frame = await peer.next()
+    assert frame.msg_id == EventId.ERROR and "base id" in frame.args[2]
+    # a frame whose body is broken but whose length is sound: ERROR under its TID
+    await peer.process.stdin.send_all(b"00000017 0001:00000005:0000000Z")
+    frame = await peer.next()
+    assert frame.msg_id == EventId.ERROR and frame.tid == 5 and "argument count" in frame.args[2]
+    await peer.send(CommandId.INIT, 6, "2.0", "500")  # the design's bare form
+    assert await peer.next() == Frame(EventId.OK, 6, ())
+    await peer.send(CommandId.QUIT, 7)
+    assert (await peer.next()).msg_id == EventId.SHUTDOWN
+    with trio.fail_after(5):
+        assert await peer.process.wait() == 0
+
+
+async def start(client: AgentClient, base_id: int = 1000, token=None) -> None:
+    await client.init(base_id, token=token)
+    await client.model_def()
+    await client.start_events()
+
+
+async def test_submit_output_exit_on_local(tmp_path):
+    async with await AgentClient.spawn(agent_argv(), env=subprocess_env()) as client:
+        await start(client)
+        tricky = ["two words", "it's", '"quoted"', "$(echo no)", "`echo no`", "héllo ✓"]
+        job = await client.submit("/bin/echo", tricky)
+        done = await client.wait_job_state(job, "COMPLETED", timeout=20)
+        assert client.job_output(job).strip() == " ".join(tricky)
+        assert done.get("jobStatus") == "FINISHED"
+        assert done.get("jobSubId", "").startswith("sub-")
+        (proc,) = client.children(job, "process")
+        assert proc.get("processExitCode") == "0"
+        assert done.states[0] == "STARTING" and "RUNNING" in done.states
+
+        script = "echo out; echo err >&2; printf partial; exit 3"
+        job = await client.submit("/bin/sh", ["-c", script], cwd=str(tmp_path), env={"GREETING": "hi"})
+        done = await client.wait_job_state(job, "COMPLETED", timeout=20)
+        assert done.get("jobStatus") == "FAILED"
+        assert client.job_output(job).splitlines() == ["out", "partial"]
+        assert client.job_output(job, "stderr").strip() == "err"
+        (proc,) = client.children(job, "process")
+        assert proc.get("processExitCode") == "3"
+
+        job = await client.submit("/bin/sh", ["-c", 'echo "$GREETING from $(pwd) #$PROXY_AGENT_PROCESS_INDEX"'], cwd=str(tmp_path), env={"GREETING": "hi"}, count=3)
+        await client.wait_job_state(job, "COMPLETED", timeout=20)
+        procs = client.children(job, "process")
+        assert sorted(p.get("processIndex") for p in procs) == ["0", "1", "2"]
+        assert sorted(client.job_output(job).splitlines()) == [f"hi from {tmp_path} #{i}" for i in range(3)]
+        await client.quit()
+        assert client.violations == []
+
+
+async def test_terminate_suspend_resume_on_local():
+    async with await AgentClient.spawn(agent_argv(), env=subprocess_env()) as client:
+        await start(client)
+        job = await client.submit("/bin/sleep", ["30"])
+        await client.wait_job_state(job, "RUNNING", timeout=20)
+        (proc,) = client.children(job, "process")
+        pid = int(proc.get("processPID"))
+        await client.change_job(job, suspend="true")
+        await client.wait_job_state(job, "SUSPENDED", timeout=10)
+        with open(f"/proc/{pid}/stat") as stat:
+            assert stat.read().rsplit(")", 1)[1].split()[0] == "T"
+        await client.change_job(job, suspend="false")
+        await client.wait_job_state(job, "RUNNING", timeout=10)
+        t0 = time.monotonic()
+        await client.terminate(job)
+        done = await client.wait_job_state(job, "COMPLETED", timeout=10)
+        assert done.get("jobStatus") == "CANCELED"
+        assert time.monotonic() - t0 < 5
+        assert not _alive(pid)
+        with pytest.raises(CommandFailed) as failure:
+            await client.terminate("999999")
+        assert failure.value.event.event_id == EventId.TERMINATEJOB_ERROR
+        with pytest.raises(CommandFailed) as failure:
+            await client.move_job(job, "default")
+        assert failure.value.event.event_id == EventId.ERROR
+        await client.quit()
+        assert client.violations == []
+
+
+BAD_SUBMISSIONS = [
+    (["execPath=/bin/true"], "jobSubId"),
+    (["jobSubId=x1"], "executable"),
+    (["jobSubId=x2", "execPath=/no/such/program"], "not found"),
+    (["jobSubId=x3", "execPath={plain_file}"], "not executable"),
+    (["jobSubId=x4", "execPath=/bin/true", "workingDir=/no/such/dir"], "/no/such/dir"),
+    (["jobSubId=x5", "execPath=/bin/true", "jobNumProcs=many"], "jobNumProcs"),
+    (["jobSubId=x6", "execPath=/bin/true", "jobNumProcs=0"], "jobNumProcs"),
+]
+
+
+async def test_bad_submissions_get_submitjob_error(tmp_path):
+    plain_file = tmp_path / "data.txt"
+    plain_file.write_text("not a program")
+    plain_file.chmod(0o644)
+    async with await AgentClient.spawn(agent_argv(), env=subprocess_env()) as client:
+        await start(client)
+        for args, needle in BAD_SUBMISSIONS:
+            args = [a.format(plain_file=plain_file) for a in args]
+            command = await client.raw(CommandId.SUBMIT_JOB, args)
+            event = command.completion
+            assert event.event_id == EventId.SUBMITJOB_ERROR, (args, event)
+            assert needle.lower() in event.message.lower(), (args, event.message)
+            sub = dict(a.split("=", 1) for a in args).get("jobSubId", "")
+            assert event.job_sub_id == sub
+        assert client.jobs == {}
+        job = await client.submit("/bin/true")  # still serving
+        await client.wait_job_state(job, "COMPLETED", timeout=20)
+        await client.quit()
+        assert client.violations == []
+
+
+async def _listening_agent(*args: str, env=None):
+    process = await trio.lowlevel.open_process(
+        agent_argv(*args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env or subprocess_env()
+    )
+    banner = b""
+    with trio.fail_after(10):
+        while b"listening on" not in banner:
+            data = await process.stderr.receive_some(4096)
+            assert data, banner
+            banner += data
+    return process
+
+
+async def test_tcp_listen_token_and_busy(tmp_path):
+    port = free_port()
+    token_file = tmp_path / "token"
+    process = await _listening_agent("--listen", str(port), "--token-file", str(token_file))
+    try:
+        assert oct(token_file.stat().st_mode & 0o777) == "0o600"
+        token = token_file.read_text().strip()
+        # wrong token: ERROR, then the connection is closed
+        async with await AgentClient.connect_tcp("127.0.0.1", port, strict=False) as bad:
+            with pytest.raises(TokenRefused):
+                await bad.init(token="wrong")
+            with trio.fail_after(5):
+                while bad.ended is None:
+                    await trio.sleep(0.05)
+        # missing token likewise
+        async with await AgentClient.connect_tcp("127.0.0.1", port, strict=False) as bad:
+            with pytest.raises(TokenRefused):
+                await bad.init()
+        async with await AgentClient.connect_tcp("127.0.0.1", port) as client:
+            await start(client, token=token)
+            assert len(client.queues) == 1
+            # a second client while the first is served: ERROR busy, then closed
+            async with await AgentClient.connect_tcp("127.0.0.1", port, strict=False) as second:
+                with pytest.raises(CommandFailed) as failure:
+                    await second.init(token=token)
+                assert failure.value.code == ErrorCode.BUSY
+                assert "busy" in failure.value.message
+            job = await client.submit("/bin/echo", ["over tcp"])
+            await client.wait_job_state(job, "COMPLETED", timeout=20)
+            assert client.job_output(job).strip() == "over tcp"
+            await client.quit()
+            assert client.violations == []
+        with trio.fail_after(5):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+
+
+async def test_unix_socket_mode_and_sessions_in_turn(tmp_path):
+    path = str(tmp_path / "agent.sock")
+    process = await _listening_agent("--unix", path, "--scheduler", "sim", "--sim-nodes", "8")
+    try:
+        assert oct(os.stat(path).st_mode & 0o777) == "0o600"
+        async with await AgentClient.connect_unix(path) as client:
+            await start(client)
+            await client.wait_for(lambda: len(client.nodes) == 8, timeout=10)
+        # first session dropped without QUIT: the agent serves the next one
+        async with await AgentClient.connect_unix(path) as client:
+            await start(client, base_id=5000)
+            await client.wait_for(lambda: len(client.nodes) == 8, timeout=10)
+            assert all(int(n) > 5000 for n in client.nodes)
+            await client.quit()
+            assert client.violations == []
+        with trio.fail_after(5):
+            assert await process.wait() == 0
+        assert not os.path.exists(path)
+    finally:
+        if process.returncode is None:
+            process.kill()
+
+
+async def test_connect_back():
+    from proxy_agent.client import listen_for_agent
+
+    listener = await listen_for_agent("127.0.0.1", 0)
+    if True:
+        process = await trio.lowlevel.open_process(
+            agent_argv("--connect", listener.address), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=subprocess_env()
+        )
+        try:
+            with trio.fail_after(10):
+                client = await listener.accept()
+            async with client:
+                await start(client)
+                assert len(client.machines) == 1
+                await client.quit()
+            with trio.fail_after(5):
+                assert await process.wait() == 0
+        finally:
+            if process.returncode is None:
+                process.kill()
+
+
+async def test_suspended_changes_are_held_and_coalesced(tmp_path):
+    marker = tmp_path / "done"
+    async with await AgentClient.spawn(agent_argv(), env=subprocess_env()) as client:
+        await start(client)
+        traffic = []
+        client.add_listener(lambda t: traffic.append(t))
+        await client.stop_events()
+        sub_id = await client.submit_nowait("/bin/sh", ["-c", f"echo one; echo two; touch {marker}"])
+        with trio.fail_after(10):
+            while not marker.exists():
+                await trio.sleep(0.05)
+        await trio.sleep(0.5)  # let the agent see the exit
+        held_start = len(traffic)
+        await client.start_events()
+        job = await client.wait_for(lambda: client.state.jobs_by_sub.get(sub_id), timeout=10)
+        await client.wait_job_state(job, "COMPLETED", timeout=10)
+        # the job appeared once, already COMPLETED: the intermediate states were coalesced away
+        assert job.states == ["COMPLETED"]
+        assert client.job_output(job).splitlines() == ["one", "two"]
+        incoming = [t for t in traffic[held_start:] if t.direction == "in"]
+        new_jobs = [t for t in incoming if t.message is not None and t.message.event_id == EventId.NEW_JOB]
+        job_changes = [t for t in incoming if t.message is not None and t.message.event_id == EventId.JOB_CHANGE]
+        assert len(new_jobs) == 1 and job_changes == []
+        await client.quit()
+        assert client.violations == []
+
+
+async def test_long_suspension_delivers_exactly_the_current_model():
+    """Churn while events are stopped; after START_EVENTS the mirror equals the agent's model."""
+    client_stream, agent_stream = trio.testing.memory_stream_pair()
+    options = SchedulerOptions(sim_nodes=200, sim_jobs=300, sim_churn=2000, sim_seed=7)
+    session = Session(agent_stream, AgentConfig(scheduler="sim", options=options))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.run)
+        async with AgentClient.from_stream(client_stream) as client:
+            await start(client)
+            await trio.sleep(0.3)
+            await client.stop_events()
+            await trio.sleep(2.0)  # thousands of changes happen while suspended
+            pending = len(session.model._pending)
+            assert 0 < pending <= len(session.model)
+            await client.start_events()
+            # compare once the agent has nothing more pending
+            with trio.fail_after(10):
+                while session.model.has_pending or session._out:
+                    await trio.sleep(0.01)
+            await client.stop_events()
+            await trio.sleep(0.1)
+            model = session.model
+            mirror = {eid: e for eid, e in client.state.elements.items() if not e.removed and e.kind != "rm"}
+            assert set(mirror) == {str(i) for kind in model._by_kind for i in model.ids(kind)}
+            for eid, element in mirror.items():
+                expected = {k: (list(v) if isinstance(v, tuple) else v) for k, v in model.attrs(int(eid)).items()}
+                got = {k: v for k, v in element.attributes.items() if k not in ("processStdout", "processStderr")}
+                assert got == expected, eid
+                assert element.parent == str(model.get(int(eid)).parent)
+            assert client.violations == []
+            await client.quit()
+        nursery.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("how", ["quit", "sigterm", "sigint", "eof"])
+async def test_no_processes_left_behind(how, tmp_path):
+    argv = agent_argv()
+    client = await AgentClient.spawn(argv, env=subprocess_env(), exit_grace=5)
+    async with client:
+        await start(client)
+        # a job whose process ignores SIGTERM and has a child of its own
+        job = await client.submit("/bin/sh", ["-c", "trap '' TERM; sleep 300 & echo $!; wait"], count=2)
+        await client.wait_for(lambda: len(client.job_output(job).split()) == 2, timeout=20)
+        pids = [int(p.get("processPID")) for p in client.children(job, "process")]
+        pids += [int(x) for x in client.job_output(job).split()]
+        assert all(_alive(p) for p in pids)
+        agent = client.process
+        t0 = time.monotonic()
+        if how == "quit":
+            await client.quit()
+        elif how == "sigterm":
+            os.kill(agent.pid, signal.SIGTERM)
+        elif how == "sigint":
+            os.kill(agent.pid, signal.SIGINT)
+        else:
+            await agent.process.stdin.aclose()
+        with trio.fail_after(5):
+            code = await agent.wait()
+        elapsed = time.monotonic() - t0
+        assert code == 0, agent.stderr_tail()
+        assert elapsed < 2.5, elapsed
+        await trio.sleep(0.2)
+        assert [p for p in pids if _alive(p)] == []
+        assert "Traceback" not in agent.stderr_tail(200)

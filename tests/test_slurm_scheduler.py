@@ -1,0 +1,281 @@
+"""The SLURM scheduler against a real cluster, end to end: a client, the agent, SLURM.
+
+Needs the one-node cluster of ``scripts/slurm-up`` and root (see ``slurm_support``): skipped
+with the reason otherwise, except in CI, where a missing cluster fails the module.
+Every test is bounded (60 s) and cancels the SLURM jobs it started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from typing import AsyncIterator, List
+
+import pytest
+import trio
+
+from agent_fixtures import agent_argv, subprocess_env
+from slurm_support import node_name, require_cluster, scontrol
+
+from proxy_agent.client import AgentClient, CommandFailed
+from proxy_agent.protocol.messages import ErrorCode
+
+pytestmark = pytest.mark.slurm
+
+require_cluster()
+
+TEST_TIMEOUT = 60
+PY = sys.executable
+
+
+class Cluster:
+    """One agent session on the cluster, and the SLURM jobs to cancel afterwards."""
+
+    def __init__(self, client: AgentClient) -> None:
+        self.client = client
+        self.slurm_ids: List[str] = []
+
+    async def submit(self, executable: str, args=(), **kwargs) -> str:
+        job_id = await self.client.submit(executable, args, **kwargs)
+        slurm_id = self.client.job(job_id).get("slurmJobId")
+        assert slurm_id, f"job {job_id} has no slurmJobId"
+        self.slurm_ids.append(slurm_id)
+        return job_id
+
+    def job(self, ref: str):
+        return self.client.job(ref)
+
+    async def wait_attr(self, ref: str, key: str, value: str, timeout: float = 30):
+        def reached():
+            job = self.client.job(ref)
+            return job if job.get(key) == value else None
+
+        return await self.client.wait_for(reached, timeout, description=f"job {ref} to have {key}={value}")
+
+    async def wait_output(self, ref: str, text: str, stream: str = "stdout", timeout: float = 30) -> str:
+        await self.client.wait_for(
+            lambda: text in self.client.job_output(ref, stream), timeout,
+            description=f"{text!r} in the {stream} of job {ref}",
+        )
+        return self.client.job_output(ref, stream)
+
+
+@asynccontextmanager
+async def cluster() -> AsyncIterator[Cluster]:
+    argv = agent_argv("--scheduler", "slurm", "--poll-interval", "1")
+    session = None
+    try:
+        with trio.fail_after(TEST_TIMEOUT):
+            async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
+                session = Cluster(client)
+                await client.init()
+                await client.model_def()
+                await client.start_events()
+                await client.wait_for(lambda: client.queues and client.nodes, 20, description="queues and nodes")
+                yield session
+                await client.quit()
+    finally:
+        if session is not None and session.slurm_ids:
+            subprocess.run(["scancel", *session.slurm_ids], capture_output=True, timeout=20)
+
+
+def python_job(code: str) -> List[str]:
+    return ["-c", code]
+
+
+# ------------------------------------------------------------------------------------ tests
+
+
+async def test_cluster_model_and_definitions():
+    async with cluster() as c:
+        client = c.client
+        (machine,) = client.machines.values()
+        assert machine.name == "proxyagent"
+        node = client.nodes[next(iter(client.nodes))]
+        assert node.name == node_name()
+        await client.wait_for(lambda: node.get("nodeState") == "UP", 20, description="the node UP")
+        await client.wait_for(lambda: machine.get("machineState") == "UP", 5, description="the machine UP")
+        assert int(node.get("cpus")) >= 1
+        assert set(node.get("slurmPartitions").split(",")) >= {"debug", "long"}
+        queues = {q.name: q for q in client.queues.values()}
+        assert queues["debug"].get("queueState") == "NORMAL"
+        assert queues["debug"].get("slurmDefault") == "true"
+        assert queues["debug"].get("slurmMaxTime") == "01:00:00"
+        assert queues["long"].get("slurmDefault") == "false"
+        partition = client.attr_defs["partition"]
+        assert partition.type.value == "ENUMERATED"
+        assert set(partition.values) >= {"debug", "long"}
+        assert partition.default == "debug"
+        assert client.attr_defs["hold"].type.value == "BOOLEAN"
+
+
+async def test_job_prints_and_exits_zero():
+    code = "import time; print('hello from slurm', flush=True); time.sleep(3); print('done')"
+    async with cluster() as c:
+        job_id = await c.submit(PY, python_job(code), name="pa-ok")
+        job = c.job(job_id)
+        assert job.get("jobSubId") and job.get("jobStatus") in ("PENDING", "RUNNING")
+        await c.client.wait_job_state(job_id, "RUNNING", timeout=30)
+        await c.wait_output(job_id, "hello from slurm")  # while it still runs
+        await c.client.wait_job_state(job_id, "COMPLETED", timeout=30)
+        out = await c.wait_output(job_id, "done")
+        assert out == "hello from slurm\ndone\n"
+        job = c.job(job_id)
+        assert job.get("jobStatus") == "COMPLETED"
+        assert job.get("slurmExitCode") == "0:0"
+        assert job.get("queueId") == c.client.queue("debug").id
+        (process,) = c.client.children(job, "process")
+        assert process.get("processExitCode") == "0"
+        assert process.get("processIndex") == "0"
+        # A finished job cannot be held: SLURM says so, through the agent.
+        with pytest.raises(CommandFailed) as failed:
+            await c.client.change_job(job_id, hold=True)
+        assert "finished" in failed.value.message.lower()
+
+
+async def test_failing_job_reports_exit_code():
+    code = "import sys, time; time.sleep(2); sys.stderr.write('going down\\n'); sys.exit(3)"
+    async with cluster() as c:
+        job_id = await c.submit(PY, python_job(code), name="pa-fail")
+        await c.client.wait_job_state(job_id, "COMPLETED", timeout=40)
+        await c.wait_output(job_id, "going down", "stderr")
+        job = c.job(job_id)
+        assert job.get("jobStatus") == "FAILED"
+        assert job.get("slurmExitCode") == "3:0"
+        (process,) = c.client.children(job, "process")
+        assert process.get("processExitCode") == "3"
+
+
+async def test_cancel_running_job():
+    async with cluster() as c:
+        job_id = await c.submit("sleep", ["300"], name="pa-cancel")
+        await c.client.wait_job_state(job_id, "RUNNING", timeout=30)
+        await c.client.terminate(job_id)
+        await c.client.wait_job_state(job_id, "COMPLETED", timeout=30)
+        assert c.job(job_id).get("jobStatus") == "CANCELLED"
+
+
+async def test_hold_and_release():
+    code = "print('released and ran')"
+    async with cluster() as c:
+        # Submitted held: it stays pending until released.
+        job_id = await c.submit(PY, python_job(code), name="pa-held", hold=True)
+        await c.wait_attr(job_id, "jobStatusMessage", "JobHeldUser")
+        assert c.job(job_id).get("jobState") == "STARTING"
+        await c.client.change_job(job_id, hold=False)
+        await c.client.wait_job_state(job_id, "COMPLETED", timeout=30)
+        await c.wait_output(job_id, "released and ran")
+
+        # A job pending for its begin time, held and released again (as root, scontrol
+        # hold is an administrator's hold).
+        later = await c.submit("true", name="pa-later", beginTime="now+1hour")
+        await c.wait_attr(later, "jobStatusMessage", "BeginTime")
+        await c.client.change_job(later, hold=True)
+        await c.client.wait_for(lambda: c.job(later).get("jobStatusMessage") in ("JobHeldUser", "JobHeldAdmin"),
+                                20, description="the job held")
+        await c.client.change_job(later, hold=False)
+        await c.client.wait_for(lambda: not c.job(later).get("jobStatusMessage", "").startswith("JobHeld"),
+                                20, description="the job released")
+        assert c.job(later).get("jobState") == "STARTING"
+
+
+async def test_suspend_and_resume():
+    async with cluster() as c:
+        job_id = await c.submit("sleep", ["300"], name="pa-suspend")
+        await c.client.wait_job_state(job_id, "RUNNING", timeout=30)
+        await c.client.change_job(job_id, jobState="SUSPENDED")
+        await c.client.wait_job_state(job_id, "SUSPENDED", timeout=20)
+        await c.client.change_job(job_id, jobState="RUNNING")
+        await c.wait_attr(job_id, "jobState", "RUNNING", timeout=20)
+        await c.client.terminate(job_id)
+        await c.client.wait_job_state(job_id, "COMPLETED", timeout=30)
+
+
+async def test_invalid_partition_is_refused_with_slurms_message():
+    async with cluster() as c:
+        with pytest.raises(CommandFailed) as failed:
+            await c.client.submit("true", partition="nosuch")
+        assert failed.value.code == ErrorCode.SUBMIT_FAILED
+        assert failed.value.event.event_id.name == "SUBMITJOB_ERROR"
+        assert "invalid partition" in failed.value.message.lower()
+        assert "nosuch" in failed.value.message
+        assert not c.client.jobs or all(j.get("jobSubId") is None or j.name != "true" for j in c.client.jobs.values())
+
+
+async def test_arguments_and_environment_arrive_verbatim():
+    args = [
+        "two words",
+        "it's \"quoted\"",
+        "$(touch /tmp/pa-injected) `touch /tmp/pa-injected` $HOME ${PATH}",
+        "first line\nsecond line",
+        "; rm -rf / #",
+        "",
+        "-n",
+        "héllo wörld ✓ 日本",
+        "back\\slash * ? [a-z]",
+    ]
+    code = ("import json, os, sys; "
+            "print(json.dumps({'argv': sys.argv[1:], 'env': os.environ.get('PA_VALUE')}, ensure_ascii=False))")
+    env = {"PA_VALUE": "a b $(nope) 'x' \"y\" ✓", "PYTHONIOENCODING": "utf-8"}
+    if os.path.exists("/tmp/pa-injected"):
+        os.unlink("/tmp/pa-injected")
+    async with cluster() as c:
+        job_id = await c.submit(PY, ["-c", code, *args], env=env, name="pa-verbatim $(x)")
+        await c.client.wait_job_state(job_id, "COMPLETED", timeout=40)
+        out = await c.wait_output(job_id, "argv")
+        seen = json.loads(out.strip().splitlines()[-1])
+        assert seen == {"argv": args, "env": env["PA_VALUE"]}
+        assert c.job(job_id).get("jobStatus") == "COMPLETED"
+        assert not os.path.exists("/tmp/pa-injected")
+
+
+async def test_drained_node_shows_up_as_node_change():
+    node = node_name()
+    async with cluster() as c:
+        (element,) = [n for n in c.client.nodes.values() if n.name == node]
+        try:
+            result = scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason=proxy-agent test")
+            assert result.returncode == 0, result.stderr
+            await c.client.wait_for(lambda: element.get("nodeState") == "DOWN", 20, description="the node DOWN")
+            assert "DRAIN" in element.get("slurmNodeState").upper()
+            assert element.get("slurmReason") == "proxy-agent test"
+        finally:
+            scontrol("update", f"NodeName={node}", "State=RESUME")
+        await c.client.wait_for(lambda: element.get("nodeState") == "UP", 20, description="the node UP again")
+        assert not element.get("slurmReason")
+
+
+async def test_move_pending_job_between_partitions():
+    async with cluster() as c:
+        debug, long_ = c.client.queue("debug"), c.client.queue("long")
+        job_id = await c.submit("true", name="pa-move", beginTime="now+1hour", queue="debug")
+        sub_id = c.job(job_id).sub_id
+        await c.wait_attr(job_id, "jobStatusMessage", "BeginTime")
+        assert c.job(job_id).parent == debug.id
+        await c.client.move_job(job_id, "long")
+        await c.client.wait_for(lambda: c.job(sub_id).parent == long_.id, 10, description="the job under long")
+        job = c.job(sub_id)
+        assert job.id == job_id and job.get("partition") == "long" and job.get("queueId") == long_.id
+        assert len(c.client.children(job, "process")) == 1
+        shown = scontrol("show", "job", job.get("slurmJobId")).stdout
+        assert "Partition=long" in shown
+        # SLURM's listing agrees after a few polls: the job stays under long.
+        await trio.sleep(2.5)
+        assert c.job(sub_id).parent == long_.id
+        await c.client.move_job(job_id, "debug")
+        await c.client.wait_for(lambda: c.job(sub_id).parent == debug.id, 10, description="the job back under debug")
+        assert c.client.violations == []
+
+
+async def test_moving_a_running_job_fails_with_slurms_message():
+    async with cluster() as c:
+        job_id = await c.submit("sleep", ["300"], name="pa-nomove")
+        await c.client.wait_job_state(job_id, "RUNNING", timeout=30)
+        with pytest.raises(CommandFailed) as failed:
+            await c.client.move_job(job_id, "long")
+        assert failed.value.message.startswith("cannot move SLURM job")
+        assert c.job(job_id).parent == c.client.queue("debug").id
+        await c.client.terminate(job_id)
