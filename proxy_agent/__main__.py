@@ -9,6 +9,7 @@ import signal
 import sys
 from typing import List, Optional
 
+import attrs
 import trio
 
 from . import __version__
@@ -51,7 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sim-churn", type=float, default=0.0, metavar="EVENTS_PER_SECOND", help="simulated cluster: random changes per second"
     )
-    parser.add_argument("--sim-seed", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--sim-seed", type=int, default=1, help="simulated cluster: random seed (same seed, same cluster)")
+    parser.add_argument(
+        "--sim-time-scale", type=float, default=1.0, metavar="FACTOR", help="simulated cluster: stretch (>1) or shrink (<1) job durations"
+    )
     parser.add_argument("--all-users", action="store_true", help="show every user's jobs, not only your own")
     parser.add_argument("--token-file", metavar="PATH", help="where --listen writes its generated token (mode 0600)")
     parser.add_argument("--log-file", metavar="PATH", help="write the log here instead of stderr")
@@ -131,6 +135,43 @@ async def _watch_signals(scope: trio.CancelScope) -> None:
             return
 
 
+async def _open_transport(args: argparse.Namespace, config: AgentConfig):
+    """Connect or start listening; returns (kind, stream-or-listeners, config)."""
+    if args.connect:
+        host, port = parse_host_port(args.connect)
+        try:
+            stream = await connect_tcp(host, port)
+        except OSError as exc:
+            raise OSError(f"cannot connect to {host}:{port}: {_reason(exc)}") from None
+        log.info("connected to %s:%d", host, port)
+        return "connect", stream, config
+    if args.listen:
+        host, port = parse_host_port(args.listen, default_host="127.0.0.1", allow_zero=True)
+        token, path = load_or_create_token(args.token_file)
+        try:
+            listeners = await open_tcp_listeners(host, port)
+        except OSError as exc:
+            raise OSError(f"cannot listen on {host}:{port}: {_reason(exc)}") from None
+        for listener in listeners:
+            addr = listener.socket.getsockname()
+            print(f"proxy-agent listening on {addr[0]}:{addr[1]}", file=sys.stderr, flush=True)
+        if path:
+            print(f"proxy-agent token written to {path}", file=sys.stderr, flush=True)
+        return "listen", listeners, attrs.evolve(config, token=token)
+    if args.unix:
+        try:
+            listener = await open_unix_listener(args.unix)
+        except OSError as exc:
+            raise OSError(f"cannot listen on {args.unix}: {_reason(exc)}") from None
+        print(f"proxy-agent listening on {args.unix}", file=sys.stderr, flush=True)
+        return "unix", [listener], config
+    return "stdio", open_stdio(), config
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
 async def amain(args: argparse.Namespace) -> int:
     options = SchedulerOptions(
         poll_interval=args.poll_interval,
@@ -138,44 +179,31 @@ async def amain(args: argparse.Namespace) -> int:
         sim_jobs=args.sim_jobs,
         sim_churn=args.sim_churn,
         sim_seed=args.sim_seed,
+        sim_time_scale=args.sim_time_scale,
         all_users=args.all_users,
     )
     config = AgentConfig(scheduler=args.scheduler, options=options)
+    try:
+        kind, transport, config = await _open_transport(args, config)
+    except (OSError, ValueError) as exc:
+        print(f"proxy-agent: {exc}", file=sys.stderr)
+        return 2
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_signals, scope)
-            if args.connect:
-                host, port = parse_host_port(args.connect)
-                try:
-                    stream = await connect_tcp(host, port)
-                except OSError as exc:
-                    log.error("cannot connect to %s:%d: %s", host, port, exc)
-                    return 2
-                log.info("connected to %s:%d", host, port)
-                await _serve_one(stream, config, f"{host}:{port}")
-            elif args.listen:
-                host, port = parse_host_port(args.listen, default_host="127.0.0.1")
-                token, path = load_or_create_token(args.token_file)
-                config = AgentConfig(scheduler=args.scheduler, options=options, token=token)
-                listeners = await open_tcp_listeners(host, port)
-                for listener in listeners:
-                    addr = listener.socket.getsockname()
-                    print(f"proxy-agent listening on {addr[0]}:{addr[1]}", file=sys.stderr, flush=True)
-                if path:
-                    print(f"proxy-agent token written to {path}", file=sys.stderr, flush=True)
-                await _serve_listeners(listeners, config, scope)
-            elif args.unix:
-                listener = await open_unix_listener(args.unix)
-                print(f"proxy-agent listening on {args.unix}", file=sys.stderr, flush=True)
-                try:
-                    await _serve_listeners([listener], config, scope)
-                finally:
-                    try:
-                        os.unlink(args.unix)
-                    except OSError:
-                        pass
+            if kind == "connect":
+                await _serve_one(transport, config, args.connect)
+            elif kind == "stdio":
+                await _serve_one(transport, config, "stdio client")
             else:
-                await _serve_one(open_stdio(), config, "stdio client")
+                try:
+                    await _serve_listeners(transport, config, scope)
+                finally:
+                    if kind == "unix":
+                        try:
+                            os.unlink(args.unix)
+                        except OSError:
+                            pass
             nursery.cancel_scope.cancel()
     return 0
 
@@ -187,10 +215,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return trio.run(amain, args)
     except KeyboardInterrupt:
         return 0
-    except OSError as exc:
-        log.error("%s", exc)
+    except (OSError, ValueError) as exc:  # set-up failures not caught above
         print(f"proxy-agent: {exc}", file=sys.stderr)
-        return 1
+        return 2
 
 
 if __name__ == "__main__":

@@ -14,9 +14,9 @@ in the model instead of piling up in a buffer.
 
 from __future__ import annotations
 
+import gc
 import hmac
 import logging
-import time
 from typing import Callable, List, Optional
 
 import attrs
@@ -40,7 +40,7 @@ from .protocol.messages import (
     TerminateJobError,
 )
 from .protocol.session import AgentSession, Phase, ProtocolViolation
-from .protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder
+from .protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, encode_frame
 from .schedulers.base import JobError, Scheduler, SchedulerError, SchedulerOptions, scheduler_class
 
 log = logging.getLogger("proxy_agent.agent")
@@ -51,8 +51,6 @@ __all__ = ["AgentConfig", "Session", "refuse_busy"]
 DEFS_PER_EVENT = 16
 #: Writer drains the model only while less than this much is waiting to be written.
 _WRITE_HIGH_WATER = 1 << 20
-#: Changes arriving within this window after a wake-up go out together.
-_COALESCE_WINDOW = 0.002
 _READ_SIZE = 1 << 16
 
 
@@ -85,7 +83,10 @@ class Session:
         self._wake = trio.Event()
         self._scheduler_ready = trio.Event()
         self._scheduler_failure: Optional[str] = None
-        self._snapshot_sent = False
+        self._snapshot_started = False
+        # While above zero, model changes wait (a submission's OK goes out before its NEW_JOB).
+        self._hold = 0
+        self._snapshot = None
         self._closing = False
         self._nursery: Optional[trio.Nursery] = None
 
@@ -99,6 +100,11 @@ class Session:
             # The command was already completed (e.g. abandoned by QUIT).
             log.debug("not sent: %s", exc)
             return False
+        if self._snapshot is not None and self.session.events_flowing:
+            # Anything said after START_EVENTS follows the whole initial model, so a
+            # client can use any later reply as a fence ("the initial model is in").
+            while self._snapshot is not None:
+                self._emit_model()
         self._out += event.encode()
         self._poke()
         return True
@@ -107,20 +113,52 @@ class Session:
         self._wake.set()
 
     def _events_live(self) -> bool:
-        return self._snapshot_sent and self.session.events_flowing and self.model is not None
+        return self._snapshot_started and self.session.events_flowing and self.model is not None
+
+    def _has_model_work(self) -> bool:
+        return (
+            self._hold == 0
+            and self._events_live()
+            and (self._snapshot is not None or self.model.has_pending)  # type: ignore[union-attr]
+        )
+
+    def _model_changed(self) -> None:
+        """The model changed: while events flow, the change goes out at once.
+
+        Sending each mutation (or batch of mutations) as it happens keeps every
+        state a job passes through visible to the client; changes coalesce only
+        while events are stopped, while the initial model is still streaming,
+        or while the client is not keeping up with what was already queued.
+        """
+        if self._snapshot is None and len(self._out) < _WRITE_HIGH_WATER and self._has_model_work():
+            self._emit_model()
+        self._poke()
+
+    def _emit_model(self) -> None:
+        """Queue the next chunk of the initial model, or else the pending changes."""
+        tid = self.session.events_tid
+        if self._snapshot is not None:
+            chunk = next(self._snapshot, None)
+            if chunk is None:
+                self._snapshot = None
+                log.debug("initial model sent: %d elements", len(self.model))  # type: ignore[arg-type]
+                return
+        else:
+            chunk = self.model.drain_wire(tid)  # type: ignore[union-attr,arg-type]
+        check = self.session.check
+        out = self._out
+        for event_id, args in chunk:
+            check(event_id, tid)  # type: ignore[arg-type]
+            out += encode_frame(event_id, tid, args)  # type: ignore[arg-type]
 
     async def _writer(self) -> None:
         stream = self.stream
         while True:
-            if not self._out and not (self._events_live() and self.model.has_pending):  # type: ignore[union-attr]
+            if not self._out and not self._has_model_work():
                 await self._wake.wait()
                 self._wake = trio.Event()
-                if not self._out:
-                    await trio.sleep(_COALESCE_WINDOW)
-            if self._events_live() and self.model.has_pending and len(self._out) < _WRITE_HIGH_WATER:  # type: ignore[union-attr]
-                tid = self.session.events_tid
-                for event in self.model.drain(tid):  # type: ignore[union-attr,arg-type]
-                    self.emit(event)
+            if self._has_model_work() and len(self._out) < _WRITE_HIGH_WATER:
+                self._emit_model()
             if self._out:
                 data = bytes(self._out)
                 self._out.clear()
@@ -128,6 +166,8 @@ class Session:
                     await stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     raise _SessionClosed(f"{self.peer} went away while writing: {exc}") from None
+            else:
+                await trio.lowlevel.checkpoint()
             if self._closing and not self._out:
                 return
 
@@ -230,7 +270,7 @@ class Session:
         try:
             cls = scheduler_class(self.config.scheduler)
             self.model = Model(IdAllocator(init.base_id))
-            self.model.on_change = self._poke
+            self.model.on_change = self._model_changed
             self.scheduler = cls(self.model, self.config.options)
         except Exception as exc:  # noqa: BLE001 - report any set-up failure to the client
             log.exception("cannot set up the %s scheduler", self.config.scheduler)
@@ -247,6 +287,9 @@ class Session:
         try:
             await self._nursery.start(scheduler.run)  # type: ignore[union-attr]
             started = True
+            # The model just built is long-lived: keep the cyclic collector from scanning
+            # it again and again while the initial model is encoded.
+            gc.freeze()
             self._scheduler_ready.set()
         except Exception as exc:  # noqa: BLE001
             log.exception("the %s scheduler failed to start", scheduler.name)
@@ -278,16 +321,10 @@ class Session:
     async def _start_events(self, command: Command) -> None:
         if not await self._wait_scheduler(command):
             return
-        if not self._snapshot_sent:
-            started = time.perf_counter()
-            events = self.model.snapshot(command.tid)  # type: ignore[union-attr]
-            for event in events:
-                self.emit(event)
-            self._snapshot_sent = True
-            log.debug(
-                "initial model: %d elements in %d events, %.3f s",
-                len(self.model), len(events), time.perf_counter() - started,  # type: ignore[arg-type]
-            )
+        if not self._snapshot_started:
+            # Streamed by the writer chunk by chunk, ahead of any change.
+            self._snapshot = self.model.snapshot_wire(command.tid)  # type: ignore[union-attr]
+            self._snapshot_started = True
         self._poke()
 
     def _job_id(self, attrs_: AttributeSet) -> int:
@@ -311,8 +348,15 @@ class Session:
         scheduler = self.scheduler
         try:
             if cid is CommandId.SUBMIT_JOB:
-                job_id = await scheduler.submit(attrs_)
-                log.info("submitted %s as job %d", attrs_.get("jobSubId"), job_id)
+                self._hold += 1
+                try:
+                    job_id = await scheduler.submit(attrs_)
+                    log.info("submitted %s as job %d", attrs_.get("jobSubId"), job_id)
+                    self.emit(Ok(tid))
+                finally:
+                    self._hold -= 1
+                    self._model_changed()
+                return
             elif cid is CommandId.TERMINATE_JOB:
                 await scheduler.terminate(self._job_id(attrs_))
             elif cid is CommandId.CHANGE_JOB:

@@ -25,6 +25,7 @@ per element would cost several times the memory.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from typing import Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -69,13 +70,15 @@ class UnknownElement(KeyError):
 class _Schema:
     """Attribute keys of one element kind, in first-seen order."""
 
-    __slots__ = ("keys", "index", "prefixes")
+    __slots__ = ("keys", "index", "prefixes", "arrays")
 
     def __init__(self) -> None:
         self.keys: List[str] = []
         self.index: Dict[str, int] = {}
         #: "key=" per slot, to build key=value arguments with one concatenation
         self.prefixes: List[str] = []
+        #: some element of this kind has (had) an ARRAY value
+        self.arrays = False
 
     def slot(self, key: str) -> int:
         i = self.index.get(key)
@@ -121,6 +124,8 @@ class Model:
         self._output: Dict[int, deque] = {}
         self._output_bytes: Dict[int, int] = {}
         self._output_dropped: Dict[int, int] = {}
+        self._quiet = 0
+        self._missed = False
         #: called (without arguments) whenever something new is pending
         self.on_change: Optional[Callable[[], None]] = None
 
@@ -187,7 +192,10 @@ class Model:
             i = schema.slot(key)
             if i >= len(values):
                 values.extend([None] * (i + 1 - len(values)))
-            values[i] = _freeze(value)
+            value = _freeze(value)
+            if value.__class__ is tuple:
+                schema.arrays = True
+            values[i] = value
         return values
 
     def _attach(self, element: Element) -> None:
@@ -237,6 +245,8 @@ class Model:
         changed: Optional[Dict[int, AttrValue]] = None
         for key, value in attrs.items():
             value = _freeze(value)
+            if value.__class__ is tuple:
+                schema.arrays = True
             i = schema.slot(key)
             if i >= len(values):
                 values.extend([None] * (i + 1 - len(values)))
@@ -257,8 +267,24 @@ class Model:
         return True
 
     def update_many(self, eids: Iterable[int], attrs: Mapping[str, AttrValue]) -> int:
-        """Apply the same attributes to many elements; returns how many changed."""
-        return sum(1 for eid in eids if self.update(eid, attrs))
+        """Apply the same attributes to many elements; returns how many changed.
+
+        Listeners hear of it once, so the change goes out as one event.
+        """
+        with self.batch():
+            return sum(1 for eid in eids if self.update(eid, attrs))
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group mutations: :attr:`on_change` is called once, at the end, if anything changed."""
+        self._quiet += 1
+        try:
+            yield
+        finally:
+            self._quiet -= 1
+            if self._quiet == 0 and self._missed:
+                self._missed = False
+                self._notify()
 
     def remove(self, eid: int) -> None:
         """Remove an element and everything below it."""
@@ -340,7 +366,9 @@ class Model:
         self._notify()
 
     def _notify(self) -> None:
-        if self.on_change is not None:
+        if self._quiet:
+            self._missed = True
+        elif self.on_change is not None:
             self.on_change()
 
     # ------------------------------------------------------------------ events
@@ -373,7 +401,9 @@ class Model:
                 part = []
                 for eid in ids[start:start + chunk]:
                     element = elements.get(eid)
-                    if element is not None and not element.sent:
+                    # Pending NEW: below an element moved meanwhile (see move); the next
+                    # drain sends it after its parent's REMOVE and NEW.
+                    if element is not None and not element.sent and self._pending.get(eid) is not _NEW:
                         element.sent = True
                         part.append(eid)
                 if part:
@@ -422,15 +452,17 @@ class Model:
 
     def _attr_args(self, kind: ElementKind, values: Sequence) -> List[str]:
         """``key=value`` arguments for a value row (ARRAY values repeat the key)."""
-        prefixes = self._schemas[kind].prefixes
+        schema = self._schemas[kind]
+        if not schema.arrays:
+            return [p + v for p, v in zip(schema.prefixes, values) if v is not None]
         out = []
-        for i, value in enumerate(values):
+        for prefix, value in zip(schema.prefixes, values):
             if value is None:
                 continue
             if value.__class__ is str:
-                out.append(prefixes[i] + value)
+                out.append(prefix + value)
             else:
-                out.extend(prefixes[i] + item for item in value)
+                out.extend(prefix + item for item in value)
         return out
 
     def _grouped_events(self, event_id: int, head: List[str], groups: Iterable[Tuple[List[int], List[str]]]) -> List[WireEvent]:
@@ -451,24 +483,35 @@ class Model:
         return events
 
     def _new_wire(self, tid: int, kind: ElementKind, ids: Iterable[int]) -> List[WireEvent]:
-        # group by parent, then by identical attribute values
-        by_parent: Dict[int, Dict[tuple, List[int]]] = {}
         elements = self._elements
+        by_parent: Dict[int, List[int]] = {}
         for eid in ids:
-            element = elements[eid]
-            groups = by_parent.get(element.parent)
-            if groups is None:
-                groups = by_parent[element.parent] = {}
-            key = tuple(element.values)
-            members = groups.get(key)
+            parent = elements[eid].parent
+            members = by_parent.get(parent)
             if members is None:
-                groups[key] = [eid]
+                by_parent[parent] = [eid]
             else:
                 members.append(eid)
         event_id = kind.new_event
+        attr_args = self._attr_args
         events: List[WireEvent] = []
-        for parent, groups in by_parent.items():
-            built = ((members, self._attr_args(kind, key)) for key, members in groups.items())
+        for parent, members in by_parent.items():
+            if len(members) == 1:
+                # the common case for a job's single process: no grouping needed
+                eid = members[0]
+                args = attr_args(kind, elements[eid].values)
+                events.append((event_id, [str(parent), "1", str(eid), str(len(args)), *args]))
+                continue
+            # elements with identical attribute values share one range group
+            groups: Dict[tuple, List[int]] = {}
+            for eid in members:
+                key = tuple(elements[eid].values)
+                same = groups.get(key)
+                if same is None:
+                    groups[key] = [eid]
+                else:
+                    same.append(eid)
+            built = ((same, attr_args(kind, key)) for key, same in groups.items())
             events.extend(self._grouped_events(event_id, [str(parent)], built))
         return events
 

@@ -69,8 +69,11 @@ def open_stdio() -> StdioStream:
     return StdioStream()
 
 
-def parse_host_port(text: str, default_host: Optional[str] = None) -> Tuple[str, int]:
-    """``HOST:PORT``, ``[v6addr]:PORT`` or (with a default host) ``PORT``."""
+def parse_host_port(text: str, default_host: Optional[str] = None, allow_zero: bool = False) -> Tuple[str, int]:
+    """``HOST:PORT``, ``[v6addr]:PORT`` or (with a default host) ``PORT``.
+
+    ``allow_zero`` admits port 0 (listen on any free port; the agent prints which).
+    """
     host: Optional[str]
     if text.startswith("["):
         host, sep, rest = text[1:].partition("]")
@@ -85,8 +88,9 @@ def parse_host_port(text: str, default_host: Optional[str] = None) -> Tuple[str,
         if default_host is None:
             raise ValueError(f"bad address {text!r}: expected HOST:PORT")
         host = default_host
-    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
-        raise ValueError(f"bad port in {text!r}: expected a number from 1 to 65535")
+    lowest = 0 if allow_zero else 1
+    if not (port_text.isascii() and port_text.isdigit()) or not lowest <= int(port_text) < 65536:
+        raise ValueError(f"bad port in {text!r}: expected a number from {lowest} to 65535")
     return host, int(port_text)
 
 

@@ -131,7 +131,13 @@ class FakeAgent:
         start = await self.expect(CommandId.START_EVENTS)
         if model:
             await self.send(*self.initial_model(start.tid))
+        await self.answer_fence()
         return start.tid
+
+    async def answer_fence(self) -> None:
+        """The client follows START_EVENTS with LIST_FILTERS, answered once the initial model is out."""
+        fence = await self.expect(CommandId.LIST_FILTERS)
+        await self.send(Ok(fence.tid))
 
 
 def stderr_so_far(process) -> str:

@@ -239,6 +239,7 @@ async def test_stop_start_and_quit_sequence(pair):
             await fake.send(Ok(start_tid))
             start = await fake.expect(CommandId.START_EVENTS)
             await fake.send(Ok(stop.tid), NodeDown(start.tid))
+            await fake.answer_fence()
             quit_ = await fake.expect(CommandId.QUIT)
             await fake.send(Ok(start.tid), Shutdown(quit_.tid))
 
@@ -463,7 +464,7 @@ async def test_subscribe_sees_both_directions(pair):
             if record.direction == "in" and len(client.nodes) == 2 and sum(1 for r in seen if r.direction == "in") >= 7:
                 break
     outgoing = [r.message.name for r in seen if r.direction == "out"]
-    assert outgoing == ["INIT", "MODEL_DEF", "START_EVENTS"]
+    assert outgoing == ["INIT", "MODEL_DEF", "START_EVENTS", "LIST_FILTERS"]
     assert seen[0].raw.startswith(b"0000") and b"baseId=1000" in seen[0].raw
     incoming = [r for r in seen if r.direction == "in"]
     assert all(r.raw.startswith(b"0000") for r in incoming)

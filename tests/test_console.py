@@ -143,15 +143,23 @@ def test_sim_listings():
 
 
 def test_sim_hold_release_and_move():
-    run = console(
-        "-c",
-        "submit --sub-id j -q debug lammps; hold j; release j; move j long; show j; wait j -t 20",
-        *SIM,
-    )
+    # Without churn the simulated jobs stay as generated, and the same seed generates the
+    # same cluster: find a pending job in one run, work on it in the next.
+    listing = console("-q", "-c", "jobs", *SIM)
+    pending = re.search(r"^(\d+) +\S+ +STARTING +PENDING +batch +\d+$", listing.stdout, re.M)
+    assert pending is not None, listing.stdout
+    job = pending.group(1)
+    run = console("-c", f"hold {job}; release {job}; move {job} long; jobs; show {job}", *SIM)
     assert run.returncode == 0, run.stderr
-    assert "hold job" in run.stdout and "release job" in run.stdout and "move job" in run.stdout
-    assert re.search(r"STARTING HELD", run.stdout)
-    assert re.search(r"reached COMPLETED", run.stdout)
+    assert f"hold job {job}: OK" in run.stdout and f"move job {job} to long: OK" in run.stdout
+    assert re.search(rf"^job {job} \S+ STARTING HELD$", run.stdout, re.M)
+    assert re.search(rf"^{job} +\S+ +STARTING +PENDING +long +\d+$", run.stdout, re.M)
+    assert "jobStatus = PENDING" in run.stdout
+    # a job that already runs cannot be held: the agent says why, the console names the command
+    running = re.search(r"^(\d+) +\S+ +RUNNING +RUNNING ", listing.stdout, re.M).group(1)
+    run = console("-q", "-c", f"hold {running}", *SIM)
+    assert run.returncode == 1
+    assert f"command 1 failed: hold {running}: CHANGE_JOB failed: job {running} is RUNNING" in run.stderr
 
 
 # --------------------------------------------------------------------------- --json and --trace
@@ -183,13 +191,15 @@ def test_trace_shows_every_frame_raw_and_decoded():
     assert "   OK tid=1" in lines
     assert any(line.startswith("   NEW_QUEUE tid=3 1000 1 ") for line in lines)
     # QUIT at the end: OK for the open START_EVENTS, then SHUTDOWN
-    quit_ = lines.index("-> 00000017 0000:00000004:00000000")
-    assert lines[quit_ + 1] == "   QUIT tid=4"
+    # (TID 4 is the LIST_FILTERS that fences the initial model)
+    assert "   LIST_FILTERS tid=4" in lines
+    quit_ = lines.index("-> 00000017 0000:00000005:00000000")
+    assert lines[quit_ + 1] == "   QUIT tid=5"
     assert lines[quit_ + 2:quit_ + 6] == [
         "<- 00000017 0000:00000003:00000000",
         "   OK tid=3",
-        "<- 00000017 0006:00000004:00000000",
-        "   SHUTDOWN tid=4",
+        "<- 00000017 0006:00000005:00000000",
+        "   SHUTDOWN tid=5",
     ]
 
 
@@ -355,8 +365,8 @@ def test_interactive_session_on_a_terminal(tmp_path):
         screen.expect("output .")
         time.sleep(0.3)
         screen.type("\x03")  # Ctrl-C stops following, not the console
-        shown = screen.expect("proxy> ")
-        assert "interrupted" in shown
+        screen.expect("interrupted")
+        screen.expect("proxy> ")
         screen.type("terminate .\n")
         assert "OK" in screen.expect("proxy> ")
         screen.type("bogus\n")

@@ -291,6 +291,11 @@ async def test_several_processes(local, model):
     out = Output()
     await wait_for(lambda: (out.collect(model.drain(7)), all(out.of(p) for p in procs))[1])
     assert [out.of(p) for p in procs] == [[f"rank {i} of 3"] for i in range(3)]
+    await local.change(job_id, AttributeSet([("suspend", "true")]))
+    assert [proc_stat(pid)[0] for pid in pids] == ["T"] * 3
+    assert {model.attr(p, A.PROCESS_STATE) for p in procs} == {"SUSPENDED"}
+    await local.change(job_id, AttributeSet([("suspend", "false")]))
+    assert {model.attr(p, A.PROCESS_STATE) for p in procs} == {"RUNNING"}
     await local.terminate(job_id)
     attrs = await completed(model, job_id)
     assert attrs[A.JOB_STATUS] == "CANCELED"
@@ -360,13 +365,13 @@ async def test_suspend_and_resume(local, model):
     await local.change(job_id, AttributeSet([(A.JOB_ID, str(job_id)), ("suspend", "true")]))
     assert model.attr(job_id, A.JOB_STATE) == "SUSPENDED"
     assert model.attr(proc, A.PROCESS_STATE) == "SUSPENDED"
-    await wait_for(lambda: proc_stat(pid)[0] == "T")
+    assert proc_stat(pid)[0] == "T"  # reported once it has taken effect
     await local.change(job_id, AttributeSet([(A.JOB_STATE, "RUNNING")]))
     assert model.attr(job_id, A.JOB_STATE) == "RUNNING"
     assert model.attr(proc, A.PROCESS_STATE) == "RUNNING"
     await wait_for(lambda: proc_stat(pid)[0] in "SR")
     await local.change(job_id, AttributeSet([(A.JOB_STATE, "SUSPENDED")]))
-    await wait_for(lambda: proc_stat(pid)[0] == "T")
+    assert proc_stat(pid)[0] == "T"
     # a suspended job can still be terminated
     await local.terminate(job_id)
     attrs = await completed(model, job_id)

@@ -30,7 +30,7 @@ from proxy_agent.protocol.messages import (
 )
 from proxy_agent.protocol.rangeset import RangeSet
 from proxy_agent.protocol.session import AgentSession, Phase, ProtocolViolation
-from proxy_agent.protocol.wire import Decoder, ErrorKind, Frame, FrameError, encode_frame
+from proxy_agent.protocol.wire import Decoder, ErrorKind, Frame, FrameError
 
 INIT_ARGS = ("version=2.0", "baseId=100")
 
@@ -221,8 +221,12 @@ def test_bad_arguments_get_error(phase, command_id, args, words):
     r = session.receive(cmd(command_id, 50, *args))
     assert r.command is None
     (error,) = r.replies
-    assert isinstance(error, Error) and error.tid == 50 and error.code == ErrorCode.BAD_ARGUMENTS
+    # A refused submission is reported the way clients match submissions: by jobSubId.
+    expected = SubmitJobError if command_id is CommandId.SUBMIT_JOB else Error
+    assert type(error) is expected and error.tid == 50 and error.code == ErrorCode.BAD_ARGUMENTS
     assert words in error.message and command_id.name in error.message
+    if command_id is CommandId.SUBMIT_JOB:
+        assert error.job_sub_id == dict(a.split("=", 1) for a in args if "=" in a).get("jobSubId", "")
     send_all(session, r.replies)
     assert session.phase is phase and not session.is_open(50)
 
@@ -250,6 +254,29 @@ def test_bad_init_keeps_initialize(args, code, words):
     assert r.command is not None and r.init == InitRequest("2.0", 100)
     session.send(Ok(1))
     assert session.phase is Phase.DISCOVERY
+
+
+def test_only_one_init_at_a_time():
+    session = AgentSession()
+    assert session.receive(cmd(CommandId.INIT, 1, *INIT_ARGS)).command is not None
+    r = session.receive(cmd(CommandId.INIT, 2, *INIT_ARGS))
+    assert r.command is None and r.replies[0].code == ErrorCode.ILLEGAL_IN_PHASE
+    assert "TID 1" in r.replies[0].message
+    send_all(session, r.replies)
+    session.send(Ok(1))
+    assert session.phase is Phase.DISCOVERY
+
+
+def test_check_is_send_by_id():
+    session = session_in(Phase.NORMAL)
+    session.check(EventId.NODE_CHANGE, 3)
+    with pytest.raises(ProtocolViolation):
+        session.check(EventId.NODE_CHANGE, 4)
+    send_all(session, session.receive(cmd(CommandId.STOP_EVENTS, 4)).replies)
+    with pytest.raises(ProtocolViolation):
+        session.check(EventId.NODE_CHANGE, 3)
+    session.check(EventId.OK, 4)
+    assert not session.is_open(4)
 
 
 def test_agent_may_fail_init():

@@ -11,7 +11,7 @@ import trio
 from proxy_agent.model import Model
 from proxy_agent.protocol.attributes import A, AttributeRegistry, AttributeSet, AttrType
 from proxy_agent.protocol.ids import IdAllocator
-from proxy_agent.protocol.messages import AttrDef, ElementChange, ElementKind, ErrorCode, ProcessChange
+from proxy_agent.protocol.messages import AttrDef, ElementChange, ElementKind, ErrorCode, NewElements, ProcessChange
 from proxy_agent.schedulers.base import JobError, SchedulerOptions, SubmitError
 from proxy_agent.schedulers.sim import QUEUE_NAMES, SimScheduler
 
@@ -251,8 +251,19 @@ async def test_unsupported_change(sim, autojump_clock):
 async def test_move(sim, autojump_clock):
     model = sim.model
     job_id = await sim.submit(job_attrs())
+    model.snapshot(1)
     await sim.move(job_id, sim.queue_ids["long"])
     assert model.attr(job_id, A.QUEUE_ID) == str(sim.queue_ids["long"])
+    assert model.get(job_id).parent == sim.queue_ids["long"]
+    assert job_id in model.children(sim.queue_ids["long"])
+    assert job_id not in model.children(sim.queue_ids["batch"])
+    # the client sees the job removed and created again under its new queue, same id
+    events = model.drain(2)
+    assert [type(e).__name__ for e in events if getattr(e, "kind", None) is ElementKind.JOB] == [
+        "RemoveElements", "NewElements"]
+    [new_job] = [e for e in events if isinstance(e, NewElements) and e.kind is ElementKind.JOB]
+    assert new_job.parent_id == str(sim.queue_ids["long"])
+    assert [str(i) for g in new_job.groups for i in g.ids] == [str(job_id)]
     with pytest.raises(JobError) as info:
         await sim.move(job_id, job_id)
     assert info.value.code == ErrorCode.NO_SUCH_QUEUE

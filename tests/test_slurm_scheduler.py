@@ -1,4 +1,5 @@
-"""The SLURM scheduler against a real cluster, end to end: a client, the agent, SLURM.
+"""The SLURM scheduler against a real cluster: end to end (a client, the agent, SLURM), and
+in-process for what a client cannot provoke (forgotten jobs, an unreachable controller).
 
 Needs the one-node cluster of ``scripts/slurm-up`` and root (see ``slurm_support``): skipped
 with the reason otherwise, except in CI, where a missing cluster fails the module.
@@ -279,3 +280,75 @@ async def test_moving_a_running_job_fails_with_slurms_message():
         assert failed.value.message.startswith("cannot move SLURM job")
         assert c.job(job_id).parent == c.client.queue("debug").id
         await c.client.terminate(job_id)
+
+
+# ------------------------------------------------------------------------------------ in-process
+
+
+async def wait_model(predicate, timeout: float = 30):
+    with trio.fail_after(timeout):
+        while not predicate():
+            await trio.sleep(0.1)
+
+
+async def test_final_state_lookups_on_the_real_cluster(nursery, tmp_path):
+    """How a job ended, asked the ways the scheduler asks when squeue no longer lists it."""
+    from proxy_agent.model import Model
+    from proxy_agent.protocol.attributes import AttributeSet
+    from proxy_agent.protocol.ids import IdAllocator
+    from proxy_agent.protocol.messages import ElementKind
+    from proxy_agent.schedulers.base import SchedulerOptions
+    from proxy_agent.schedulers.slurm import SlurmScheduler
+
+    model = Model(IdAllocator(1000))
+    scheduler = SlurmScheduler(model, SchedulerOptions(poll_interval=0.5), spool_dir=str(tmp_path))
+    await nursery.start(scheduler.run)
+    assert scheduler.config["ClusterName"] == "proxyagent"
+    eid = await scheduler.submit(AttributeSet.parse(["jobSubId=final", "execName=sh", "progArgs=-c", "progArgs=exit 4"]))
+    slurm_id = model.attr(eid, "slurmJobId")
+    try:
+        await wait_model(lambda: model.attr(eid, "jobState") == "COMPLETED", 40)
+        assert model.attr(eid, "slurmExitCode") == "4:0"
+        (process,) = model.children(eid, ElementKind.PROCESS)
+        assert model.attr(process, "processExitCode") == "4"
+        by_scontrol = await scheduler._final_records([slurm_id])
+        assert by_scontrol[slurm_id].state == "FAILED" and by_scontrol[slurm_id].exit_code == "4:0"
+        scheduler.MAX_SCONTROL_LOOKUPS = 0  # as if the controller had forgotten it: the completion log
+        by_sacct = await scheduler._final_records([slurm_id])
+        assert by_sacct[slurm_id].state == "FAILED" and by_sacct[slurm_id].exit_code == "4:0"
+    finally:
+        subprocess.run(["scancel", slurm_id], capture_output=True, timeout=20)
+
+
+async def test_unreachable_controller_is_reported_not_fatal(nursery, tmp_path, monkeypatch):
+    """SLURM's own error text reaches last_error, on_message and SUBMITJOB_ERROR; the scheduler
+    keeps running and retrying."""
+    from proxy_agent.model import Model
+    from proxy_agent.protocol.attributes import AttributeSet
+    from proxy_agent.protocol.ids import IdAllocator
+    from proxy_agent.protocol.messages import ElementKind, MessageLevel
+    from proxy_agent.schedulers.base import SchedulerOptions, SubmitError
+    from proxy_agent.schedulers.slurm import SlurmScheduler
+
+    conf = tmp_path / "slurm.conf"
+    text = open(os.environ["SLURM_CONF"]).read()
+    conf.write_text("\n".join("SlurmctldPort=1" if line.startswith("SlurmctldPort=") else line
+                              for line in text.splitlines()) + "\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    model = Model(IdAllocator(1000))
+    scheduler = SlurmScheduler(model, SchedulerOptions(poll_interval=0.5), spool_dir=str(tmp_path))
+    messages = []
+    scheduler.on_message = lambda level, code, text: messages.append((level, text))
+    with trio.fail_after(40):
+        await nursery.start(scheduler.run)
+    assert "Unable to contact slurm controller" in (scheduler.last_error or "")
+    (machine,) = model.ids(ElementKind.MACHINE)
+    assert model.attr(machine, "machineState") == "ERROR"
+    assert [d for d in scheduler.attribute_definitions() if d.id == "partition"]
+    await wait_model(lambda: messages, 20)
+    assert messages[0][0] is MessageLevel.ERROR and "Unable to contact slurm controller" in messages[0][1]
+    with pytest.raises(SubmitError) as refused:
+        with trio.fail_after(40):
+            await scheduler.submit(AttributeSet.parse(["jobSubId=down", "execName=true"]))
+    assert refused.value.message == "Batch job submission failed: Unable to contact slurm controller (connect failure)"
+    assert len(messages) == 1  # the same failure is told once

@@ -685,23 +685,21 @@ class AgentClient:
         return definitions
 
     async def start_events(self, *, timeout: Optional[float] = 30) -> OpenCommand:
-        """START_EVENTS; returns once the agent has accepted it (the model then streams in).
+        """START_EVENTS; returns once the agent has accepted it and the initial model is in.
 
-        Accepted means: after a STOP_EVENTS, its OK; the first time, a first
-        event under the new TID -- or, if the model stays quiet, a LIST_FILTERS
-        round trip (replies come in order, so a refusal would have come first).
+        A LIST_FILTERS sent right behind it serves as a fence: the agent sends
+        the whole initial model before it answers anything received after
+        START_EVENTS, and replies come in order, so once the fence is answered
+        the mirror holds the model (or START_EVENTS was refused).
         """
         stop = self.state.open_command(CommandId.STOP_EVENTS)
         command = await self.send_command(CommandId.START_EVENTS)
-        if stop is not None:
-            await self.wait_for(lambda: stop.done or command.done, timeout, description="the agent to accept START_EVENTS")
-        else:
-            accepted = lambda: command.done or command.events  # noqa: E731
-            with trio.move_on_after(_START_QUIET):
-                await self.wait_for(accepted)
-            if not accepted():
-                fence = await self.send_command(CommandId.LIST_FILTERS)
-                await self.wait_for(lambda: fence.done, timeout, description="the agent to accept START_EVENTS")
+        fence = await self.send_command(CommandId.LIST_FILTERS)
+        await self.wait_for(
+            lambda: fence.done and (stop is None or stop.done or command.done),
+            timeout,
+            description="the agent to accept START_EVENTS",
+        )
         if command.done:
             self._result(command)
         return command

@@ -415,7 +415,7 @@ class Console:
             return ref
         return self.client.job(ref).id  # raises: unknown jobSubId
 
-    def _one_arg(self, name: str, args: Sequence[str], what: str = "JOB") -> str:
+    def _one_arg(self, name: str, args: Sequence[str]) -> str:
         if len(args) != 1:
             raise CommandError(f"usage: {_SPECS[name].usage}")
         return args[0]
@@ -512,10 +512,12 @@ class Console:
         client = self.client
 
         def row(job: Element) -> Sequence[Any]:
-            queue = client.state.elements.get(job.parent or "")
+            # queueId follows MOVE_JOB; the parent link cannot (the protocol has no re-parenting)
+            queue_id = job.get("queueId")
+            queue = client.state.elements.get(queue_id if isinstance(queue_id, str) else job.parent or "")
             procs = len(client.children(job, "process")) or job.get("jobNumProcs", "")
             return (job.id, job.sub_id or "", job.name, job.state or "", job.get("jobStatus", ""),
-                    (queue.name or queue.id) if queue else job.parent, procs)
+                    (queue.name or queue.id) if queue else (queue_id or job.parent), procs)
 
         self._listing("jobs", "job", ("ID", "SUBID", "NAME", "STATE", "STATUS", "QUEUE", "PROCS"), row)
 
@@ -543,7 +545,7 @@ class Console:
         )
 
     async def cmd_show(self, args: List[str]) -> None:
-        ref = self._one_arg("show", args, "ID")
+        ref = self._one_arg("show", args)
         client = self.client
         try:
             element = self._job(ref)
@@ -764,7 +766,7 @@ class Console:
         self.result("quiet", [f"events {'hidden' if self.quiet else 'shown'}"], quiet=self.quiet)
 
     async def cmd_sleep(self, args: List[str]) -> None:
-        await trio.sleep(_seconds(self._one_arg("sleep", args, "SECONDS"), "sleep"))
+        await trio.sleep(_seconds(self._one_arg("sleep", args), "sleep"))
         self.result("sleep")
 
     async def cmd_quit(self, args: List[str]) -> None:

@@ -214,6 +214,13 @@ class AgentSession:
             return self._refuse(command, ErrorCode.BAD_ARGUMENTS, f"{cid.name}: {problem}")
 
         if cid is CommandId.INIT:
+            pending = [t for t, what in self.open.items() if what is CommandId.INIT]
+            if pending:
+                # One initialisation at a time: a second OK for INIT must not
+                # re-initialise the agent or move the phase again.
+                return self._refuse(
+                    command, ErrorCode.ILLEGAL_IN_PHASE, f"INIT is already in progress (TID {pending[0]})"
+                )
             try:
                 init = parse_init(command.args)
             except (ArgumentError, ValueError) as exc:
@@ -316,7 +323,7 @@ class AgentSession:
                     self.phase = Phase.SUSPENDED
             if tid == self.stop_tid:
                 self.stop_tid = None
-            if eid is EventId.OK and what is CommandId.INIT:
+            if eid is EventId.OK and what is CommandId.INIT and self.phase is Phase.INITIALIZE:
                 self.phase = Phase.DISCOVERY
             elif eid is EventId.OK and what is CommandId.MODEL_DEF:
                 self.model_defined = True

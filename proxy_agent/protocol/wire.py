@@ -51,6 +51,8 @@ _LENGTH_DIGITS = 8
 _HEADER_LEN = 23  # " XXXX:XXXXXXXX:XXXXXXXX"
 _HEX8 = re.compile(rb"[0-9A-Fa-f]{8}")
 _HEADER = re.compile(rb" ([0-9A-Fa-f]{4}):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8})")
+# " LLLLLLLL:" for every short argument length, so encoding needs no formatting per argument.
+_ARG_PREFIXES = tuple(" %08X:" % n for n in range(4096))
 _ARG_PREFIX = re.compile(rb" ([0-9A-Fa-f]{8}):")
 
 
@@ -125,14 +127,19 @@ def encode_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> bytes:
         raise ValueError(f"message id {msg_id} does not fit in 4 hex digits")
     if not 0 <= tid <= 0xFFFFFFFF:
         raise ValueError(f"TID {tid} does not fit in 8 hex digits")
-    parts = [" %04X:%08X:%08X" % (msg_id, tid, len(args))]
-    append = parts.append
-    for arg in args:
-        if arg.isascii():
-            append(" %08X:%s" % (len(arg), arg))
-        else:
-            append(" %08X:%s" % (len(arg.encode("utf-8")), arg))
-    body = "".join(parts).encode("utf-8")
+    header = " %04X:%08X:%08X" % (msg_id, tid, len(args))
+    prefixes = _ARG_PREFIXES
+    limit = len(prefixes)
+    try:
+        # Fast path: every argument short enough for the prefix table.
+        parts = [prefixes[len(arg)] + arg for arg in args]
+    except IndexError:
+        parts = [(prefixes[len(arg)] if len(arg) < limit else " %08X:" % len(arg)) + arg for arg in args]
+    text = header + "".join(parts)
+    if not text.isascii():
+        # Some argument is not ASCII: its length field must count UTF-8 bytes.
+        text = header + "".join([" %08X:%s" % (len(arg.encode("utf-8")), arg) for arg in args])
+    body = text.encode("utf-8")
     return b"%08X" % len(body) + body
 
 

@@ -63,6 +63,8 @@ class SchedulerOptions:
     sim_jobs: int = 0
     sim_churn: float = 0.0
     sim_seed: int = 1
+    #: simulated seconds per real second are 1/sim_time_scale (0.1: jobs run ten times faster)
+    sim_time_scale: float = 1.0
     all_users: bool = False
     kill_grace: float = 2.0
 

@@ -162,6 +162,8 @@ def scheduler_attribute_definitions(
 ) -> List[AttributeDefinition]:
     """Standard attributes plus the job-submission and change attributes of a backend.
 
+    Also defines ``jobName``, ``suspend`` and the node attribute ``cpus``;
+    ``extra`` definitions are added last and replace any with the same id.
     ``max_procs`` bounds ``jobNumProcs``; ``default_queue`` (an element id)
     becomes the default of ``queueId``; ``hold`` adds the ``hold`` change
     attribute for backends that can hold jobs.

@@ -37,10 +37,10 @@ processes and reports them RUNNING.  A program that passes the checks but
 cannot be executed (say, a file in no executable format) makes the job
 FAILED with a ``jobStatusMessage`` saying why.
 
-Cost per job: one task, which starts the processes (one fork/exec at a time
-across all jobs, in submission order, on trio's worker thread) and watches
-them, plus one task per process and per pipe.  No sleeping, no polling on
-the normal path.
+Cost per job: one task, which starts the processes (fork/exec on trio's
+worker threads, at most four jobs at a time, in submission order) and
+watches them, plus one task per process and per pipe.  No sleeping, no
+polling on the normal path.
 """
 
 from __future__ import annotations
@@ -98,6 +98,10 @@ _SHUTDOWN_TERM_GRACE = 0.8
 #: ...and give up waiting for processes after this long in all.
 _SHUTDOWN_BOUND = 1.5
 _POLL_INTERVAL = 0.01
+#: How long a suspension may take to reach every process before it is reported anyway.
+_STOP_WAIT = 1.0
+#: Processes being forked at the same time (each fork/exec takes one of trio's worker threads).
+_SPAWN_CONCURRENCY = 4
 
 
 class LineSplitter:
@@ -241,7 +245,7 @@ class LocalScheduler(Scheduler):
         self._nursery: Optional[trio.Nursery] = None
         self._closing = False
         self._shutdown_done: Optional[trio.Event] = None
-        self._spawn_lock = trio.CapacityLimiter(2)
+        self._spawn_limiter = trio.CapacityLimiter(_SPAWN_CONCURRENCY)
         try:
             self._default_cwd = os.getcwd()
         except OSError:
@@ -324,13 +328,26 @@ class LocalScheduler(Scheduler):
         suspend = bool(request.suspend)
         if suspend == record.suspended:
             return
-        self._signal(record, signal.SIGSTOP if suspend else signal.SIGCONT)
         record.suspended = suspend
+        if suspend:
+            self._signal(record, signal.SIGSTOP)
+            await self._wait_stopped(record)  # SIGSTOP takes effect asynchronously
+            if record.done.is_set() or record.suspended is not suspend:
+                return
+        else:
+            self._signal(record, signal.SIGCONT)  # takes effect at once
         state = State.SUSPENDED if suspend else State.RUNNING
         status = Status.SUSPENDED if suspend else Status.RUNNING
         self.model.update(record.id, {A.JOB_STATE: state, A.JOB_STATUS: status})
         live = [pid for index, pid in enumerate(record.process_ids) if not record.reported[index]]
         self.model.update_many(live, {A.PROCESS_STATE: state, A.PROCESS_STATUS: status})
+
+    async def _wait_stopped(self, record: _Job) -> None:
+        """Until every process of the job has stopped or exited (at most a second)."""
+        with trio.move_on_after(_STOP_WAIT):
+            for index, proc in enumerate(record.procs):
+                while not record.reported[index] and not _stopped_or_exited(proc.pid):
+                    await trio.sleep(_POLL_INTERVAL / 10)
 
     async def move(self, job_id: int, queue_id: int) -> None:
         raise JobError(
@@ -441,9 +458,9 @@ class LocalScheduler(Scheduler):
             record.task_done.set()
 
     async def _start(self, record: _Job, launch: _Launch) -> None:
-        """Start the processes (one at a time across all jobs, in submission order)."""
+        """Start the processes (a few jobs at a time, in submission order)."""
         try:
-            async with self._spawn_lock:
+            async with self._spawn_limiter:
                 if not record.canceled:
                     await self._spawn(record, launch)
         except OSError as exc:
@@ -452,12 +469,11 @@ class LocalScheduler(Scheduler):
         record.started = True
         if record.start_error is None:
             model = self.model
-            for index, proc in enumerate(record.procs):
-                model.update(
-                    record.process_ids[index],
-                    {A.PROCESS_PID: str(proc.pid), A.PROCESS_STATE: State.RUNNING, A.PROCESS_STATUS: Status.RUNNING},
-                )
-            model.update(record.id, {A.JOB_STATE: State.RUNNING, A.JOB_STATUS: Status.RUNNING})
+            with model.batch():
+                for index, proc in enumerate(record.procs):
+                    running = {A.PROCESS_STATE: State.RUNNING, A.PROCESS_STATUS: Status.RUNNING}
+                    model.update(record.process_ids[index], {A.PROCESS_PID: str(proc.pid), **running})
+                model.update(record.id, {A.JOB_STATE: State.RUNNING, A.JOB_STATUS: Status.RUNNING})
         if record.canceled:  # terminated while its processes were being started
             self._terminate(record)
 
@@ -564,6 +580,12 @@ class LocalScheduler(Scheduler):
         self.model.update(record.process_ids[index], attrs)
 
     def _finish_job(self, record: _Job) -> None:
+        with self.model.batch():
+            self._complete_job(record)
+        self._jobs.pop(record.id, None)
+        record.done.set()
+
+    def _complete_job(self, record: _Job) -> None:
         for index in range(len(record.process_ids)):
             self._report_process(record, index)
         attrs = {A.JOB_STATE: State.COMPLETED}
@@ -589,8 +611,6 @@ class LocalScheduler(Scheduler):
             else:
                 attrs[A.JOB_STATUS] = Status.FINISHED
         self.model.update(record.id, attrs)
-        self._jobs.pop(record.id, None)
-        record.done.set()
 
     # ------------------------------------------------------------------ signals
 
@@ -729,6 +749,15 @@ def _peek_exit(record: _Job) -> Optional[int]:
     if info.si_code == os.CLD_EXITED:
         return info.si_status
     return -info.si_status
+
+
+def _stopped_or_exited(pid: int) -> bool:
+    """Has this child stopped (or exited)?  Leaves its status to be waited for."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:  # reaped already
+        return True
+    return info is not None
 
 
 def _pidfd_open(pid: int) -> Optional[int]:

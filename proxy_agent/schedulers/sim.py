@@ -35,9 +35,8 @@ period.  Without churn the existing jobs stay as generated.
 Terminate cancels any job that has not completed.  CHANGE_JOB holds and
 releases jobs that have not started (``hold=true|false``) and suspends and
 resumes running ones (``suspend=true|false`` or ``jobState=SUSPENDED|RUNNING``).
-MOVE_JOB moves a job that has not started to another queue; the model has
-no re-parenting, so the move is reported as a new ``queueId`` while the job
-stays listed under its original queue element.
+MOVE_JOB moves a job that has not started to another queue: it gets the new
+queue as parent (:meth:`Model.move`) and ``queueId``.
 """
 
 from __future__ import annotations
@@ -257,7 +256,9 @@ class SimScheduler(Scheduler):
             if state == State.SUSPENDED:
                 return
             if state != State.RUNNING:
-                raise JobError(f"job {job_id} is {state}; only a running job can be suspended", ErrorCode.OPERATION_FAILED)
+                raise JobError(
+                    f"job {job_id} is {state}; only a running job can be suspended", ErrorCode.OPERATION_FAILED
+                )
             self._set_running(job_id, State.SUSPENDED, Status.SUSPENDED)
             if record is not None:
                 record.gen += 1  # the current step starts over on resume
@@ -265,7 +266,9 @@ class SimScheduler(Scheduler):
             if state == State.RUNNING:
                 return
             if state != State.SUSPENDED:
-                raise JobError(f"job {job_id} is {state}; only a suspended job can be resumed", ErrorCode.OPERATION_FAILED)
+                raise JobError(
+                    f"job {job_id} is {state}; only a suspended job can be resumed", ErrorCode.OPERATION_FAILED
+                )
             self._set_running(job_id, State.RUNNING, Status.RUNNING)
             if record is not None:
                 record.gen += 1
@@ -282,7 +285,9 @@ class SimScheduler(Scheduler):
                 f"job {job_id} is {state}; only a job that has not started can change queues",
                 ErrorCode.OPERATION_FAILED,
             )
-        self.model.update(job_id, {A.QUEUE_ID: self._queue_id_text[queue_id]})
+        with self.model.batch():
+            self.model.move(job_id, queue_id)
+            self.model.update(job_id, {A.QUEUE_ID: self._queue_id_text[queue_id]})
 
     # ------------------------------------------------------------------ the initial model
 
@@ -291,7 +296,8 @@ class SimScheduler(Scheduler):
         enabled = gc.isenabled()
         gc.disable()  # hundreds of thousands of new objects, none of them garbage
         try:
-            self._populate()
+            with self.model.batch():
+                self._populate()
         finally:
             if enabled:
                 gc.enable()
@@ -401,18 +407,17 @@ class SimScheduler(Scheduler):
             self._wakeup.set()
 
     async def _loop(self) -> None:
-        churn = self.options.sim_churn
         last_tick = trio.current_time()
         next_tick = last_tick + TICK
         while True:
+            churn = self.options.sim_churn  # read each round: the rate may be changed while running
             now = trio.current_time()
             timers = self._timers
-            while timers and timers[0][0] <= now:
-                _, _, action, job_id, gen = heapq.heappop(timers)
-                self._fire(action, job_id, gen)
-            wake = timers[0][0] if timers else float("inf")
-            if churn > 0:
-                if now >= next_tick:
+            with self.model.batch():  # one wake-up of the agent per tick
+                while timers and timers[0][0] <= now:
+                    _, _, action, job_id, gen = heapq.heappop(timers)
+                    self._fire(action, job_id, gen)
+                if churn > 0 and now >= next_tick:
                     # catch up after a slow tick, but never by more than a second's worth
                     self._churn_carry += churn * min(now - last_tick, 1.0)
                     last_tick = now
@@ -421,6 +426,8 @@ class SimScheduler(Scheduler):
                     self._churn_carry -= events
                     for _ in range(events):
                         self._churn_event()
+            wake = timers[0][0] if timers else float("inf")
+            if churn > 0:
                 wake = min(wake, next_tick)
             with trio.move_on_at(wake):
                 await self._wakeup.wait()

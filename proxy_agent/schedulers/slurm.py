@@ -592,10 +592,13 @@ async def run_command(argv: Sequence[str], stdin: Optional[bytes] = None,
 class SlurmCommandError(SchedulerError):
     """A SLURM command failed, hung or could not be started; ``message`` is SLURM's words."""
 
-    def __init__(self, argv: Sequence[str], message: str, returncode: Optional[int] = None) -> None:
+    def __init__(
+        self, argv: Sequence[str], message: str, returncode: Optional[int] = None, timed_out: bool = False
+    ) -> None:
         super().__init__(message, ErrorCode.SCHEDULER)
         self.argv = tuple(argv)
         self.returncode = returncode
+        self.timed_out = timed_out
 
 
 _MESSAGE_PREFIX = re.compile(
@@ -779,7 +782,7 @@ class SlurmScheduler(Scheduler):
             with trio.fail_after(limit):
                 result = await self._runner(argv, stdin, env if env is not None else self._query_env)
         except trio.TooSlowError:
-            raise SlurmCommandError(argv, f"{shown} did not finish within {limit:g} s") from None
+            raise SlurmCommandError(argv, f"{shown} did not finish within {limit:g} s", timed_out=True) from None
         except FileNotFoundError:
             raise SlurmCommandError(argv, f"{argv[0]}: command not found (is SLURM installed and on PATH?)") from None
         except OSError as exc:
@@ -903,28 +906,43 @@ class SlurmScheduler(Scheduler):
                 next_partitions = now + self.partition_interval
 
     async def _poll(self, *, nodes: bool, partitions: bool) -> List[SlurmCommandError]:
-        errors: List[SlurmCommandError] = []
+        """One round of queries, run side by side (a hanging controller costs one timeout,
+        not one per query), then applied in order: partitions, nodes, jobs."""
+        results: Dict[str, Any] = {}
+        errors: Dict[str, SlurmCommandError] = {}
 
-        async def attempt(step: Callable[[], Awaitable[None]]) -> None:
+        async def fetch(what: str, query: Callable[[], Awaitable[Any]]) -> None:
             try:
-                await step()
+                results[what] = await query()
             except SlurmCommandError as exc:
-                errors.append(exc)
+                errors[what] = exc
             except sp.SlurmError as exc:
-                errors.append(SlurmCommandError((), f"unreadable SLURM output: {exc}"))
+                errors[what] = SlurmCommandError((), f"unreadable SLURM output: {exc}")
 
-        if not self.config:
-            await attempt(self._refresh_config)
+        self._generation += 1  # the squeue below starts in this generation
+        generation = self._generation
+        async with trio.open_nursery() as nursery:
+            if not self.config:
+                nursery.start_soon(fetch, "config", self._fetch_config)
+            if partitions:
+                nursery.start_soon(fetch, "partitions", self._fetch_partitions)
+            if nodes:
+                nursery.start_soon(fetch, "nodes", self._fetch_nodes)
+            nursery.start_soon(fetch, "jobs", self._fetch_jobs)
+        if "config" in results:
+            self._apply_config(results["config"])
         if self._machine is None:
             self._add_machine()
-        if partitions:
-            await attempt(self._refresh_partitions)
-        if nodes:
-            await attempt(self._refresh_nodes)
-        await attempt(self._refresh_jobs)
+        if "partitions" in results:
+            self._apply_partitions(results["partitions"])
+        if "nodes" in results:
+            self._apply_nodes(results["nodes"])
+        if "jobs" in results:
+            await fetch("final states", functools.partial(self._apply_listing, results["jobs"], generation))
         self._failing = bool(errors)
         self._update_machine()
-        return errors
+        order = ("partitions", "nodes", "jobs", "final states", "config")
+        return [errors[what] for what in order if what in errors]
 
     def _report(self, errors: List[SlurmCommandError]) -> None:
         if errors:
@@ -956,11 +974,14 @@ class SlurmScheduler(Scheduler):
 
     # ------------------------------------------------------------------ machine and config
 
-    async def _refresh_config(self) -> None:
+    async def _fetch_config(self) -> Dict[str, str]:
         result = await self._command(sp.config_argv())
         config = sp.parse_scontrol_config(result.stdout.decode("utf-8", "replace"))
         if not config:
             raise sp.SlurmError("scontrol show config printed no settings")
+        return config
+
+    def _apply_config(self, config: Dict[str, str]) -> None:
         self.config = config
         name = config.get("ClusterName", "")
         if name and name != "(null)":
@@ -1001,13 +1022,12 @@ class SlurmScheduler(Scheduler):
 
     # ------------------------------------------------------------------ partitions
 
-    async def _refresh_partitions(self) -> None:
-        parts = await self._query(
+    async def _fetch_partitions(self) -> List[SlurmPartition]:
+        return await self._query(
             "partitions",
             sp.partitions_argv(False), sp.parse_scontrol_partitions,
             sp.partitions_argv(True), sp.parse_partitions_json,
         )
-        self._apply_partitions(parts)
 
     def _apply_partitions(self, parts: Sequence[SlurmPartition]) -> None:
         model = self.model
@@ -1052,13 +1072,12 @@ class SlurmScheduler(Scheduler):
 
     # ------------------------------------------------------------------ nodes
 
-    async def _refresh_nodes(self) -> None:
-        nodes = await self._query(
+    async def _fetch_nodes(self) -> List[SlurmNode]:
+        return await self._query(
             "nodes",
             sp.nodes_argv(False), sp.parse_sinfo_nodes_text,
             sp.nodes_argv(True, self.version), sp.parse_nodes_json,
         )
-        self._apply_nodes(nodes)
 
     def _apply_nodes(self, nodes: Sequence[SlurmNode]) -> None:
         model = self.model
@@ -1093,16 +1112,16 @@ class SlurmScheduler(Scheduler):
 
     # ------------------------------------------------------------------ jobs
 
-    async def _refresh_jobs(self) -> None:
-        self._generation += 1
-        generation = self._generation
+    async def _fetch_jobs(self) -> List[SlurmJob]:
         user = None if self.all_users else self.user
-        jobs = await self._query(
+        return await self._query(
             "squeue",
             sp.squeue_argv(user), sp.parse_squeue_text,
             sp.squeue_argv(user, json=True),
             lambda text: sp.parse_squeue_json(text, user, int(time.time())),
         )
+
+    async def _apply_listing(self, jobs: List[SlurmJob], generation: int) -> None:
         changes = self._table.apply(jobs, generation)
         if changes.added or changes.changed:
             await self._apply_jobs(changes)
@@ -1308,7 +1327,7 @@ class SlurmScheduler(Scheduler):
             result = await self._command(argv, stdin=script, env=dict(os.environ))
         except SlurmCommandError as exc:
             message = exc.message
-            if "did not finish" in message:
+            if exc.timed_out:
                 message += "; the job may or may not have been submitted"
             raise SubmitError(message) from None
         try:
@@ -1318,10 +1337,12 @@ class SlurmScheduler(Scheduler):
         warnings = clean_message(result.stderr.decode("utf-8", "replace"))
         if warnings:
             log.info("sbatch for %s (SLURM job %s): %s", sub_id, slurm_id, warnings)
-        tracked = self._register_submitted(slurm_id, sub_id, spec, job)
+        tracked = self._register_submitted(slurm_id, sub_id, spec)
         if self._nursery is not None:
             tracked.started = trio.Event()
             tracked.done = trio.Event()
+            if self.model.attr(tracked.element, A.JOB_STATE) not in (None, "STARTING"):
+                tracked.started.set()  # the listing saw it start before sbatch's answer came
             if tracked.completed:
                 tracked.done.set()
             for stream, pattern in follow.items():
@@ -1334,7 +1355,7 @@ class SlurmScheduler(Scheduler):
         log.info("submitted %s as SLURM job %s (element %d)", sub_id, slurm_id, tracked.element)
         return tracked.element
 
-    def _register_submitted(self, slurm_id: str, sub_id: str, spec: batch.JobSpec, job: AttributeSet) -> _Job:
+    def _register_submitted(self, slurm_id: str, sub_id: str, spec: batch.JobSpec) -> _Job:
         model = self.model
         attrs_: Dict[str, Any] = {
             A.JOB_SUB_ID: sub_id,
@@ -1463,6 +1484,7 @@ class SlurmScheduler(Scheduler):
         assert tracked.started is not None and tracked.done is not None
         splitter = LineSplitter()
         offset = 0
+        inode = None
         quiet_since: Optional[float] = None
         model = self.model
         pid = tracked.process
@@ -1474,10 +1496,12 @@ class SlurmScheduler(Scheduler):
             signature, size, data = await trio.to_thread.run_sync(_read_new, path, offset, stale)
             if signature is not None and signature != stale:
                 stale = None
-                if size < offset:  # truncated or replaced: start over
-                    offset = 0
+                if size < offset or (inode is not None and signature[:2] != inode):
+                    # truncated or replaced: start over
+                    offset, inode = 0, None
                     splitter = LineSplitter()
                     continue
+                inode = signature[:2]
             if data:
                 offset += len(data)
                 for line in splitter.feed(data):

@@ -81,8 +81,6 @@ __all__ = [
     "sacct_argv",
     "version_argv",
     "config_argv",
-    "config_argv",
-    "parse_scontrol_config",
     "scancel_argv",
     "move_job_argv",
     "hold_job_argv",
@@ -1316,30 +1314,3 @@ def parse_sbatch_parsable(stdout: str) -> str:
     if not job_id.isdigit():
         raise SlurmError(f"sbatch printed no job id: {lines[-1]!r}")
     return job_id
-
-
-# --------------------------------------------------------------------------------------------
-# Controller configuration
-# --------------------------------------------------------------------------------------------
-
-
-def config_argv() -> List[str]:
-    """argv printing the controller's configuration (``parse_scontrol_config`` reads it)."""
-    return ["scontrol", "show", "config"]
-
-
-def parse_scontrol_config(text: str) -> Dict[str, str]:
-    """``scontrol show config`` -> ``{"ClusterName": "proxyagent", ...}``.
-
-    Lines are ``Key<spaces>= Value``; later sections (plugin settings) repeat the layout, and
-    the first value of a key wins so the main configuration is never shadowed. Values stay
-    raw (``(null)``, ``300 sec``).
-    """
-    out: Dict[str, str] = {}
-    for line in text.split("\n"):
-        key, sep, value = line.partition("=")
-        key = key.strip()
-        if not sep or not key or " " in key:
-            continue
-        out.setdefault(key, value.strip())
-    return out
