@@ -447,3 +447,26 @@ async def test_no_processes_left_behind(how, tmp_path):
         await trio.sleep(0.2)
         assert [p for p in pids if _alive(p)] == []
         assert "Traceback" not in agent.stderr_tail(200)
+
+
+async def test_processes_entering_running_share_one_event_and_range():
+    async with await AgentClient.spawn(agent_argv(), env=subprocess_env()) as client:
+        await start(client)
+        traffic = []
+        client.add_listener(traffic.append)
+        job = await client.submit("/bin/sleep", ["1"], count=64)
+        await client.wait_job_state(job, "RUNNING", timeout=30)
+        procs = sorted(int(p.id) for p in client.children(job, "process"))
+        assert len(procs) == 64 and procs == list(range(procs[0], procs[0] + 64))
+        running = [
+            t.message
+            for t in traffic
+            if t.direction == "in" and t.message is not None and t.message.event_id == EventId.PROCESS_CHANGE
+            and any(("processState", "RUNNING") in g.attributes for g in t.message.groups)
+        ]
+        assert len(running) == 1, running
+        (group,) = [g for g in running[0].groups if ("processState", "RUNNING") in g.attributes]
+        assert str(group.ids) == f"{procs[0]}-{procs[-1]}"
+        await client.terminate(job)
+        await client.quit()
+        assert client.violations == []

@@ -469,10 +469,14 @@ class LocalScheduler(Scheduler):
         record.started = True
         if record.start_error is None:
             model = self.model
+            # PIDs first, then the state in a batch of its own: the state change is the same
+            # for every process, so it travels as one group with one range of ids.
             with model.batch():
                 for index, proc in enumerate(record.procs):
-                    running = {A.PROCESS_STATE: State.RUNNING, A.PROCESS_STATUS: Status.RUNNING}
-                    model.update(record.process_ids[index], {A.PROCESS_PID: str(proc.pid), **running})
+                    model.update(record.process_ids[index], {A.PROCESS_PID: str(proc.pid)})
+            with model.batch():
+                running = {A.PROCESS_STATE: State.RUNNING, A.PROCESS_STATUS: Status.RUNNING}
+                model.update_many(record.process_ids[: len(record.procs)], running)
                 model.update(record.id, {A.JOB_STATE: State.RUNNING, A.JOB_STATUS: Status.RUNNING})
         if record.canceled:  # terminated while its processes were being started
             self._terminate(record)
