@@ -272,6 +272,7 @@ class Session:
             self.model = Model(IdAllocator(init.base_id))
             self.model.on_change = self._model_changed
             self.scheduler = cls(self.model, self.config.options)
+            self.scheduler.on_message = self.notify
         except Exception as exc:  # noqa: BLE001 - report any set-up failure to the client
             log.exception("cannot set up the %s scheduler", self.config.scheduler)
             self.emit(Error(command.tid, ErrorCode.SCHEDULER, f"cannot start the {self.config.scheduler} scheduler: {exc}"))

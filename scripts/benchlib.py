@@ -86,11 +86,16 @@ class RawAgent:
                     return int(line.split()[1]) / 1024
         return float("nan")
 
-    def cpu_seconds(self) -> float:
+    def cpu_seconds(self, children: bool = False) -> float:
+        """CPU time of the agent (user + system); with ``children``, also of the
+        child processes it has reaped (e.g. the scheduler commands it ran)."""
         with open(f"/proc/{self.proc.pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
         ticks = os.sysconf("SC_CLK_TCK")
-        return (int(fields[11]) + int(fields[12])) / ticks
+        used = int(fields[11]) + int(fields[12])
+        if children:
+            used += int(fields[13]) + int(fields[14])
+        return used / ticks
 
     def close(self) -> None:
         try:

@@ -33,7 +33,6 @@ from proxy_agent.schedulers.base import JobError, SchedulerOptions, SubmitError
 from proxy_agent.schedulers.slurm import (
     CommandResult,
     JobTable,
-    LineSplitter,
     SlurmScheduler,
     clean_message,
     expand_output_pattern,
@@ -43,6 +42,7 @@ from proxy_agent.schedulers.slurm import (
     partition_attributes,
     process_attributes,
 )
+from proxy_agent.schedulers.common import LineSplitter
 from proxy_agent.schedulers.slurm_parse import SlurmJob
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -225,7 +225,7 @@ def test_line_splitter_holds_partial_lines_and_split_characters():
     assert splitter.flush() == ["three"]
     assert splitter.flush() == []
     assert LineSplitter().feed(b"bad \xff byte\n") == ["bad \ufffd byte"]
-    long = LineSplitter(max_line=4)
+    long = LineSplitter(max_bytes=4)
     assert long.feed(b"abcdefghij") == ["abcd", "efgh"]
     assert long.flush() == ["ij"]
 
@@ -700,3 +700,33 @@ def test_move_while_a_chunked_snapshot_is_being_sent():
     apply_events(model.drain(TID), mirror)
     assert mirror == truth(model)
     assert model.children(long_) == jobs[:2]
+
+
+async def test_spool_files_are_deleted_with_the_job_but_chosen_paths_are_kept(nursery, autojump_clock, tmp_path):
+    fake = FakeSlurm()
+    spool = tmp_path / "spool"
+    model, scheduler = await start(nursery, fake, spool_dir=str(spool), retention=30)
+    kept = tmp_path / "mine.out"
+    mine = await scheduler.submit(AttributeSet.parse(["jobSubId=mine", "execName=prog", f"stdoutPath={kept}"]))
+    ours = await scheduler.submit(AttributeSet.parse(["jobSubId=ours", "execName=prog"]))
+    spool_files = scheduler._by_element[ours].spool_files
+    assert len(spool_files) == 2 and all(path.startswith(str(spool) + "/ours.") for path in spool_files)
+    assert scheduler._by_element[mine].spool_files == ()
+    for eid in (mine, ours):
+        slurm_id = model.attr(eid, "slurmJobId")
+        fake.jobs[slurm_id] = job(slurm_id, "RUNNING")
+    await trio.sleep(1.5)
+    # SLURM writes the files; the agent follows them
+    kept.write_text("mine\n")
+    for path in spool_files:
+        with open(path, "w") as f:
+            f.write("ours\n")
+    for eid in (mine, ours):
+        slurm_id = model.attr(eid, "slurmJobId")
+        fake.jobs[slurm_id] = job(slurm_id, "COMPLETED")
+    await trio.sleep(5)
+    assert mine in model and ours in model
+    await trio.sleep(40)
+    assert mine not in model and ours not in model
+    assert kept.exists()
+    assert [p for p in spool.iterdir()] == []

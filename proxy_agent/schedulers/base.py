@@ -10,14 +10,14 @@ SUBMITJOB_ERROR / TERMINATEJOB_ERROR events.
 from __future__ import annotations
 
 import abc
-from typing import ClassVar, Dict, List, Optional, Type
+from typing import Callable, ClassVar, Dict, List, Optional, Type
 
 import attrs
 import trio
 
 from ..model import Model
 from ..protocol.attributes import AttributeDefinition, AttributeSet
-from ..protocol.messages import ErrorCode
+from ..protocol.messages import ErrorCode, MessageLevel
 
 __all__ = [
     "JobError",
@@ -77,6 +77,9 @@ class Scheduler(abc.ABC):
     def __init__(self, model: Model, options: SchedulerOptions) -> None:
         self.model = model
         self.options = options
+        #: set by the agent: called as on_message(level, code, text) to tell the client
+        #: something that belongs to no command (the scheduler stopped or resumed answering)
+        self.on_message: Optional[Callable[[MessageLevel, int, str], None]] = None
 
     @abc.abstractmethod
     def attribute_definitions(self) -> List[AttributeDefinition]:

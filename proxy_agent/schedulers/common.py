@@ -36,6 +36,8 @@ __all__ = [
     "CPUS",
     "HOLD",
     "JOB_NAME",
+    "LineSplitter",
+    "MAX_LINE_BYTES",
     "SUSPEND",
     "JobChange",
     "MachineState",
@@ -331,3 +333,76 @@ def parse_job_changes(changes: AttributeSet, *, hold: bool = False) -> JobChange
     if result.suspend is not None and result.hold is not None:
         raise JobError("suspend and hold cannot be changed together", ErrorCode.BAD_ARGUMENTS)
     return result
+
+
+#: Output lines longer than this many bytes are passed on in pieces.
+MAX_LINE_BYTES = 64 * 1024
+
+
+class LineSplitter:
+    """Bytes of one output stream in, text lines out.
+
+    Lines end at ``\n`` (a ``\r`` before it is dropped); bytes are decoded
+    as UTF-8 with undecodable bytes replaced.  A line longer than
+    ``max_bytes`` is split into pieces of at most ``max_bytes`` (never inside
+    a UTF-8 sequence); the pieces are the same however the bytes were chunked
+    by the pipe.  :meth:`flush` returns a last line that had no newline.
+    """
+
+    __slots__ = ("max_bytes", "_pending")
+
+    def __init__(self, max_bytes: int = MAX_LINE_BYTES) -> None:
+        if max_bytes < 4:
+            raise ValueError("max_bytes must be at least 4 (one UTF-8 character)")
+        self.max_bytes = max_bytes
+        self._pending = b""
+
+    def feed(self, data: bytes) -> List[str]:
+        lines: List[str] = []
+        if self._pending:
+            data = self._pending + data
+        start = 0
+        while True:
+            end = data.find(b"\n", start)
+            if end < 0:
+                break
+            if end > start and data[end - 1] == 0x0D:  # \r\n
+                self._pieces(data[start:end - 1], lines)
+            else:
+                self._pieces(data[start:end], lines)
+            start = end + 1
+        pending = data[start:]
+        # Cut an overlong unfinished line, keeping one byte more than a piece so a
+        # final '\r' can still meet its '\n' (the cuts then match a whole-line split).
+        limit = self.max_bytes
+        while len(pending) > limit + 1:
+            cut = _utf8_boundary(pending, limit)
+            lines.append(pending[:cut].decode("utf-8", "replace"))
+            pending = pending[cut:]
+        self._pending = pending
+        return lines
+
+    def flush(self) -> List[str]:
+        pending, self._pending = self._pending, b""
+        lines: List[str] = []
+        if pending.endswith(b"\r"):
+            pending = pending[:-1]
+        if pending:
+            self._pieces(pending, lines)
+        return lines
+
+    def _pieces(self, line: bytes, lines: List[str]) -> None:
+        limit = self.max_bytes
+        while len(line) > limit:
+            cut = _utf8_boundary(line, limit)
+            lines.append(line[:cut].decode("utf-8", "replace"))
+            line = line[cut:]
+        lines.append(line.decode("utf-8", "replace"))
+
+
+def _utf8_boundary(data: bytes, limit: int) -> int:
+    """A cut position at or before ``limit`` that does not split a UTF-8 sequence."""
+    cut = limit
+    while cut > limit - 3 and data[cut] & 0xC0 == 0x80:
+        cut -= 1
+    return cut

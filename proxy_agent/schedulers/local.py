@@ -64,6 +64,8 @@ from .base import JobError, Scheduler, SchedulerOptions, SubmitError
 from .common import (
     CPUS,
     JOB_NAME,
+    MAX_LINE_BYTES,
+    LineSplitter,
     MachineState,
     NodeState,
     QueueState,
@@ -86,7 +88,6 @@ log = logging.getLogger(__name__)
 #: Largest ``jobNumProcs`` a local job may ask for.
 MAX_PROCS = 1024
 #: Output lines longer than this (in bytes) are split.
-MAX_LINE_BYTES = 64 * 1024
 #: Name of the single queue.
 QUEUE_NAME = "default"
 
@@ -102,67 +103,6 @@ _POLL_INTERVAL = 0.01
 _STOP_WAIT = 1.0
 #: Processes being forked at the same time (each fork/exec takes one of trio's worker threads).
 _SPAWN_CONCURRENCY = 4
-
-
-class LineSplitter:
-    """Bytes of one output stream in, text lines out.
-
-    Lines end at ``\n`` (a ``\r`` before it is dropped); bytes are decoded
-    as UTF-8 with undecodable bytes replaced.  A line longer than
-    ``max_bytes`` is split into pieces of at most ``max_bytes`` (never inside
-    a UTF-8 sequence); the pieces are the same however the bytes were chunked
-    by the pipe.  :meth:`flush` returns a last line that had no newline.
-    """
-
-    __slots__ = ("max_bytes", "_pending")
-
-    def __init__(self, max_bytes: int = MAX_LINE_BYTES) -> None:
-        if max_bytes < 4:
-            raise ValueError("max_bytes must be at least 4 (one UTF-8 character)")
-        self.max_bytes = max_bytes
-        self._pending = b""
-
-    def feed(self, data: bytes) -> List[str]:
-        lines: List[str] = []
-        if self._pending:
-            data = self._pending + data
-        start = 0
-        while True:
-            end = data.find(b"\n", start)
-            if end < 0:
-                break
-            if end > start and data[end - 1] == 0x0D:  # \r\n
-                self._pieces(data[start:end - 1], lines)
-            else:
-                self._pieces(data[start:end], lines)
-            start = end + 1
-        pending = data[start:]
-        # Cut an overlong unfinished line, keeping one byte more than a piece so a
-        # final '\r' can still meet its '\n' (the cuts then match a whole-line split).
-        limit = self.max_bytes
-        while len(pending) > limit + 1:
-            cut = _utf8_boundary(pending, limit)
-            lines.append(pending[:cut].decode("utf-8", "replace"))
-            pending = pending[cut:]
-        self._pending = pending
-        return lines
-
-    def flush(self) -> List[str]:
-        pending, self._pending = self._pending, b""
-        lines: List[str] = []
-        if pending.endswith(b"\r"):
-            pending = pending[:-1]
-        if pending:
-            self._pieces(pending, lines)
-        return lines
-
-    def _pieces(self, line: bytes, lines: List[str]) -> None:
-        limit = self.max_bytes
-        while len(line) > limit:
-            cut = _utf8_boundary(line, limit)
-            lines.append(line[:cut].decode("utf-8", "replace"))
-            line = line[cut:]
-        lines.append(line.decode("utf-8", "replace"))
 
 
 class _Job:
@@ -724,14 +664,6 @@ class LocalScheduler(Scheduler):
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _utf8_boundary(data: bytes, limit: int) -> int:
-    """A cut position at or before ``limit`` that does not split a UTF-8 sequence."""
-    cut = limit
-    while cut > limit - 3 and data[cut] & 0xC0 == 0x80:
-        cut -= 1
-    return cut
 
 
 def _close_streams(record: _Job) -> None:

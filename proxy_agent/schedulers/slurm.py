@@ -55,7 +55,6 @@ elements of ``sbatch --parsable``, the script goes on stdin). Output goes to
 
 from __future__ import annotations
 
-import codecs
 import functools
 import gc
 import inspect
@@ -95,7 +94,6 @@ __all__ = [
     "CommandResult",
     "JobChanges",
     "JobTable",
-    "LineSplitter",
     "SlurmCommandError",
     "SlurmScheduler",
     "clean_message",
@@ -466,37 +464,6 @@ _MISSING: Any = object()
 # --------------------------------------------------------------------------------------------
 
 
-class LineSplitter:
-    """Bytes of a growing file in, complete lines out (UTF-8, invalid bytes replaced).
-
-    The last, unterminated line is held until its newline arrives or :meth:`flush`; a line
-    longer than ``max_line`` characters is passed on in pieces so memory stays bounded.
-    """
-
-    def __init__(self, max_line: int = 1 << 20) -> None:
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-        self._partial = ""
-        self.max_line = max_line
-
-    def feed(self, data: bytes) -> List[str]:
-        text = self._partial + self._decoder.decode(data)
-        lines = text.split("\n")
-        partial = lines.pop()
-        while len(partial) > self.max_line:
-            lines.append(partial[: self.max_line])
-            partial = partial[self.max_line:]
-        self._partial = partial
-        return [line[:-1] if line.endswith("\r") else line for line in lines]
-
-    def flush(self) -> List[str]:
-        """The held last line (if any) as a line of its own."""
-        text = self._partial + self._decoder.decode(b"", final=True)
-        self._partial = ""
-        if not text:
-            return []
-        return [text[:-1] if text.endswith("\r") else text]
-
-
 _READ_CHUNK = 1 << 18
 
 
@@ -639,6 +606,8 @@ class _Job:
     #: for jobs whose output is followed: set when it first runs / when it has completed
     started: Optional[trio.Event] = None
     done: Optional[trio.Event] = None
+    #: output files the agent chose itself (in its spool directory): deleted with the job
+    spool_files: Tuple[str, ...] = ()
 
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
@@ -705,9 +674,6 @@ class SlurmScheduler(Scheduler):
 
         #: the last failure of a SLURM query (None while they work), for the agent to show
         self.last_error: Optional[str] = None
-        #: called as on_message(level, code, text) when SLURM stops or starts answering;
-        #: the agent may set it (e.g. to Session.notify) to show it to the client
-        self.on_message: Optional[Callable[[MessageLevel, int, str], None]] = None
 
         self.version: Optional[Tuple[int, int, int]] = None
         self.version_text = ""
@@ -1224,6 +1190,11 @@ class SlurmScheduler(Scheduler):
             if tracked.element in self.model:
                 self.model.remove(tracked.element)
             self._table.retire(slurm_id)
+            for path in tracked.spool_files:
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
 
     def _refresh_time_used(self) -> None:
         for tracked in self._jobs.values():
@@ -1315,7 +1286,7 @@ class SlurmScheduler(Scheduler):
         problems = self._submit_registry.validate(job)
         if problems:
             raise SubmitError("; ".join(problems), ErrorCode.BAD_ARGUMENTS)
-        spec, follow = self._job_spec(job, sub_id)
+        spec, follow, spool_files = self._job_spec(job, sub_id)
         try:
             script = batch.render_script(spec).encode("utf-8")
             argv = batch.submit_argv(spec)
@@ -1338,6 +1309,7 @@ class SlurmScheduler(Scheduler):
         if warnings:
             log.info("sbatch for %s (SLURM job %s): %s", sub_id, slurm_id, warnings)
         tracked = self._register_submitted(slurm_id, sub_id, spec)
+        tracked.spool_files = spool_files
         if self._nursery is not None:
             tracked.started = trio.Event()
             tracked.done = trio.Event()
@@ -1394,7 +1366,8 @@ class SlurmScheduler(Scheduler):
         self._table.expect(slurm_id, self._generation)
         return tracked
 
-    def _job_spec(self, job: AttributeSet, sub_id: str) -> Tuple[batch.JobSpec, Dict[str, str]]:
+    def _job_spec(self, job: AttributeSet, sub_id: str) -> Tuple[batch.JobSpec, Dict[str, str], Tuple[str, ...]]:
+        """The batch job, the output files to follow, and those of them the agent chose itself."""
         """The batch job a submission describes, and the output files to follow by stream."""
         path = job.get(A.EXEC_PATH) or ""
         name = job.get(A.EXEC_NAME) or ""
@@ -1414,9 +1387,13 @@ class SlurmScheduler(Scheduler):
         working_dir = job.get(A.WORKING_DIR) or None
         stdout_path = job.get(S.STDOUT_PATH) or None
         stderr_path = job.get(S.STDERR_PATH) or None
+        spool_files: Tuple[str, ...] = ()
         if stdout_path is None:
             stdout_path, default_err = self._spool_paths(sub_id)
-            stderr_path = stderr_path or default_err
+            spool_files = (stdout_path,)
+            if stderr_path is None:
+                stderr_path = default_err
+                spool_files += (default_err,)
         elif stderr_path is None:
             stderr_path = stdout_path  # SLURM's own default: both streams in one file
         nodes = int(job.get(S.NODES) or 0)
@@ -1447,7 +1424,7 @@ class SlurmScheduler(Scheduler):
         follow = {"stdout": os.path.join(base, stdout_path)}
         if stderr_path != stdout_path:
             follow["stderr"] = os.path.join(base, stderr_path)
-        return spec, follow
+        return spec, follow, tuple(path.replace("%%", "%") for path in spool_files)
 
     def _submit_partition(self, job: AttributeSet) -> Optional[str]:
         named = job.get(S.PARTITION) or None
@@ -1482,7 +1459,7 @@ class SlurmScheduler(Scheduler):
         """Pass the lines of a job's output file to its process while the job runs, then what
         is left once it has completed (waiting ``output_drain_grace`` for late writes)."""
         assert tracked.started is not None and tracked.done is not None
-        splitter = LineSplitter()
+        splitter = common.LineSplitter()
         offset = 0
         inode = None
         quiet_since: Optional[float] = None
@@ -1499,7 +1476,7 @@ class SlurmScheduler(Scheduler):
                 if size < offset or (inode is not None and signature[:2] != inode):
                     # truncated or replaced: start over
                     offset, inode = 0, None
-                    splitter = LineSplitter()
+                    splitter = common.LineSplitter()
                     continue
                 inode = signature[:2]
             if data:
