@@ -284,20 +284,35 @@ class Session:
     async def _run_scheduler(self) -> None:
         scheduler = self.scheduler
         assert scheduler is not None
-        started = False
         try:
-            await self._nursery.start(scheduler.run)  # type: ignore[union-attr]
-            started = True
-            # The model just built is long-lived: keep the cyclic collector from scanning
-            # it again and again while the initial model is encoded.
-            gc.freeze()
-            self._scheduler_ready.set()
-        except Exception as exc:  # noqa: BLE001
+            await self._nursery.start(self._guarded_scheduler, scheduler)  # type: ignore[union-attr]
+        except Exception as exc:  # noqa: BLE001 - reported to the client by MODEL_DEF / START_EVENTS
             log.exception("the %s scheduler failed to start", scheduler.name)
-            self._scheduler_failure = f"the {scheduler.name} scheduler failed to start: {exc}"
+            self._scheduler_failure = f"the {scheduler.name} scheduler failed to start: {_describe(exc)}"
             self._scheduler_ready.set()
-        if not started:
             return
+        # The model just built is long-lived: keep the cyclic collector from scanning
+        # it again and again while the initial model is encoded.
+        gc.freeze()
+        self._scheduler_ready.set()
+
+    async def _guarded_scheduler(self, scheduler: Scheduler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Run the scheduler; a failure after start-up is logged and told, not fatal to the session."""
+        started = False
+
+        class _Status:
+            def started(self, value=None) -> None:
+                nonlocal started
+                started = True
+                task_status.started(value)
+
+        try:
+            await scheduler.run(task_status=_Status())
+        except Exception as exc:  # noqa: BLE001
+            if not started:
+                raise
+            log.exception("the %s scheduler stopped", scheduler.name)
+            self.notify(MessageLevel.ERROR, ErrorCode.SCHEDULER, f"the {scheduler.name} scheduler stopped: {_describe(exc)}")
 
     async def _wait_scheduler(self, command: Command) -> bool:
         await self._scheduler_ready.wait()
@@ -404,6 +419,13 @@ class Session:
             self.emit(Message(tid, level, code, text))
         else:
             log.warning("%s", text)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line about an exception; for a group, about its first leaf."""
+    while getattr(exc, "exceptions", None):  # an exception group (trio nurseries raise those)
+        exc = exc.exceptions[0]  # type: ignore[attr-defined]
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) else str(exc)
 
 
 async def refuse_busy(stream: trio.abc.Stream, peer: str, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:

@@ -470,3 +470,116 @@ async def test_processes_entering_running_share_one_event_and_range():
         await client.terminate(job)
         await client.quit()
         assert client.violations == []
+
+
+async def test_dropped_connection_ends_the_session_and_its_jobs(tmp_path):
+    """In --unix mode a client that vanishes takes its jobs with it; the agent serves on."""
+    path = str(tmp_path / "agent.sock")
+    process = await _listening_agent("--unix", path)
+    try:
+        async with await AgentClient.connect_unix(path) as client:
+            await start(client)
+            job = await client.submit("/bin/sleep", ["300"], count=2)
+            await client.wait_job_state(job, "RUNNING", timeout=20)
+            pids = [int(p.get("processPID")) for p in client.children(job, "process")]
+            assert all(_alive(p) for p in pids)
+        # the connection is gone without QUIT
+        with trio.fail_after(5):
+            while any(_alive(p) for p in pids):
+                await trio.sleep(0.05)
+        assert process.returncode is None  # still serving
+        async with await AgentClient.connect_unix(path) as client:
+            await start(client)
+            assert client.jobs == {}
+            await client.quit()
+        with trio.fail_after(5):
+            assert await process.wait() == 0
+    finally:
+        if process.returncode is None:
+            process.kill()
+
+
+class _BrokenScheduler:
+    """A scheduler whose job commands fail in ways the agent must contain."""
+
+    name = "broken"
+
+    def __init__(self, model, options):
+        from proxy_agent.schedulers.local import LocalScheduler
+
+        self._inner = LocalScheduler(model, options)
+        self.model = model
+        self.on_message = None
+
+    def attribute_definitions(self):
+        return self._inner.attribute_definitions()
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
+        await self._inner.run(task_status=task_status)
+
+    async def submit(self, job):
+        raise RuntimeError("disk on fire")
+
+    async def terminate(self, job_id):
+        raise KeyError(job_id)
+
+    async def change(self, job_id, changes):
+        return None
+
+    async def move(self, job_id, queue_id):
+        return None
+
+    async def aclose(self):
+        await self._inner.aclose()
+
+
+async def test_internal_error_in_a_command_is_an_error_event_and_the_session_goes_on(caplog):
+    from proxy_agent.schedulers import base
+
+    base.register("broken-for-test", f"{__name__}:_BrokenScheduler")
+    client_stream, agent_stream = trio.testing.memory_stream_pair()
+    session = Session(agent_stream, AgentConfig(scheduler="broken-for-test"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.run)
+        async with AgentClient.from_stream(client_stream) as client:
+            await start(client)
+            command = await client.raw(CommandId.SUBMIT_JOB, ["jobSubId=s1", "execPath=/bin/true"])
+            event = command.completion
+            assert event.event_id == EventId.SUBMITJOB_ERROR and event.code == ErrorCode.INTERNAL
+            assert "disk on fire" in event.message
+            assert "disk on fire" in caplog.text  # logged with its cause
+            # the session still works
+            assert len(client.queues) == 1
+            await client.quit()
+            assert client.violations == []
+        nursery.cancel_scope.cancel()
+
+
+async def test_scheduler_dying_after_start_is_told_and_the_session_goes_on():
+    from proxy_agent.schedulers import base
+
+    class Dying(_BrokenScheduler):
+        async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(self._inner.run)
+                task_status.started()
+                await trio.sleep(0.2)
+                raise OSError("lost contact with the controller")
+
+    globals()["_Dying"] = Dying
+    base.register("dying-for-test", f"{__name__}:_Dying")
+    client_stream, agent_stream = trio.testing.memory_stream_pair()
+    session = Session(agent_stream, AgentConfig(scheduler="dying-for-test"))
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.run)
+        async with AgentClient.from_stream(client_stream) as client:
+            await start(client)
+            await client.wait_for(lambda: client.messages, timeout=5)
+            message = client.messages[0]
+            assert message.level == "ERROR" and "lost contact with the controller" in message.text
+            # still serving: commands are answered
+            command = await client.raw(CommandId.TERMINATE_JOB, ["jobId=424242"])
+            assert command.completion.event_id == EventId.TERMINATEJOB_ERROR
+            await client.quit()
+            assert client.violations == []
+        nursery.cancel_scope.cancel()

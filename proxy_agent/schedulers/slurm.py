@@ -1471,6 +1471,8 @@ class SlurmScheduler(Scheduler):
         while pid in model:
             done = tracked.done.is_set()
             signature, size, data = await trio.to_thread.run_sync(_read_new, path, offset, stale)
+            if pid not in model:
+                break  # the job was retired while the file was being read
             if signature is not None and signature != stale:
                 stale = None
                 if size < offset or (inode is not None and signature[:2] != inode):
