@@ -56,6 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--sim-time-scale", type=float, default=1.0, metavar="FACTOR", help="simulated cluster: stretch (>1) or shrink (<1) job durations"
     )
+    parser.add_argument(
+        "--sim-process-share", type=float, default=0.1, metavar="FRACTION",
+        help="simulated cluster: share of existing jobs that list their processes (default 0.1)",
+    )
     parser.add_argument("--all-users", action="store_true", help="show every user's jobs, not only your own")
     parser.add_argument("--token-file", metavar="PATH", help="where --listen writes its generated token (mode 0600)")
     parser.add_argument("--log-file", metavar="PATH", help="write the log here instead of stderr")
@@ -180,6 +184,7 @@ async def amain(args: argparse.Namespace) -> int:
         sim_churn=args.sim_churn,
         sim_seed=args.sim_seed,
         sim_time_scale=args.sim_time_scale,
+        sim_process_share=args.sim_process_share,
         all_users=args.all_users,
     )
     config = AgentConfig(scheduler=args.scheduler, options=options)

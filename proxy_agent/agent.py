@@ -80,6 +80,8 @@ class Session:
         self.scheduler: Optional[Scheduler] = None
         self.quit_requested = False
         self._out = bytearray()
+        # replies held back until the initial model is out (see emit)
+        self._deferred: List[bytes] = []
         self._wake = trio.Event()
         self._scheduler_ready = trio.Event()
         self._scheduler_failure: Optional[str] = None
@@ -103,8 +105,12 @@ class Session:
         if self._snapshot is not None and self.session.events_flowing:
             # Anything said after START_EVENTS follows the whole initial model, so a
             # client can use any later reply as a fence ("the initial model is in").
-            while self._snapshot is not None:
-                self._emit_model()
+            # It waits (already checked and encoded) while the model streams out.
+            self._deferred.append(event.encode())
+            self._poke()
+            return True
+        if self._deferred:
+            self._release_deferred()
         self._out += event.encode()
         self._poke()
         return True
@@ -142,6 +148,7 @@ class Session:
             if chunk is None:
                 self._snapshot = None
                 log.debug("initial model sent: %d elements", len(self.model))  # type: ignore[arg-type]
+                self._release_deferred()
                 return
         else:
             chunk = self.model.drain_wire(tid)  # type: ignore[union-attr,arg-type]
@@ -151,6 +158,11 @@ class Session:
             check(event_id, tid)  # type: ignore[arg-type]
             out += encode_frame(event_id, tid, args)  # type: ignore[arg-type]
 
+    def _release_deferred(self) -> None:
+        for data in self._deferred:
+            self._out += data
+        self._deferred.clear()
+
     async def _writer(self) -> None:
         stream = self.stream
         while True:
@@ -159,6 +171,8 @@ class Session:
                 self._wake = trio.Event()
             if self._has_model_work() and len(self._out) < _WRITE_HIGH_WATER:
                 self._emit_model()
+            elif self._deferred and not (self._snapshot is not None and self.session.events_flowing):
+                self._release_deferred()  # the snapshot was paused by STOP_EVENTS
             if self._out:
                 data = bytes(self._out)
                 self._out.clear()

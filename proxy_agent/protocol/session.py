@@ -83,6 +83,10 @@ class Phase(enum.Enum):
     SHUTDOWN = "SHUTDOWN"
 
 
+_FIRST_MODEL_EVENT = int(EventId.NEW_JOB)
+_LAST_MODEL_EVENT = int(EventId.REMOVE_QUEUE)
+
+
 class ProtocolViolation(RuntimeError):
     """The agent tried to send something the protocol forbids (a bug, not bad input)."""
 
@@ -304,6 +308,8 @@ class AgentSession:
 
     def check(self, event_id: int, tid: int) -> None:
         """:meth:`send` for an event given by id and TID (the bulk path for model events)."""
+        if tid == self.events_tid and self.phase is Phase.NORMAL and _FIRST_MODEL_EVENT <= event_id <= _LAST_MODEL_EVENT:
+            return  # a model event under the open START_EVENTS (events_tid is set only while open)
         what = self.open.get(tid)
         eid = EventId(event_id)
         if what is None:

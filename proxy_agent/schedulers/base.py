@@ -65,6 +65,8 @@ class SchedulerOptions:
     sim_seed: int = 1
     #: simulated seconds per real second are 1/sim_time_scale (0.1: jobs run ten times faster)
     sim_time_scale: float = 1.0
+    #: simulated cluster: share of existing jobs that list their processes
+    sim_process_share: float = 0.1
     all_users: bool = False
     kill_grace: float = 2.0
 

@@ -137,7 +137,7 @@ class SimScheduler(Scheduler):
         options: SchedulerOptions,
         *,
         time_scale: Optional[float] = None,
-        process_share: float = 0.1,
+        process_share: Optional[float] = None,
         retention: float = 30.0,
     ) -> None:
         super().__init__(model, options)
@@ -146,6 +146,10 @@ class SimScheduler(Scheduler):
         if not time_scale > 0:
             raise ValueError(f"time_scale must be positive, got {time_scale!r}")
         self.time_scale = float(time_scale)
+        if process_share is None:
+            process_share = getattr(options, "sim_process_share", 0.1)
+        if not 0 <= process_share <= 1:
+            raise ValueError(f"process_share must be between 0 and 1, got {process_share!r}")
         self.process_share = process_share
         self.retention = retention
         self.user = current_user()
