@@ -102,6 +102,8 @@ class Session:
             # The command was already completed (e.g. abandoned by QUIT).
             log.debug("not sent: %s", exc)
             return False
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("sending %s", event)
         if self._snapshot is not None and self.session.events_flowing:
             # Anything said after START_EVENTS follows the whole initial model, so a
             # client can use any later reply as a fence ("the initial model is in").
@@ -210,6 +212,7 @@ class Session:
     async def _reader(self) -> None:
         stream = self.stream
         decoder = self.decoder
+        debug = log.isEnabledFor(logging.DEBUG)
         while True:
             try:
                 data = await stream.receive_some(_READ_SIZE)
@@ -224,6 +227,8 @@ class Session:
                 return
             decoder.feed(data)
             for item in decoder:
+                if debug:
+                    log.debug("received %s", item)
                 received = self.session.receive(item)
                 if received.log:
                     log.warning("%s", received.log)

@@ -53,6 +53,8 @@ _HEX8 = re.compile(rb"[0-9A-Fa-f]{8}")
 _HEADER = re.compile(rb" ([0-9A-Fa-f]{4}):([0-9A-Fa-f]{8}):([0-9A-Fa-f]{8})")
 # " LLLLLLLL:" for every short argument length, so encoding needs no formatting per argument.
 _ARG_PREFIXES = tuple(" %08X:" % n for n in range(4096))
+# ...and back, so decoding a short argument's length is one dictionary lookup.
+_PREFIX_LENGTH = {prefix: n for n, prefix in enumerate(_ARG_PREFIXES)}
 _ARG_PREFIX = re.compile(rb" ([0-9A-Fa-f]{8}):")
 
 
@@ -397,18 +399,22 @@ def _parse_in_place(buf: bytearray, head: "re.Match[bytes]", end: int) -> Option
     pos = 0
     out = []
     append = out.append
+    known = _PREFIX_LENGTH.get
     try:
         for _ in range(count):
             start = pos + 10
-            if start > size or text[pos] != " " or text[pos + 9] != ":":
-                return None
-            digits = text[pos + 1:pos + 9]
-            # isalnum() rules out the sign, blank and '_' that int() would
-            # accept; int() itself rejects letters beyond F.  So pos only
-            # moves forward, and the loop ends within the frame.
-            if not digits.isalnum():
-                return None
-            pos = start + int(digits, 16)
+            length = known(text[pos:start])  # " LLLLLLLL:" of a short argument, as written by us
+            if length is None:
+                if start > size or text[pos] != " " or text[pos + 9] != ":":
+                    return None
+                digits = text[pos + 1:pos + 9]
+                # isalnum() rules out the sign, blank and '_' that int() would
+                # accept; int() itself rejects letters beyond F.  So pos only
+                # moves forward, and the loop ends within the frame.
+                if not digits.isalnum():
+                    return None
+                length = int(digits, 16)
+            pos = start + length
             if pos > size:
                 return None
             append(text[start:pos])
