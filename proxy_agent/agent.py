@@ -17,7 +17,7 @@ from __future__ import annotations
 import gc
 import hmac
 import logging
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import attrs
 import trio
@@ -39,7 +39,7 @@ from .protocol.messages import (
     SubmitJobError,
     TerminateJobError,
 )
-from .protocol.session import AgentSession, Phase, ProtocolViolation
+from .protocol.session import AgentSession, ProtocolViolation
 from .protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, encode_frame
 from .schedulers.base import JobError, Scheduler, SchedulerError, SchedulerOptions, scheduler_class
 
@@ -90,6 +90,7 @@ class Session:
         self._hold = 0
         self._snapshot = None
         self._closing = False
+        self._writer_done = trio.Event()
         self._nursery: Optional[trio.Nursery] = None
 
     # ------------------------------------------------------------------ output
@@ -185,6 +186,7 @@ class Session:
             else:
                 await trio.lowlevel.checkpoint()
             if self._closing and not self._out:
+                self._writer_done.set()
                 return
 
     # ------------------------------------------------------------------ main loop
@@ -196,12 +198,11 @@ class Session:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
                 await self._reader()
-                # Let the writer flush what is queued (SHUTDOWN after QUIT), bounded.
+                # Let the writer finish writing what is queued (SHUTDOWN after QUIT), bounded.
                 self._closing = True
                 self._poke()
                 with trio.move_on_after(2):
-                    while self._out:
-                        await trio.sleep(0.005)
+                    await self._writer_done.wait()
                 nursery.cancel_scope.cancel()
         except _SessionClosed as exc:
             log.info("%s", exc)

@@ -134,7 +134,7 @@ def bench_idle_cpu(jobs: int, seconds: float) -> None:
         agent = RawAgent(["--scheduler", "slurm"], env=env)
         try:
             agent.handshake()
-            start_tid = agent.send(CommandId.START_EVENTS)
+            agent.send(CommandId.START_EVENTS)
             fence = agent.send(CommandId.LIST_FILTERS)
             agent.wait_for(lambda f: f.tid == fence and f.msg_id == EventId.OK)
             time.sleep(6)  # let the first polls settle

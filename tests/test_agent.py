@@ -10,8 +10,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
+from contextlib import asynccontextmanager
 
 import attrs
 import pytest
@@ -23,6 +23,7 @@ from proxy_agent.agent import AgentConfig, Session
 from proxy_agent.client import AgentClient, CommandFailed, TokenRefused
 from proxy_agent.protocol.messages import CommandId, ErrorCode, EventId
 from proxy_agent.protocol.wire import Decoder, Frame, encode_frame
+from proxy_agent.schedulers import base
 from proxy_agent.schedulers.base import SchedulerOptions
 
 
@@ -113,8 +114,7 @@ async def test_seed_phase_example_over_stdio():
     tail = await peer.until(lambda f: f.msg_id == EventId.SHUTDOWN)
     assert tail[-2:] == [Frame(EventId.OK, 5, ()), Frame(EventId.SHUTDOWN, 6, ())]
     assert all(f.tid == 5 for f in tail[:-2])
-    with trio.fail_after(5):
-        assert await peer.process.wait() == 0
+    await _exits_cleanly(peer.process)
     assert "Traceback" not in await peer.stderr()
 
 
@@ -140,8 +140,7 @@ async def test_bad_input_gets_errors_and_agent_keeps_serving():
     assert await peer.next() == Frame(EventId.OK, 6, ())
     await peer.send(CommandId.QUIT, 7)
     assert (await peer.next()).msg_id == EventId.SHUTDOWN
-    with trio.fail_after(5):
-        assert await peer.process.wait() == 0
+    await _exits_cleanly(peer.process)
 
 
 async def start(client: AgentClient, base_id: int = 1000, token=None) -> None:
@@ -242,6 +241,18 @@ async def test_bad_submissions_get_submitjob_error(tmp_path):
         assert client.violations == []
 
 
+async def _exits_cleanly(process: trio.Process) -> None:
+    """The agent ends by itself, with status 0, within 5 s (after QUIT)."""
+    with trio.fail_after(5):
+        assert await process.wait() == 0
+
+
+def _reap(process: trio.Process) -> None:
+    """Kill an agent a failed test left running."""
+    if process.returncode is None:
+        process.kill()
+
+
 async def _listening_agent(*args: str, env=None):
     process = await trio.lowlevel.open_process(
         agent_argv(*args), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env or subprocess_env()
@@ -287,11 +298,9 @@ async def test_tcp_listen_token_and_busy(tmp_path):
             assert client.job_output(job).strip() == "over tcp"
             await client.quit()
             assert client.violations == []
-        with trio.fail_after(5):
-            assert await process.wait() == 0
+        await _exits_cleanly(process)
     finally:
-        if process.returncode is None:
-            process.kill()
+        _reap(process)
 
 
 async def test_unix_socket_mode_and_sessions_in_turn(tmp_path):
@@ -309,34 +318,44 @@ async def test_unix_socket_mode_and_sessions_in_turn(tmp_path):
             assert all(int(n) > 5000 for n in client.nodes)
             await client.quit()
             assert client.violations == []
-        with trio.fail_after(5):
-            assert await process.wait() == 0
+        await _exits_cleanly(process)
         assert not os.path.exists(path)
     finally:
-        if process.returncode is None:
-            process.kill()
+        _reap(process)
 
 
 async def test_connect_back():
     from proxy_agent.client import listen_for_agent
 
     listener = await listen_for_agent("127.0.0.1", 0)
-    if True:
-        process = await trio.lowlevel.open_process(
-            agent_argv("--connect", listener.address), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=subprocess_env()
-        )
-        try:
-            with trio.fail_after(10):
-                client = await listener.accept()
-            async with client:
-                await start(client)
-                assert len(client.machines) == 1
-                await client.quit()
-            with trio.fail_after(5):
-                assert await process.wait() == 0
-        finally:
-            if process.returncode is None:
-                process.kill()
+    process = await trio.lowlevel.open_process(
+        agent_argv("--connect", listener.address), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=subprocess_env()
+    )
+    try:
+        with trio.fail_after(10):
+            client = await listener.accept()
+        async with client:
+            await start(client)
+            assert len(client.machines) == 1
+            await client.quit()
+        await _exits_cleanly(process)
+    finally:
+        _reap(process)
+
+
+@asynccontextmanager
+async def in_process_session(config: AgentConfig):
+    """An agent Session served in this process over a memory stream, with a client on the other end.
+
+    Yields (session, client); the client has not sent INIT yet.
+    """
+    client_stream, agent_stream = trio.testing.memory_stream_pair()
+    session = Session(agent_stream, config)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(session.run)
+        async with AgentClient.from_stream(client_stream) as client:
+            yield session, client
+        nursery.cancel_scope.cancel()
 
 
 async def test_suspended_changes_are_held_and_coalesced(tmp_path):
@@ -368,37 +387,32 @@ async def test_suspended_changes_are_held_and_coalesced(tmp_path):
 
 async def test_long_suspension_delivers_exactly_the_current_model():
     """Churn while events are stopped; after START_EVENTS the mirror equals the agent's model."""
-    client_stream, agent_stream = trio.testing.memory_stream_pair()
     options = SchedulerOptions(sim_nodes=200, sim_jobs=300, sim_churn=2000, sim_seed=7)
-    session = Session(agent_stream, AgentConfig(scheduler="sim", options=options))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(session.run)
-        async with AgentClient.from_stream(client_stream) as client:
-            await start(client)
-            await trio.sleep(0.3)
-            await client.stop_events()
-            await trio.sleep(2.0)  # thousands of changes happen while suspended
-            pending = len(session.model._pending)
-            assert 0 < pending <= len(session.model)
-            await client.start_events()
-            # freeze the cluster, then compare once everything the agent had to say has arrived
-            session.scheduler.options = attrs.evolve(options, sim_churn=0)
+    async with in_process_session(AgentConfig(scheduler="sim", options=options)) as (session, client):
+        await start(client)
+        await trio.sleep(0.3)
+        await client.stop_events()
+        await trio.sleep(2.0)  # thousands of changes happen while suspended
+        pending = len(session.model._pending)
+        assert 0 < pending <= len(session.model)
+        await client.start_events()
+        # freeze the cluster, then compare once everything the agent had to say has arrived
+        session.scheduler.options = attrs.evolve(options, sim_churn=0)
+        await trio.sleep(0.1)
+        await client.stop_events()
+        with trio.fail_after(10):
+            while session.model.has_pending or session._out:
+                await trio.sleep(0.01)
+        await client.start_events()
+        # Timers of jobs already running may still fire: a mismatch must not last.
+        for _ in range(20):
+            difference = _model_difference(session.model, client)
+            if difference is None:
+                break
             await trio.sleep(0.1)
-            await client.stop_events()
-            with trio.fail_after(10):
-                while session.model.has_pending or session._out:
-                    await trio.sleep(0.01)
-            await client.start_events()
-            # Timers of jobs already running may still fire: a mismatch must not last.
-            for _ in range(20):
-                difference = _model_difference(session.model, client)
-                if difference is None:
-                    break
-                await trio.sleep(0.1)
-            assert difference is None, difference
-            assert client.violations == []
-            await client.quit()
-        nursery.cancel_scope.cancel()
+        assert difference is None, difference
+        assert client.violations == []
+        await client.quit()
 
 
 def _model_difference(model, client):
@@ -492,11 +506,9 @@ async def test_dropped_connection_ends_the_session_and_its_jobs(tmp_path):
             await start(client)
             assert client.jobs == {}
             await client.quit()
-        with trio.fail_after(5):
-            assert await process.wait() == 0
+        await _exits_cleanly(process)
     finally:
-        if process.returncode is None:
-            process.kill()
+        _reap(process)
 
 
 class _BrokenScheduler:
@@ -534,52 +546,40 @@ class _BrokenScheduler:
 
 
 async def test_internal_error_in_a_command_is_an_error_event_and_the_session_goes_on(caplog):
-    from proxy_agent.schedulers import base
-
     base.register("broken-for-test", f"{__name__}:_BrokenScheduler")
-    client_stream, agent_stream = trio.testing.memory_stream_pair()
-    session = Session(agent_stream, AgentConfig(scheduler="broken-for-test"))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(session.run)
-        async with AgentClient.from_stream(client_stream) as client:
-            await start(client)
-            command = await client.raw(CommandId.SUBMIT_JOB, ["jobSubId=s1", "execPath=/bin/true"])
-            event = command.completion
-            assert event.event_id == EventId.SUBMITJOB_ERROR and event.code == ErrorCode.INTERNAL
-            assert "disk on fire" in event.message
-            assert "disk on fire" in caplog.text  # logged with its cause
-            # the session still works
-            assert len(client.queues) == 1
-            await client.quit()
-            assert client.violations == []
-        nursery.cancel_scope.cancel()
+    async with in_process_session(AgentConfig(scheduler="broken-for-test")) as (session, client):
+        await start(client)
+        command = await client.raw(CommandId.SUBMIT_JOB, ["jobSubId=s1", "execPath=/bin/true"])
+        event = command.completion
+        assert event.event_id == EventId.SUBMITJOB_ERROR and event.code == ErrorCode.INTERNAL
+        assert "disk on fire" in event.message
+        assert "disk on fire" in caplog.text  # logged with its cause
+        # the session still works
+        assert len(client.queues) == 1
+        await client.quit()
+        assert client.violations == []
+
+
+class _DyingScheduler(_BrokenScheduler):
+    """Starts fine, then its background work dies."""
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(self._inner.run)
+            task_status.started()
+            await trio.sleep(0.2)
+            raise OSError("lost contact with the controller")
 
 
 async def test_scheduler_dying_after_start_is_told_and_the_session_goes_on():
-    from proxy_agent.schedulers import base
-
-    class Dying(_BrokenScheduler):
-        async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
-            async with trio.open_nursery() as nursery:
-                await nursery.start(self._inner.run)
-                task_status.started()
-                await trio.sleep(0.2)
-                raise OSError("lost contact with the controller")
-
-    globals()["_Dying"] = Dying
-    base.register("dying-for-test", f"{__name__}:_Dying")
-    client_stream, agent_stream = trio.testing.memory_stream_pair()
-    session = Session(agent_stream, AgentConfig(scheduler="dying-for-test"))
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(session.run)
-        async with AgentClient.from_stream(client_stream) as client:
-            await start(client)
-            await client.wait_for(lambda: client.messages, timeout=5)
-            message = client.messages[0]
-            assert message.level == "ERROR" and "lost contact with the controller" in message.text
-            # still serving: commands are answered
-            command = await client.raw(CommandId.TERMINATE_JOB, ["jobId=424242"])
-            assert command.completion.event_id == EventId.TERMINATEJOB_ERROR
-            await client.quit()
-            assert client.violations == []
-        nursery.cancel_scope.cancel()
+    base.register("dying-for-test", f"{__name__}:_DyingScheduler")
+    async with in_process_session(AgentConfig(scheduler="dying-for-test")) as (session, client):
+        await start(client)
+        await client.wait_for(lambda: client.messages, timeout=5)
+        message = client.messages[0]
+        assert message.level == "ERROR" and "lost contact with the controller" in message.text
+        # still serving: commands are answered
+        command = await client.raw(CommandId.TERMINATE_JOB, ["jobId=424242"])
+        assert command.completion.event_id == EventId.TERMINATEJOB_ERROR
+        await client.quit()
+        assert client.violations == []
