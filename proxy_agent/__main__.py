@@ -7,14 +7,15 @@ import logging
 import os
 import signal
 import sys
-from typing import List, Optional
+from typing import List, NoReturn, Optional, Sequence
 
-import attrs
 import trio
 
 from . import __version__
-from .agent import AgentConfig, Session, refuse_busy
-from .schedulers.base import SCHEDULERS, SchedulerOptions
+from .frontends.ptp import PtpConfig
+from .schedulers.base import BACKENDS, backend_class
+from .server import ServerLimits, serve_listeners, serve_stream
+from .service.service import JobService
 from .transport import (
     connect_tcp,
     load_or_create_token,
@@ -26,53 +27,81 @@ from .transport import (
 
 log = logging.getLogger("proxy_agent")
 
-#: How long a new connection waits for the previous session to finish before being refused as busy.
-_BUSY_GRACE = 1.0
+#: The environment variable holding the --listen token; removed from the agent's own
+#: environment at start so that no job ever inherits it.
+TOKEN_VARIABLE = "PROXY_AGENT_TOKEN"
+
+
+class _Parser(argparse.ArgumentParser):
+    """Errors in one line (and exit status 2), never a usage dump or a traceback."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="proxy-agent",
-        description="Resource-manager proxy agent: presents this machine's scheduler to an IDE "
-        "over the proxy protocol.",
+        description="Resource-manager proxy agent: presents this machine's schedulers to an IDE "
+        "over the PTP proxy protocol.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--stdio", action="store_true", help="speak the protocol on stdin/stdout (default)")
-    where.add_argument("--connect", metavar="HOST:PORT", help="connect back to a client listening at HOST:PORT")
-    where.add_argument(
-        "--listen", metavar="[HOST:]PORT", help="accept clients on a TCP port (127.0.0.1 unless HOST given; needs a token)"
+    where = parser.add_argument_group("transport (one of; default --stdio)")
+    exclusive = where.add_mutually_exclusive_group()
+    exclusive.add_argument("--stdio", action="store_true", help="speak the protocol on stdin/stdout")
+    exclusive.add_argument("--connect", metavar="HOST:PORT", help="connect back to a client listening at HOST:PORT")
+    exclusive.add_argument(
+        "--listen", metavar="[HOST:]PORT",
+        help="accept clients on a TCP port (127.0.0.1 unless HOST is given; clients need the token)",
     )
-    where.add_argument("--unix", metavar="PATH", help="accept clients on a Unix socket created with mode 0600")
+    exclusive.add_argument("--unix", metavar="PATH", help="accept clients on a Unix socket created with mode 0600")
+    exclusive.add_argument(
+        "--proxy", choices=["tcp"],
+        help="how the IDE launches a proxy: --proxy=tcp --host=HOST --port=PORT connects back to HOST:PORT",
+    )
+    where.add_argument("--host", help="with --proxy=tcp: the host to connect back to")
+    where.add_argument("--port", help="with --proxy=tcp: the port to connect back to")
     parser.add_argument(
-        "--scheduler", default="local", choices=sorted(SCHEDULERS), help="scheduler backend (default: local)"
-    )
-    parser.add_argument("--poll-interval", type=float, default=5.0, metavar="SECONDS", help="scheduler poll interval")
-    parser.add_argument("--sim-nodes", type=int, default=16, metavar="N", help="simulated cluster: number of nodes")
-    parser.add_argument("--sim-jobs", type=int, default=0, metavar="N", help="simulated cluster: jobs present at start")
-    parser.add_argument(
-        "--sim-churn", type=float, default=0.0, metavar="EVENTS_PER_SECOND", help="simulated cluster: random changes per second"
-    )
-    parser.add_argument("--sim-seed", type=int, default=1, help="simulated cluster: random seed (same seed, same cluster)")
-    parser.add_argument(
-        "--sim-time-scale", type=float, default=1.0, metavar="FACTOR", help="simulated cluster: stretch (>1) or shrink (<1) job durations"
-    )
-    parser.add_argument(
-        "--sim-process-share", type=float, default=0.1, metavar="FRACTION",
-        help="simulated cluster: share of existing jobs that list their processes (default 0.1)",
+        "--scheduler", default="local", metavar="NAME[,NAME...]",
+        help=f"backends to run, comma-separated; each is one machine with its own queues "
+        f"(available: {', '.join(BACKENDS)})",
     )
     parser.add_argument("--all-users", action="store_true", help="show every user's jobs, not only your own")
-    parser.add_argument("--token-file", metavar="PATH", help="where --listen writes its generated token (mode 0600)")
-    parser.add_argument("--log-file", metavar="PATH", help="write the log here instead of stderr")
+    parser.add_argument("--token-file", metavar="PATH",
+                        help="where --listen writes its generated token (mode 0600; default ~/.proxy-agent/token)")
+    parser.add_argument("--auth-timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="--listen/--unix: seconds a connection may take to complete INIT")
+    parser.add_argument("--log-file", metavar="PATH", help="write the log here (mode 0600) instead of stderr")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for protocol detail)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    for name in BACKENDS:
+        backend_class(name).add_arguments(parser)
     return parser
+
+
+def _scheduler_names(text: str) -> List[str]:
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise ValueError(f"--scheduler {text!r}: empty scheduler name")
+    seen: List[str] = []
+    for name in names:
+        if name not in BACKENDS:
+            raise ValueError(f"unknown scheduler {name!r} (available: {', '.join(BACKENDS)})")
+        if name in seen:
+            raise ValueError(f"scheduler {name!r} is given twice")
+        seen.append(name)
+    return seen
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
     level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
     handler: logging.Handler
     if args.log_file:
-        handler = logging.FileHandler(args.log_file)
+        try:
+            fd = os.open(args.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise ValueError(f"cannot open the log file {args.log_file}: {exc.strerror or exc}") from None
+        handler = logging.StreamHandler(os.fdopen(fd, "a", encoding="utf-8"))
         level = min(level, logging.INFO)
     else:
         handler = logging.StreamHandler(sys.stderr)
@@ -82,53 +111,14 @@ def _setup_logging(args: argparse.Namespace) -> None:
     root.setLevel(level)
 
 
-async def _serve_one(stream, config: AgentConfig, peer: str) -> bool:
-    session = Session(stream, config, peer)
-    try:
-        return await session.run()
-    finally:
-        with trio.move_on_after(0.5) as scope:
-            scope.shield = True
-            try:
-                await stream.aclose()
-            except Exception:  # noqa: BLE001
-                pass
-
-
-async def _serve_listeners(listeners: List[trio.SocketListener], config: AgentConfig, quit_scope: trio.CancelScope) -> None:
-    """Serve one session at a time; a concurrent connection is told the agent is busy."""
-    busy = trio.Lock()
-
-    async def handle(stream) -> None:
-        peer = _peer_name(stream)
-        # A session that is just ending (its client already gone) gets a moment to finish.
-        with trio.move_on_after(_BUSY_GRACE):
-            await busy.acquire()
-        if not busy.locked() or busy.statistics().owner is not trio.lowlevel.current_task():
-            await refuse_busy(stream, peer, config.max_frame_size)
-            return
-        try:
-            log.info("session with %s started", peer)
-            quit_requested = await _serve_one(stream, config, peer)
-            log.info("session with %s ended", peer)
-            if quit_requested:
-                quit_scope.cancel()
-        finally:
-            busy.release()
-
-    async with trio.open_nursery() as nursery:
-        for listener in listeners:
-            nursery.start_soon(trio.serve_listeners, handle, [listener])
-
-
-def _peer_name(stream) -> str:
-    try:
-        peer = stream.socket.getpeername()
-    except (AttributeError, OSError):
-        return "client"
-    if isinstance(peer, tuple):
-        return f"{peer[0]}:{peer[1]}"
-    return peer or "unix client"
+def build_service(args: argparse.Namespace, names: Sequence[str]) -> JobService:
+    """The service with its backends, options checked (ValueError naming a bad one)."""
+    service = JobService()
+    for name in names:
+        cls = backend_class(name)
+        options = cls.options_from_args(args)
+        service.add_backend(cls(service.model, options, service.context(all_users=args.all_users)))
+    return service
 
 
 async def _watch_signals(scope: trio.CancelScope) -> None:
@@ -139,10 +129,15 @@ async def _watch_signals(scope: trio.CancelScope) -> None:
             return
 
 
-async def _open_transport(args: argparse.Namespace, config: AgentConfig):
+async def _open_transport(args: argparse.Namespace, config: PtpConfig):
     """Connect or start listening; returns (kind, stream-or-listeners, config)."""
-    if args.connect:
-        host, port = parse_host_port(args.connect)
+    if args.connect or args.proxy:
+        if args.proxy:
+            if not args.host or not args.port:
+                raise ValueError("--proxy=tcp needs --host=HOST and --port=PORT")
+            host, port = parse_host_port(f"{args.host}:{args.port}")
+        else:
+            host, port = parse_host_port(args.connect)
         try:
             stream = await connect_tcp(host, port)
         except OSError as exc:
@@ -150,8 +145,10 @@ async def _open_transport(args: argparse.Namespace, config: AgentConfig):
         log.info("connected to %s:%d", host, port)
         return "connect", stream, config
     if args.listen:
+        import attrs
+
         host, port = parse_host_port(args.listen, default_host="127.0.0.1", allow_zero=True)
-        token, path = load_or_create_token(args.token_file)
+        token, path = load_or_create_token(args.token_file, args.env_token)
         try:
             listeners = await open_tcp_listeners(host, port)
         except OSError as exc:
@@ -176,33 +173,26 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-async def amain(args: argparse.Namespace) -> int:
-    options = SchedulerOptions(
-        poll_interval=args.poll_interval,
-        sim_nodes=args.sim_nodes,
-        sim_jobs=args.sim_jobs,
-        sim_churn=args.sim_churn,
-        sim_seed=args.sim_seed,
-        sim_time_scale=args.sim_time_scale,
-        sim_process_share=args.sim_process_share,
-        all_users=args.all_users,
-    )
-    config = AgentConfig(scheduler=args.scheduler, options=options)
+async def amain(args: argparse.Namespace, service: JobService) -> int:
+    config = PtpConfig()
     try:
         kind, transport, config = await _open_transport(args, config)
     except (OSError, ValueError) as exc:
         print(f"proxy-agent: {exc}", file=sys.stderr)
         return 2
+    limits = ServerLimits(auth_timeout=args.auth_timeout)
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_signals, scope)
+            await nursery.start(service.run)
             if kind == "connect":
-                await _serve_one(transport, config, args.connect)
+                await serve_stream(transport, service, config, args.connect or f"{args.host}:{args.port}")
             elif kind == "stdio":
-                await _serve_one(transport, config, "stdio client")
+                await serve_stream(transport, service, config, "stdio client")
             else:
                 try:
-                    await _serve_listeners(transport, config, scope)
+                    await serve_listeners(transport, service, config, limits)
+                    await trio.sleep_forever()
                 finally:
                     if kind == "unix":
                         try:
@@ -214,10 +204,22 @@ async def amain(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
-    _setup_logging(args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        return trio.run(amain, args)
+        names = _scheduler_names(args.scheduler)
+        if not 0 < args.auth_timeout <= 3600:
+            raise ValueError(f"--auth-timeout must be between 0 and 3600 seconds, got {args.auth_timeout:g}")
+        if (args.host or args.port) and not args.proxy:
+            raise ValueError("--host and --port go with --proxy=tcp")
+        _setup_logging(args)
+        service = build_service(args, names)
+    except ValueError as exc:
+        print(f"proxy-agent: {exc}", file=sys.stderr)
+        return 2
+    args.env_token = os.environ.pop(TOKEN_VARIABLE, None)
+    try:
+        return trio.run(amain, args, service)
     except KeyboardInterrupt:
         return 0
     except (OSError, ValueError) as exc:  # set-up failures not caught above

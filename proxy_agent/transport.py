@@ -134,15 +134,14 @@ async def open_unix_listener(path: str) -> trio.SocketListener:
     return trio.SocketListener(sock)
 
 
-def load_or_create_token(token_file: Optional[str]) -> Tuple[str, Optional[str]]:
+def load_or_create_token(token_file: Optional[str], given: Optional[str] = None) -> Tuple[str, Optional[str]]:
     """The shared secret for ``--listen``: (token, path it was written to or None).
 
-    Taken from ``PROXY_AGENT_TOKEN`` if set; otherwise generated and written
+    ``given`` (the agent's ``PROXY_AGENT_TOKEN``) if set; otherwise generated and written
     to ``token_file`` (default ``~/.proxy-agent/token``) with mode 0600.
     """
-    env = os.environ.get("PROXY_AGENT_TOKEN")
-    if env:
-        return env, None
+    if given:
+        return given, None
     path = token_file or os.path.join(os.path.expanduser("~"), ".proxy-agent", "token")
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, mode=0o700, exist_ok=True)

@@ -22,7 +22,7 @@ from proxy_agent.schedulers import slurm_parse as sp
 from proxy_agent.schedulers.batch import (
     SLURM,
     BatchScriptError,
-    JobSpec,
+    ScriptSpec,
     render_script,
     scheduler_options,
     submit_argv,
@@ -112,7 +112,7 @@ def run_script(script: str, bindir, cwd, env_names=()):
 
 
 def test_nasty_arguments_arrive_verbatim(tmp_path, stub_path):
-    spec = JobSpec(sys.executable, ["-c", PRINTER, *NASTY], num_procs=4)
+    spec = ScriptSpec(sys.executable, ["-c", PRINTER, *NASTY], num_procs=4)
     out = run_script(render_script(spec), stub_path, tmp_path)
     assert out["argv"] == NASTY
     assert not list(tmp_path.glob("pwned*")), "an argument was executed by the shell"
@@ -121,7 +121,7 @@ def test_nasty_arguments_arrive_verbatim(tmp_path, stub_path):
 def test_nasty_environment_values_arrive_verbatim(tmp_path, stub_path):
     env = {f"V{i}": value for i, value in enumerate(NASTY)}
     env["_under_score"] = "ok"
-    spec = JobSpec(sys.executable, ["-c", PRINTER], environment=env)
+    spec = ScriptSpec(sys.executable, ["-c", PRINTER], environment=env)
     out = run_script(render_script(spec), stub_path, tmp_path, env_names=list(env))
     assert out["env"] == env
     assert not list(tmp_path.glob("pwned*"))
@@ -132,7 +132,7 @@ def test_executable_and_working_dir_with_odd_names(tmp_path, stub_path):
     odd_dir.mkdir()
     exe = odd_dir / "my prog `x` -v"
     exe.symlink_to(sys.executable)
-    spec = JobSpec(str(exe), ["-c", PRINTER, "arg"], working_dir=str(odd_dir))
+    spec = ScriptSpec(str(exe), ["-c", PRINTER, "arg"], working_dir=str(odd_dir))
     out = run_script(render_script(spec), stub_path, tmp_path)
     assert out["argv"] == ["arg"]
     assert out["cwd"] == str(odd_dir)
@@ -148,23 +148,23 @@ def test_executable_and_working_dir_with_odd_names(tmp_path, stub_path):
     )
 )
 def test_any_text_arguments_round_trip(tmp_path, stub_path, args):
-    spec = JobSpec(sys.executable, ["-c", PRINTER, *args])
+    spec = ScriptSpec(sys.executable, ["-c", PRINTER, *args])
     out = run_script(render_script(spec), stub_path, tmp_path)
     assert out["argv"] == args
 
 
 def test_program_line_uses_srun_with_task_count():
-    script = render_script(JobSpec("/bin/hostname", num_procs=4, nodes=2, cpus_per_task=3))
+    script = render_script(ScriptSpec("/bin/hostname", num_procs=4, nodes=2, cpus_per_task=3))
     last = script.rstrip("\n").splitlines()[-1]
     assert last == "exec srun --ntasks=4 --nodes=2 --cpus-per-task=3 -- /bin/hostname"
-    single = render_script(JobSpec("/bin/hostname")).rstrip("\n").splitlines()[-1]
+    single = render_script(ScriptSpec("/bin/hostname")).rstrip("\n").splitlines()[-1]
     assert single == "exec srun --ntasks=1 -- /bin/hostname"
     assert script.startswith("#!/bin/bash\n")
     subprocess.run(["bash", "-n"], input=script.encode(), check=True)
 
 
 def test_options_go_on_the_command_line_by_default():
-    spec = JobSpec(
+    spec = ScriptSpec(
         "/bin/true", job_name='odd "name" | with $(x)', queue="long", account="proj",
         num_procs=2, nodes=1, cpus_per_task=2, memory="4G", time_limit="1:30:00",
         working_dir="/tmp/a b", stdout_path="/tmp/o %j.txt", stderr_path="/tmp/e.txt",
@@ -185,7 +185,7 @@ def test_options_go_on_the_command_line_by_default():
 
 
 def test_embedded_directives():
-    spec = JobSpec("/bin/true", job_name="simple", num_procs=3, time_limit="10", queue="debug")
+    spec = ScriptSpec("/bin/true", job_name="simple", num_procs=3, time_limit="10", queue="debug")
     lines = render_script(spec, embed_options=True).splitlines()
     directives = [ln for ln in lines if ln.startswith("#SBATCH")]
     assert directives == [
@@ -201,7 +201,7 @@ def test_embedded_directives():
                                    "stdout_path", "stderr_path"])
 @pytest.mark.parametrize("bad", ["a\nb", "x\n#SBATCH --uid=0", "cr\rhere", "nul\0"])
 def test_newlines_in_options_are_refused_in_both_modes(field, bad):
-    spec = JobSpec("/bin/true", **{field: bad})
+    spec = ScriptSpec("/bin/true", **{field: bad})
     with pytest.raises(BatchScriptError, match=field):
         render_script(spec, embed_options=True)
     with pytest.raises(BatchScriptError):
@@ -210,7 +210,7 @@ def test_newlines_in_options_are_refused_in_both_modes(field, bad):
 
 @pytest.mark.parametrize("value", ["a b", 'say "hi"', "it's", "x#y", "back\\slash"])
 def test_values_sbatch_could_misread_are_refused_only_as_directives(value):
-    spec = JobSpec("/bin/true", job_name=value)
+    spec = ScriptSpec("/bin/true", job_name=value)
     with pytest.raises(BatchScriptError, match="command line"):
         render_script(spec, embed_options=True)
     assert f"--job-name={value}" in submit_argv(spec)
@@ -220,7 +220,7 @@ def test_values_sbatch_could_misread_are_refused_only_as_directives(value):
 @pytest.mark.parametrize("name", ["1ABC", "A-B", "A B", "", "A=B", "PATH;rm", "é"])
 def test_environment_names_must_be_identifiers(name):
     with pytest.raises(BatchScriptError, match="identifier"):
-        render_script(JobSpec("/bin/true", environment={name: "x"}))
+        render_script(ScriptSpec("/bin/true", environment={name: "x"}))
 
 
 @pytest.mark.parametrize(
@@ -244,18 +244,18 @@ def test_invalid_specs_are_refused(kwargs):
     base = {"executable": "/bin/true"}
     base.update(kwargs)
     with pytest.raises(BatchScriptError):
-        render_script(JobSpec(**base))
+        render_script(ScriptSpec(**base))
 
 
 def test_jobspec_is_a_frozen_value():
-    spec = JobSpec("/bin/echo", ["a", "b"], {"X": "1"})
+    spec = ScriptSpec("/bin/echo", ["a", "b"], {"X": "1"})
     assert spec.arguments == ("a", "b")
     assert spec.env == {"X": "1"}
-    assert spec == JobSpec("/bin/echo", ("a", "b"), [("X", "1")])
+    assert spec == ScriptSpec("/bin/echo", ("a", "b"), [("X", "1")])
     with pytest.raises(Exception):
         spec.executable = "/bin/sh"  # type: ignore[misc]
     with pytest.raises(TypeError):
-        JobSpec("/bin/echo", "not a list")
+        ScriptSpec("/bin/echo", "not a list")
 
 
 # --------------------------------------------------------------------------------------------
@@ -291,7 +291,7 @@ def test_arguments_survive_real_sbatch_and_srun(tmp_path):
     tmp_path.chmod(0o755)
     out = tmp_path / "out.json"
     args = [a for a in NASTY if "\r" not in a][:30]
-    spec = JobSpec(
+    spec = ScriptSpec(
         sys.executable, ["-c", PRINTER, *args], environment={"CHECK_ENV": "ODD", "ODD": "$(x) 'y' \"z\"\nw"},
         working_dir=str(tmp_path), job_name='batch test | "odd"', stdout_path=str(out),
         time_limit="2",

@@ -68,6 +68,7 @@ __all__ = [
     "Traffic",
     "Violation",
     "canonical_id",
+    "process_key",
     "RM",
     "PROTOCOL_VERSION",
 ]
@@ -99,6 +100,11 @@ _PARENT_KIND = {
 }
 _MODEL_EVENTS = frozenset(e for e in EventId if EventId.NEW_JOB <= e <= EventId.REMOVE_QUEUE)
 _COMPLETING_IDS = frozenset(int(e) for e in COMPLETING_EVENTS)
+
+
+def process_key(job: str, rank: str) -> str:
+    """How the mirror keys a process: its job's id and its rank within the job (``12:0``)."""
+    return f"{job}:{rank}"
 
 
 def canonical_id(text: str) -> str:
@@ -572,6 +578,8 @@ class ClientState:
         for group in event.groups:
             values = self._values(group.attributes)
             for eid in _ids(group.ids):
+                if kind == "process":
+                    eid = process_key(parent_id, eid)
                 existing = self.elements.get(eid)
                 if existing is not None:
                     problems.append(Violation("duplicate-id", f"{name} for id {eid}, already a {existing.kind} in the model"))
@@ -603,7 +611,8 @@ class ClientState:
         for group in event.groups:
             output = [(OUTPUT_KEYS[k], v) for k, v in group.attributes if k in OUTPUT_KEYS]
             values = self._values([(k, v) for k, v in group.attributes if k not in OUTPUT_KEYS])
-            for pid in _ids(group.ids):
+            for rank in _ids(group.ids):
+                pid = process_key(job.id, rank)
                 process = self._expect(pid, "process", "PROCESS_CHANGE", problems)
                 if process is None:
                     continue
@@ -623,7 +632,8 @@ class ClientState:
         job = self._expect(canonical_id(event.job_id), "job", "REMOVE_PROCESS", problems)
         if job is None:
             return
-        for pid in _ids(event.ids):
+        for rank in _ids(event.ids):
+            pid = process_key(job.id, rank)
             process = self._expect(pid, "process", "REMOVE_PROCESS", problems)
             if process is None:
                 continue

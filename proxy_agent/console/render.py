@@ -54,10 +54,12 @@ def _quote(text: str) -> str:
 
 
 def process_label(state: ClientState, process: Element) -> str:
-    """``1042.0``: the job's id and the process index (the process id if no index)."""
+    """``1042.0``: the job's id and the process's rank within it."""
     index = process.get("processIndex")
     job = process.parent or "?"
-    return f"{job}.{index}" if isinstance(index, str) else f"{job}:{process.id}"
+    if not isinstance(index, str):
+        index = process.id.rpartition(":")[2]
+    return f"{job}.{index}"
 
 
 def output_line(state: ClientState, line: OutputLine) -> str:

@@ -1,143 +1,145 @@
-"""The small interface every scheduler backend implements.
+"""The small interface every backend implements, and the registry of backends.
 
-A scheduler owns the contents of the agent's :class:`~proxy_agent.model.Model`
-for one session: it fills it with machines, nodes and queues, adds the jobs
-it knows and keeps their states current.  It never speaks the protocol: the
-agent turns model changes into events and scheduler exceptions into ERROR /
-SUBMITJOB_ERROR / TERMINATEJOB_ERROR events.
+A backend owns one part of the service's :class:`~proxy_agent.service.model.ServiceModel`:
+the machines, nodes and queues of its scheduler and the jobs in them.  It fills that part,
+keeps it current, and carries out requests on its jobs.  It speaks no protocol: it raises
+:class:`~proxy_agent.service.jobs.ServiceError` and reports problems that belong to no request
+through :attr:`BackendContext.notify`.
+
+Each backend owns its command-line options: :meth:`Backend.add_arguments` adds them (named
+after the backend, ``--sim-nodes``, ``--slurm-...``) and :meth:`Backend.options_from_args`
+checks them and builds the backend's own options object.
 """
 
 from __future__ import annotations
 
 import abc
-from typing import Callable, ClassVar, Dict, List, Optional, Type
+import argparse
+import importlib
+from typing import Any, Callable, ClassVar, Dict, List, Optional, Type
 
 import attrs
 import trio
 
-from ..model import Model
-from ..protocol.attributes import AttributeDefinition, AttributeSet
-from ..protocol.messages import ErrorCode, MessageLevel
+from ..service.attributes import AttrInfo
+from ..service.jobs import ErrorKind, JobError, JobSpec
+from ..service.model import ServiceModel
 
 __all__ = [
-    "JobError",
-    "Scheduler",
-    "SchedulerError",
-    "SchedulerOptions",
-    "SubmitError",
-    "register",
-    "scheduler_class",
-    "SCHEDULERS",
+    "BACKENDS",
+    "Backend",
+    "BackendContext",
+    "backend_class",
+    "available_backends",
 ]
 
 
-class SchedulerError(Exception):
-    """A command could not be carried out; ``code`` and ``message`` go to the client."""
-
-    default_code: ClassVar[ErrorCode] = ErrorCode.SCHEDULER
-
-    def __init__(self, message: str, code: Optional[ErrorCode] = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.code = code if code is not None else self.default_code
+def _ignore(level: str, text: str) -> None:
+    pass
 
 
-class SubmitError(SchedulerError):
-    """SUBMIT_JOB refused (bad attributes, executable missing, scheduler rejection)."""
+@attrs.define
+class BackendContext:
+    """What the service gives every backend beside the model."""
 
-    default_code = ErrorCode.SUBMIT_FAILED
-
-
-class JobError(SchedulerError):
-    """A job command (terminate, change, move) failed."""
-
-    default_code = ErrorCode.OPERATION_FAILED
-
-
-@attrs.frozen
-class SchedulerOptions:
-    """Command-line settings a backend may use."""
-
-    poll_interval: float = 5.0
-    sim_nodes: int = 16
-    sim_jobs: int = 0
-    sim_churn: float = 0.0
-    sim_seed: int = 1
-    #: simulated seconds per real second are 1/sim_time_scale (0.1: jobs run ten times faster)
-    sim_time_scale: float = 1.0
-    #: simulated cluster: share of existing jobs that list their processes
-    sim_process_share: float = 0.1
+    #: show every user's jobs, not only the agent user's
     all_users: bool = False
-    kill_grace: float = 2.0
+    #: tell the clients something that belongs to no request: notify(level, text) with level
+    #: ERROR, WARNING or INFO (a scheduler stopped answering, and answers again)
+    notify: Callable[[str, str], None] = _ignore
+    #: where the backend may keep files that must outlive the agent (None: nowhere)
+    state_dir: Optional[str] = None
 
 
-class Scheduler(abc.ABC):
-    """One backend (local processes, simulated cluster, SLURM, PBS)."""
+class Backend(abc.ABC):
+    """One scheduler behind the service (local processes, simulated cluster, SLURM...)."""
 
+    #: the name users give in ``--scheduler`` and in ``NAME:QUEUE`` queue names
     name: ClassVar[str]
+    #: one line for ``--help``
+    summary: ClassVar[str] = ""
 
-    def __init__(self, model: Model, options: SchedulerOptions) -> None:
+    def __init__(self, model: ServiceModel, options: Any = None, context: Optional[BackendContext] = None) -> None:
         self.model = model
-        self.options = options
-        #: set by the agent: called as on_message(level, code, text) to tell the client
-        #: something that belongs to no command (the scheduler stopped or resumed answering)
-        self.on_message: Optional[Callable[[MessageLevel, int, str], None]] = None
+        self.options = options if options is not None else self.default_options()
+        self.context = context if context is not None else BackendContext()
+
+    # ------------------------------------------------------------------ options
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add this backend's options (an argument group named after it)."""
+
+    @classmethod
+    def options_from_args(cls, args: argparse.Namespace) -> Any:
+        """This backend's options from parsed arguments; ValueError naming a bad value."""
+        return None
+
+    @classmethod
+    def default_options(cls) -> Any:
+        """The options when none are given (as with no command-line option set)."""
+        return None
+
+    # ------------------------------------------------------------------ model
 
     @abc.abstractmethod
-    def attribute_definitions(self) -> List[AttributeDefinition]:
-        """Every attribute this backend sends or accepts (MODEL_DEF answers with these).
+    def attributes(self) -> List[AttrInfo]:
+        """Every attribute beyond the standard ones that this backend shows or accepts."""
 
-        Includes the standard element attributes it uses and the job-submission
-        attributes a user may set, with types, defaults and legal values.
-        """
+    def default_queue(self) -> Optional[int]:
+        """The queue a submission that names none goes to (None before discovery)."""
+        return None
+
+    # ------------------------------------------------------------------ life cycle
 
     @abc.abstractmethod
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         """Fill the model, call ``task_status.started()``, then keep it current until cancelled."""
 
-    @abc.abstractmethod
-    async def submit(self, job: AttributeSet) -> int:
-        """Start a job; return its element id once it is in the model (with ``jobSubId``).
-
-        Raise :class:`SubmitError` naming the problem if it cannot be submitted.
-        """
-
-    @abc.abstractmethod
-    async def terminate(self, job_id: int) -> None:
-        """Terminate a job (the agent has checked that ``job_id`` is a job)."""
-
-    async def change(self, job_id: int, changes: AttributeSet) -> None:
-        """CHANGE_JOB: apply attribute changes (hold, release, suspend...)."""
-        raise JobError(f"the {self.name} scheduler cannot change jobs", ErrorCode.NOT_SUPPORTED)
-
-    async def move(self, job_id: int, queue_id: int) -> None:
-        """MOVE_JOB: move a job to another queue."""
-        raise JobError(f"the {self.name} scheduler cannot move jobs between queues", ErrorCode.NOT_SUPPORTED)
-
     async def aclose(self) -> None:
-        """Release what the backend started (local jobs are terminated).  Bounded in time."""
+        """Release what the backend started (local jobs are ended).  Bounded in time."""
+
+    # ------------------------------------------------------------------ requests
+
+    @abc.abstractmethod
+    async def submit(self, spec: JobSpec, queue: int) -> int:
+        """Start a job in ``queue`` (a queue of this backend); return its job key once it is in
+        the model.  Raise :class:`~proxy_agent.service.jobs.SubmitError` naming the problem."""
+
+    @abc.abstractmethod
+    async def terminate(self, job: int) -> None:
+        """End a job (the service has checked that ``job`` is one of this backend's jobs)."""
+
+    async def hold(self, job: int, held: bool) -> None:
+        """Hold a job that has not started (``held``), or release it."""
+        raise JobError(f"the {self.name} scheduler cannot hold jobs", ErrorKind.NOT_SUPPORTED)
+
+    async def suspend(self, job: int, suspended: bool) -> None:
+        """Suspend a running job (``suspended``), or resume it."""
+        raise JobError(f"the {self.name} scheduler cannot suspend jobs", ErrorKind.NOT_SUPPORTED)
+
+    async def move(self, job: int, queue: int) -> None:
+        """Move a job that has not started to another queue of this backend."""
+        raise JobError(f"the {self.name} scheduler cannot move jobs between queues", ErrorKind.NOT_SUPPORTED)
 
 
-SCHEDULERS: Dict[str, str] = {
-    "local": "proxy_agent.schedulers.local:LocalScheduler",
-    "sim": "proxy_agent.schedulers.sim:SimScheduler",
-    "slurm": "proxy_agent.schedulers.slurm:SlurmScheduler",
-    "pbs": "proxy_agent.schedulers.pbs:PbsScheduler",
+#: Backends that work, by name: what ``--scheduler`` offers.
+BACKENDS: Dict[str, str] = {
+    "local": "proxy_agent.schedulers.local:LocalBackend",
+    "sim": "proxy_agent.schedulers.sim:SimBackend",
+    "slurm": "proxy_agent.schedulers.slurm:SlurmBackend",
 }
 
 
-def register(name: str, target: str) -> None:
-    SCHEDULERS[name] = target
+def available_backends() -> List[str]:
+    return list(BACKENDS)
 
 
-def scheduler_class(name: str) -> Type[Scheduler]:
-    """Import and return the backend class registered under ``name``."""
-    import importlib
-
+def backend_class(name: str) -> Type[Backend]:
+    """Import and return the backend registered under ``name``."""
     try:
-        target = SCHEDULERS[name]
+        target = BACKENDS[name]
     except KeyError:
-        raise ValueError(f"unknown scheduler {name!r}; known: {', '.join(sorted(SCHEDULERS))}") from None
+        raise ValueError(f"unknown scheduler {name!r}; known: {', '.join(BACKENDS)}") from None
     module_name, _, class_name = target.partition(":")
-    module = importlib.import_module(module_name)
-    return getattr(module, class_name)
+    return getattr(importlib.import_module(module_name), class_name)

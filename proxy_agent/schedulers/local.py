@@ -2,8 +2,8 @@
 
 The model is one machine and one node (this host) and one queue,
 ``default``.  A submitted job runs its program ``jobNumProcs`` times, each
-process with ``PROXY_AGENT_PROCESS_INDEX`` (0..N-1), ``PROXY_AGENT_NUM_PROCS``
-and ``PROXY_AGENT_JOB_ID`` in its environment.
+process with ``PROXY_AGENT_PROCESS_INDEX`` (its rank, 0..N-1), ``PROXY_AGENT_NUM_PROCS``
+and ``PROXY_AGENT_JOB_KEY`` (the job's service key) in its environment.
 
 How a job runs:
 
@@ -17,25 +17,29 @@ How a job runs:
   every signal the scheduler sends to the group is safe.
 * Output is read line by line (UTF-8, undecodable bytes replaced, ``\\r\\n``
   accepted, lines over 64 KiB split, a last line without newline flushed at
-  EOF) and handed to :meth:`Model.output`.  A process is reported COMPLETED
+  EOF) and handed to :meth:`ServiceModel.output`.  A process is reported ended
   only after its pipes have reached EOF, so its output always precedes its
-  completion.  If something it started keeps the pipes open, the exit is
+  end.  If something it started keeps the pipes open, the exit is
   reported after a short grace anyway.
 * Like a batch system, when every process of a job has ended, whatever they
   left running in the job's process group is killed.
-* A job is FINISHED when every process exited 0, FAILED otherwise, CANCELED
-  when it was terminated on request.
+* States: the backend's own words (``nativeState``) and what they mean in the
+  service's vocabulary are in :data:`STATE_TABLE`: a job is PENDING (QUEUING)
+  until its processes are started, RUNNING, STOPPED (SUSPENDED) while
+  suspended, and ends EXITED (FINISHED: every process exited 0), FAILED (a
+  process exited non-zero or was killed by a signal), NOT_STARTED (FAILED:
+  the program could not be executed) or TERMINATED (KILLED: ended on request).
 
 Terminate sends SIGTERM to the group and SIGKILL after ``kill_grace``
-seconds.  CHANGE_JOB suspends (SIGSTOP) and resumes (SIGCONT) the group.
-:meth:`LocalScheduler.aclose` (and cancellation of :meth:`run`) terminate
+seconds.  Suspend stops the group (SIGSTOP) and resume continues it (SIGCONT).
+:meth:`LocalBackend.aclose` (and cancellation of :meth:`run`) terminate
 every job and reap every process within about 1.5 seconds.
 
-:meth:`LocalScheduler.submit` only checks the submission and adds the job
-and its processes to the model (STARTING); the job's task then starts the
+:meth:`LocalBackend.submit` only checks the submission and adds the job
+and its processes to the model (PENDING); the job's task then starts the
 processes and reports them RUNNING.  A program that passes the checks but
 cannot be executed (say, a file in no executable format) makes the job
-FAILED with a ``jobStatusMessage`` saying why.
+FAILED with a ``message`` saying why.
 
 Cost per job: one task, which starts the processes (fork/exec on trio's
 worker threads, at most four jobs at a time, in submission order) and
@@ -45,6 +49,7 @@ polling on the normal path.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -55,41 +60,47 @@ from functools import partial
 from subprocess import DEVNULL, PIPE
 from typing import Dict, List, Optional
 
+import attrs
 import trio
 
-from ..model import Model, UnknownElement
-from ..protocol.attributes import A, AttributeDefinition, AttributeSet
-from ..protocol.messages import ElementKind, ErrorCode
-from .base import JobError, Scheduler, SchedulerOptions, SubmitError
-from .common import (
-    CPUS,
-    JOB_NAME,
-    MAX_LINE_BYTES,
-    LineSplitter,
-    MachineState,
-    NodeState,
-    QueueState,
-    State,
-    Status,
-    current_user,
-    parse_env,
-    parse_job_changes,
-    parse_num_procs,
-    require_sub_id,
-    scheduler_attribute_definitions,
-    signal_name,
-    status_for_exit,
-)
+from ..service.attributes import AttrInfo, ValueType
+from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
+from ..service.model import K, Kind, ServiceModel, UnknownElement
+from .base import Backend, BackendContext
+from .common import LineSplitter, MAX_LINE_BYTES, current_user, signal_name, state_attrs
 
-__all__ = ["LineSplitter", "LocalScheduler", "MAX_PROCS", "MAX_LINE_BYTES", "QUEUE_NAME"]
+__all__ = ["LineSplitter", "LocalBackend", "LocalOptions", "MAX_PROCS", "MAX_LINE_BYTES", "QUEUE_NAME", "STATE_TABLE"]
 
 log = logging.getLogger(__name__)
 
-#: Largest ``jobNumProcs`` a local job may ask for.
+#: Most processes a local job may ask for.
 MAX_PROCS = 1024
-#: Output lines longer than this (in bytes) are split.
 #: Name of the single queue.
 QUEUE_NAME = "default"
+
+#: The local backend's own state words, and what they mean.
+STATE_TABLE = StateTable(
+    "local",
+    {
+        "PENDING": JobState.QUEUING,
+        "RUNNING": JobState.RUNNING,
+        "STOPPED": JobState.SUSPENDED,
+        "EXITED": JobState.FINISHED,
+        "FAILED": JobState.FAILED,
+        "NOT_STARTED": JobState.FAILED,
+        "TERMINATED": JobState.KILLED,
+    },
+)
+_PENDING = state_attrs(STATE_TABLE, "PENDING")
+_RUNNING = state_attrs(STATE_TABLE, "RUNNING")
+_STOPPED = state_attrs(STATE_TABLE, "STOPPED")
+_ENDED = frozenset(native for native, state in STATE_TABLE if state.final)
+
+
+@attrs.frozen
+class LocalOptions:
+    #: seconds between SIGTERM and SIGKILL when a job is terminated
+    kill_grace: float = 2.0
 
 _READ_SIZE = 64 * 1024
 #: How long after a process exits its pipes may stay open before the exit is reported anyway.
@@ -156,10 +167,9 @@ class _Job:
 class _Launch:
     """A validated submission: what to run, where, with what."""
 
-    __slots__ = ("sub_id", "path", "argv", "cwd", "env", "num_procs", "name")
+    __slots__ = ("path", "argv", "cwd", "env", "num_procs", "name")
 
-    def __init__(self, sub_id, path, argv, cwd, env, num_procs, name) -> None:
-        self.sub_id = sub_id
+    def __init__(self, path, argv, cwd, env, num_procs, name) -> None:
         self.path = path
         self.argv = argv
         self.cwd = cwd
@@ -168,13 +178,15 @@ class _Launch:
         self.name = name
 
 
-class LocalScheduler(Scheduler):
+class LocalBackend(Backend):
     """Runs jobs as processes of this host."""
 
     name = "local"
+    summary = "programs run directly on this machine as local processes"
 
-    def __init__(self, model: Model, options: SchedulerOptions) -> None:
-        super().__init__(model, options)
+    def __init__(self, model: ServiceModel, options: Optional[LocalOptions] = None,
+                 context: Optional[BackendContext] = None) -> None:
+        super().__init__(model, options, context)
         self.hostname = socket.gethostname() or "localhost"
         self.cpus = _cpu_count()
         self.user = current_user()
@@ -190,12 +202,43 @@ class LocalScheduler(Scheduler):
             self._default_cwd = os.getcwd()
         except OSError:
             self._default_cwd = "/"
+        try:
+            self._arg_max = max(4096, os.sysconf("SC_ARG_MAX"))
+        except (ValueError, OSError, AttributeError):
+            self._arg_max = 128 * 1024
+
+    # ------------------------------------------------------------------ options
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("local scheduler")
+        group.add_argument(
+            "--local-kill-grace", type=float, default=2.0, metavar="SECONDS",
+            help="seconds between SIGTERM and SIGKILL when a local job is terminated (default: %(default)s)",
+        )
+
+    @classmethod
+    def options_from_args(cls, args: argparse.Namespace) -> LocalOptions:
+        grace = getattr(args, "local_kill_grace", 2.0)
+        if not grace >= 0 or grace > 3600:
+            raise ValueError(f"--local-kill-grace must be between 0 and 3600 seconds, got {grace:g}")
+        return LocalOptions(kill_grace=grace)
+
+    @classmethod
+    def default_options(cls) -> LocalOptions:
+        return LocalOptions()
 
     # ------------------------------------------------------------------ interface
 
-    def attribute_definitions(self) -> List[AttributeDefinition]:
-        default_queue = None if self.queue_id is None else str(self.queue_id)
-        return scheduler_attribute_definitions(max_procs=MAX_PROCS, default_queue=default_queue)
+    def attributes(self) -> List[AttrInfo]:
+        return [
+            AttrInfo(K.NUM_PROCS, ValueType.INTEGER, "Processes", "How many copies of the program to start",
+                     default="1", minimum="1", maximum=str(MAX_PROCS), settable=True),
+            AttrInfo(K.CPUS, ValueType.INTEGER, "CPUs", "How many CPUs the node has", default="0"),
+        ]
+
+    def default_queue(self) -> Optional[int]:
+        return self.queue_id
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         if self.machine_id is None:
@@ -210,47 +253,45 @@ class LocalScheduler(Scheduler):
             self._closing = True
             await self._shutdown()
 
-    async def submit(self, job: AttributeSet) -> int:
+    async def submit(self, spec: JobSpec, queue: int) -> int:
         if self._closing:
-            raise SubmitError("the agent is shutting down", ErrorCode.SHUTTING_DOWN)
+            raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
         if self._nursery is None or self.queue_id is None:
-            raise SubmitError("the local scheduler is not running", ErrorCode.SCHEDULER)
-        launch = self._prepare(job)
+            raise SubmitError("the local scheduler is not running", ErrorKind.UNAVAILABLE)
+        if queue != self.queue_id:
+            raise SubmitError(f"the local scheduler has one queue, {QUEUE_NAME}", ErrorKind.NO_SUCH_QUEUE)
+        launch = self._prepare(spec)
         model = self.model
-        exec_dir, exec_name = os.path.split(launch.path)
-        job_id = model.add(
-            ElementKind.JOB,
-            self.queue_id,
-            {
-                A.JOB_SUB_ID: launch.sub_id,
-                A.NAME: launch.name,
-                A.JOB_STATE: State.STARTING,
-                A.JOB_STATUS: Status.SUBMITTED,
-                A.QUEUE_ID: str(self.queue_id),
-                A.JOB_NUM_PROCS: str(launch.num_procs),
-                A.EXEC_NAME: exec_name,
-                A.EXEC_PATH: exec_dir,
-                A.WORKING_DIR: launch.cwd,
-                A.PROG_ARGS: tuple(launch.argv[1:]),
-                A.USER_ID: self.user,
-            },
-        )
-        node = str(self.node_id)
-        process_ids = model.add_many(
-            ElementKind.PROCESS,
-            job_id,
-            [
-                {A.PROCESS_STATE: State.STARTING, A.PROCESS_INDEX: str(index), A.PROCESS_NODE_ID: node}
-                for index in range(launch.num_procs)
-            ],
-        )
+        with model.batch():
+            job_id = model.add(
+                Kind.JOB,
+                self.queue_id,
+                {
+                    K.CLIENT_REF: spec.client_ref,
+                    K.NAME: launch.name,
+                    **_PENDING,
+                    K.QUEUE: self.queue_id,
+                    K.NUM_PROCS: str(launch.num_procs),
+                    K.EXECUTABLE: launch.path,
+                    K.WORKING_DIR: launch.cwd,
+                    K.ARGUMENTS: tuple(launch.argv[1:]),
+                    K.USER: self.user,
+                },
+                owner=self.name,
+            )
+            process_ids = model.add_many(
+                Kind.PROCESS,
+                job_id,
+                [{**_PENDING, K.NODE: self.node_id} for _ in range(launch.num_procs)],
+                owner=self.name,
+            )
         record = _Job(job_id, process_ids)
         self._jobs[job_id] = record
         self._nursery.start_soon(self._run_job, record, launch)
         return job_id
 
-    async def terminate(self, job_id: int) -> None:
-        record = self._live(job_id)
+    async def terminate(self, job: int) -> None:
+        record = self._live(job)
         if record.canceled:
             return  # already on its way out
         record.canceled = True
@@ -258,29 +299,27 @@ class LocalScheduler(Scheduler):
             self._terminate(record)
         # else its task is still starting the processes and terminates them when done
 
-    async def change(self, job_id: int, changes: AttributeSet) -> None:
-        request = parse_job_changes(changes)
-        record = self._live(job_id)
+    async def suspend(self, job: int, suspended: bool) -> None:
+        record = self._live(job)
         if record.canceled:
-            raise JobError(f"job {job_id} is being terminated", ErrorCode.OPERATION_FAILED)
+            raise JobError(f"job {job} is being terminated", ErrorKind.OPERATION_FAILED)
         if not record.started or record.pgid is None:
-            raise JobError(f"job {job_id} is still starting", ErrorCode.OPERATION_FAILED)
-        suspend = bool(request.suspend)
-        if suspend == record.suspended:
+            raise JobError(f"job {job} is still starting", ErrorKind.OPERATION_FAILED)
+        if suspended == record.suspended:
             return
-        record.suspended = suspend
-        if suspend:
+        record.suspended = suspended
+        if suspended:
             self._signal(record, signal.SIGSTOP)
             await self._wait_stopped(record)  # SIGSTOP takes effect asynchronously
-            if record.done.is_set() or record.suspended is not suspend:
+            if record.done.is_set() or record.suspended is not suspended:
                 return
         else:
             self._signal(record, signal.SIGCONT)  # takes effect at once
-        state = State.SUSPENDED if suspend else State.RUNNING
-        status = Status.SUSPENDED if suspend else Status.RUNNING
-        self.model.update(record.id, {A.JOB_STATE: state, A.JOB_STATUS: status})
-        live = [pid for index, pid in enumerate(record.process_ids) if not record.reported[index]]
-        self.model.update_many(live, {A.PROCESS_STATE: state, A.PROCESS_STATUS: status})
+        attrs_ = _STOPPED if suspended else _RUNNING
+        with self.model.batch():
+            self.model.update(record.id, attrs_)
+            live = [pid for index, pid in enumerate(record.process_ids) if not record.reported[index]]
+            self.model.update_many(live, attrs_)
 
     async def _wait_stopped(self, record: _Job) -> None:
         """Until every process of the job has stopped or exited (at most a second)."""
@@ -289,10 +328,10 @@ class LocalScheduler(Scheduler):
                 while not record.reported[index] and not _stopped_or_exited(proc.pid):
                     await trio.sleep(_POLL_INTERVAL / 10)
 
-    async def move(self, job_id: int, queue_id: int) -> None:
+    async def move(self, job: int, queue: int) -> None:
         raise JobError(
             f"the local scheduler has a single queue ({QUEUE_NAME}); jobs cannot be moved",
-            ErrorCode.NOT_SUPPORTED,
+            ErrorKind.NOT_SUPPORTED,
         )
 
     async def aclose(self) -> None:
@@ -303,82 +342,97 @@ class LocalScheduler(Scheduler):
 
     def _populate(self) -> None:
         model = self.model
-        self.machine_id = model.add(
-            ElementKind.MACHINE,
-            None,
-            {A.NAME: self.hostname, A.MACHINE_STATE: MachineState.UP, A.NUM_NODES: "1"},
-        )
-        self.node_id = model.add(
-            ElementKind.NODE,
-            self.machine_id,
-            {A.NAME: self.hostname, A.NODE_STATE: NodeState.UP, A.NODE_NUMBER: "0", CPUS: str(self.cpus)},
-        )
-        self.queue_id = model.add(ElementKind.QUEUE, None, {A.NAME: QUEUE_NAME, A.QUEUE_STATE: QueueState.NORMAL})
+        with model.batch():
+            self.machine_id = model.add(
+                Kind.MACHINE, None,
+                {K.NAME: self.hostname, K.STATE: "UP", K.NUM_NODES: "1", K.BACKEND: self.name},
+                owner=self.name,
+            )
+            self.node_id = model.add(
+                Kind.NODE, self.machine_id,
+                {K.NAME: self.hostname, K.STATE: "UP", K.NUMBER: "0", K.CPUS: str(self.cpus)},
+                owner=self.name,
+            )
+            self.queue_id = model.add(
+                Kind.QUEUE, None,
+                {K.NAME: QUEUE_NAME, K.STATE: "NORMAL", K.BACKEND: self.name, K.DEFAULT: "true",
+                 K.TOTAL_SLOTS: str(self.cpus)},
+                owner=self.name,
+            )
 
-    def _live(self, job_id: int) -> _Job:
-        record = self._jobs.get(job_id)
+    def _live(self, job: int) -> _Job:
+        record = self._jobs.get(job)
         if record is not None:
             return record
         try:
-            state = self.model.attr(job_id, A.JOB_STATE)
+            native = self.model.attr(job, K.NATIVE_STATE)
         except UnknownElement:
-            state = None
-        if state == State.COMPLETED:
-            raise JobError(f"job {job_id} has already completed", ErrorCode.OPERATION_FAILED)
-        raise JobError(f"job {job_id} is not a job of the local scheduler", ErrorCode.NO_SUCH_JOB)
+            native = None
+        if native in _ENDED:
+            raise JobError(f"job {job} has already ended", ErrorKind.OPERATION_FAILED)
+        raise JobError(f"job {job} is not a job of the local scheduler", ErrorKind.NO_SUCH_JOB)
 
     # ------------------------------------------------------------------ submission
 
-    def _prepare(self, job: AttributeSet) -> _Launch:
+    def _prepare(self, spec: JobSpec) -> _Launch:
         """Check a submission and work out the argv, directory and environment."""
-        sub_id = require_sub_id(job)
-        num_procs = parse_num_procs(job, MAX_PROCS)
-        queue = job.get(A.QUEUE_ID)
-        if queue and queue not in (str(self.queue_id), QUEUE_NAME):
+        num_procs = spec.num_procs
+        if num_procs < 1:
+            raise SubmitError(f"the process count must be at least 1, got {num_procs}", ErrorKind.BAD_REQUEST)
+        if num_procs > MAX_PROCS:
             raise SubmitError(
-                f"unknown queue {queue!r}: the local scheduler has one queue, {self.queue_id} ({QUEUE_NAME})",
-                ErrorCode.NO_SUCH_QUEUE,
+                f"the local scheduler starts at most {MAX_PROCS} processes per job, not {num_procs}",
+                ErrorKind.BAD_REQUEST,
             )
-        cwd = self._working_dir(job.get(A.WORKING_DIR))
+        cwd = self._working_dir(spec.working_dir)
         env = dict(os.environ)
-        env.update(parse_env(job.getall(A.ENV)))
-        path = _find_executable(job.get(A.EXEC_NAME), job.get(A.EXEC_PATH), cwd, env.get("PATH", os.defpath))
-        args = job.getall(A.PROG_ARGS)
+        for name, value in spec.environment:
+            if "\0" in name or "\0" in value:
+                raise SubmitError(f"environment variable {name!r} contains a NUL character", ErrorKind.BAD_REQUEST)
+            if not name or "=" in name:
+                raise SubmitError(f"{name!r} is not an environment variable name", ErrorKind.BAD_REQUEST)
+            env[name] = value
+        path = _find_executable(spec.executable, cwd, env.get("PATH", os.defpath))
+        args = spec.arguments
         for arg in args:
             if "\0" in arg:
-                raise SubmitError(f"program argument {arg!r} contains a NUL character", ErrorCode.BAD_ARGUMENTS)
-        name = job.get(JOB_NAME) or os.path.basename(path)
-        return _Launch(sub_id, path, [path, *args], cwd, env, num_procs, name)
+                raise SubmitError(f"program argument {arg!r} contains a NUL character", ErrorKind.BAD_REQUEST)
+        # execve() takes argv and environment together up to ARG_MAX bytes: refuse now what
+        # could never start (each string costs its bytes, a NUL and a pointer).
+        size = sum(len(a.encode("utf-8", "surrogateescape")) + 9 for a in (path, *args))
+        size += sum(len(k.encode("utf-8", "surrogateescape")) + len(v.encode("utf-8", "surrogateescape")) + 10
+                    for k, v in env.items())
+        if size > self._arg_max - 2048:
+            raise SubmitError(
+                f"the program's arguments and environment take {size} bytes; this system allows at most "
+                f"{self._arg_max} bytes for both together",
+                ErrorKind.BAD_REQUEST,
+            )
+        name = spec.name or os.path.basename(path)
+        return _Launch(path, [path, *args], cwd, env, num_procs, name)
 
     def _working_dir(self, given: Optional[str]) -> str:
         if not given:
             return self._default_cwd
         if "\0" in given:
-            raise SubmitError("working directory contains a NUL character", ErrorCode.BAD_ARGUMENTS)
+            raise SubmitError("working directory contains a NUL character", ErrorKind.BAD_REQUEST)
         path = os.path.join(self._default_cwd, given)  # absolute paths stay as they are
         try:
             info = os.stat(path)
         except FileNotFoundError:
-            raise SubmitError(f"working directory {path!r} does not exist", ErrorCode.SUBMIT_FAILED) from None
+            raise SubmitError(f"working directory {path!r} does not exist") from None
         except NotADirectoryError:
-            raise SubmitError(
-                f"working directory {path!r} does not exist (a part of it is not a directory)",
-                ErrorCode.SUBMIT_FAILED,
-            ) from None
+            raise SubmitError(f"working directory {path!r} does not exist (a part of it is not a directory)") from None
         except OSError as exc:
-            raise SubmitError(
-                f"working directory {path!r} cannot be used: {exc.strerror}", ErrorCode.SUBMIT_FAILED
-            ) from None
+            raise SubmitError(f"working directory {path!r} cannot be used: {exc.strerror}") from None
         if not stat.S_ISDIR(info.st_mode):
-            raise SubmitError(f"working directory {path!r} is not a directory", ErrorCode.SUBMIT_FAILED)
+            raise SubmitError(f"working directory {path!r} is not a directory")
         if not os.access(path, os.X_OK):
-            raise SubmitError(
-                f"working directory {path!r} is not accessible (permission denied)", ErrorCode.SUBMIT_FAILED
-            )
+            raise SubmitError(f"working directory {path!r} is not accessible (permission denied)")
         return path
 
     async def _run_job(self, record: _Job, launch: _Launch) -> None:
-        """The job's task: start its processes, watch them, reap the leader, complete the job."""
+        """The job's task: start its processes, watch them, reap the leader, end the job."""
         try:
             with record.scope:
                 await self._start(record, launch)
@@ -413,11 +467,10 @@ class LocalScheduler(Scheduler):
             # for every process, so it travels as one group with one range of ids.
             with model.batch():
                 for index, proc in enumerate(record.procs):
-                    model.update(record.process_ids[index], {A.PROCESS_PID: str(proc.pid)})
+                    model.update(record.process_ids[index], {K.PID: str(proc.pid)})
             with model.batch():
-                running = {A.PROCESS_STATE: State.RUNNING, A.PROCESS_STATUS: Status.RUNNING}
-                model.update_many(record.process_ids[: len(record.procs)], running)
-                model.update(record.id, {A.JOB_STATE: State.RUNNING, A.JOB_STATUS: Status.RUNNING})
+                model.update_many(record.process_ids[: len(record.procs)], _RUNNING)
+                model.update(record.id, _RUNNING)
         if record.canceled:  # terminated while its processes were being started
             self._terminate(record)
 
@@ -427,7 +480,7 @@ class LocalScheduler(Scheduler):
             env = dict(launch.env)
             env["PROXY_AGENT_PROCESS_INDEX"] = str(index)
             env["PROXY_AGENT_NUM_PROCS"] = str(launch.num_procs)
-            env["PROXY_AGENT_JOB_ID"] = str(record.id)
+            env["PROXY_AGENT_JOB_KEY"] = str(record.id)
             proc = await trio.lowlevel.open_process(
                 launch.argv,
                 stdin=DEVNULL,
@@ -491,10 +544,10 @@ class LocalScheduler(Scheduler):
                 if not data:
                     break
                 for line in splitter.feed(data):
-                    output(eid, line, which)
+                    output(eid, which, line)
         finally:
             for line in splitter.flush():
-                output(eid, line, which)
+                output(eid, which, line)
             stream.close()  # type: ignore[attr-defined]
 
     async def _wait_leader(self, record: _Job) -> int:
@@ -513,15 +566,19 @@ class LocalScheduler(Scheduler):
         record.reported[index] = True
         returncode = record.returncodes[index]
         if returncode is None:  # never started
-            status = Status.CANCELED if record.canceled else Status.FAILED
-            self.model.update(record.process_ids[index], {A.PROCESS_STATE: State.COMPLETED, A.PROCESS_STATUS: status})
+            native = "TERMINATED" if record.canceled else "NOT_STARTED"
+            self.model.update(record.process_ids[index], state_attrs(STATE_TABLE, native))
             return
-        attrs = {A.PROCESS_STATE: State.COMPLETED, A.PROCESS_STATUS: status_for_exit(returncode, record.canceled)}
-        if returncode >= 0:
-            attrs[A.PROCESS_EXIT_CODE] = str(returncode)
+        if record.canceled:
+            native = "TERMINATED"
         else:
-            attrs[A.PROCESS_SIGNAL_NAME] = signal_name(-returncode)
-        self.model.update(record.process_ids[index], attrs)
+            native = "EXITED" if returncode == 0 else "FAILED"
+        attrs_ = state_attrs(STATE_TABLE, native)
+        if returncode >= 0:
+            attrs_[K.EXIT_CODE] = str(returncode)
+        else:
+            attrs_[K.SIGNAL] = signal_name(-returncode)
+        self.model.update(record.process_ids[index], attrs_)
 
     def _finish_job(self, record: _Job) -> None:
         with self.model.batch():
@@ -532,17 +589,16 @@ class LocalScheduler(Scheduler):
     def _complete_job(self, record: _Job) -> None:
         for index in range(len(record.process_ids)):
             self._report_process(record, index)
-        attrs = {A.JOB_STATE: State.COMPLETED}
         if record.canceled:
-            attrs[A.JOB_STATUS] = Status.CANCELED
+            attrs_ = state_attrs(STATE_TABLE, "TERMINATED")
         elif record.start_error is not None:
-            attrs[A.JOB_STATUS] = Status.FAILED
-            attrs[A.JOB_STATUS_MESSAGE] = record.start_error
+            attrs_ = state_attrs(STATE_TABLE, "NOT_STARTED")
+            attrs_[K.MESSAGE] = record.start_error
         else:
             failed = [(i, rc) for i, rc in enumerate(record.returncodes) if rc != 0]
             if failed:
                 index, returncode = failed[0]
-                attrs[A.JOB_STATUS] = Status.FAILED
+                attrs_ = state_attrs(STATE_TABLE, "FAILED")
                 if returncode is None:
                     why = f"process {index} was not started"
                 elif returncode > 0:
@@ -551,10 +607,13 @@ class LocalScheduler(Scheduler):
                     why = f"process {index} was killed by {signal_name(-returncode)}"
                 if len(failed) > 1:
                     why += f" ({len(failed)} processes failed)"
-                attrs[A.JOB_STATUS_MESSAGE] = why
+                attrs_[K.MESSAGE] = why
             else:
-                attrs[A.JOB_STATUS] = Status.FINISHED
-        self.model.update(record.id, attrs)
+                attrs_ = state_attrs(STATE_TABLE, "EXITED")
+                codes = {rc for rc in record.returncodes}
+                if codes == {0}:
+                    attrs_[K.EXIT_CODE] = "0"
+        self.model.update(record.id, attrs_)
 
     # ------------------------------------------------------------------ signals
 
@@ -710,28 +769,20 @@ def _group_options(pgid: int) -> dict:
     return {"preexec_fn": partial(os.setpgid, 0, pgid)}  # pragma: no cover
 
 
-def _find_executable(exec_name: Optional[str], exec_path: Optional[str], cwd: str, search_path: str) -> str:
-    """The program to run, from ``execName``/``execPath``; SubmitError naming the problem.
+def _find_executable(executable: str, cwd: str, search_path: str) -> str:
+    """The program to run; SubmitError naming the problem.
 
-    ``execPath`` alone, or naming an existing file, is the program's path;
-    with ``execName`` it is otherwise the directory holding ``execName``.
-    ``execName`` alone is looked up on PATH (the job's PATH if its ``env``
-    sets one) unless it contains '/'.  Relative paths are relative to the
-    job's working directory.
+    A name without '/' is looked up on PATH (the job's PATH if its environment sets one);
+    a path is relative to the job's working directory.
     """
-    for what, value in (("execName", exec_name), ("execPath", exec_path)):
-        if value and "\0" in value:
-            raise SubmitError(f"{what} contains a NUL character", ErrorCode.BAD_ARGUMENTS)
-    if exec_path:
-        base = os.path.join(cwd, exec_path)
-        candidate = os.path.join(base, exec_name) if exec_name and not os.path.isfile(base) else base
-    elif exec_name:
-        if "/" in exec_name:
-            candidate = os.path.join(cwd, exec_name)
-        else:
-            candidate = _search_path(exec_name, search_path, cwd)
+    if not executable:
+        raise SubmitError("no executable given", ErrorKind.BAD_REQUEST)
+    if "\0" in executable:
+        raise SubmitError("the executable's name contains a NUL character", ErrorKind.BAD_REQUEST)
+    if "/" in executable:
+        candidate = os.path.join(cwd, executable)
     else:
-        raise SubmitError("no executable given: set execName and/or execPath", ErrorCode.BAD_ARGUMENTS)
+        candidate = _search_path(executable, search_path, cwd)
     _check_executable(candidate)
     return candidate
 
@@ -746,24 +797,24 @@ def _search_path(name: str, search_path: str, cwd: str) -> str:
             not_executable = not_executable or candidate
     if not_executable is not None:
         raise SubmitError(
-            f"executable {not_executable!r} is not executable (permission denied)", ErrorCode.SUBMIT_FAILED
+            f"executable {not_executable!r} is not executable (permission denied)"
         )
-    raise SubmitError(f"executable {name!r} not found on PATH", ErrorCode.SUBMIT_FAILED)
+    raise SubmitError(f"executable {name!r} not found on PATH")
 
 
 def _check_executable(path: str) -> None:
     try:
         info = os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
-        raise SubmitError(f"executable {path!r} not found", ErrorCode.SUBMIT_FAILED) from None
+        raise SubmitError(f"executable {path!r} not found") from None
     except OSError as exc:
-        raise SubmitError(f"executable {path!r} cannot be used: {exc.strerror}", ErrorCode.SUBMIT_FAILED) from None
+        raise SubmitError(f"executable {path!r} cannot be used: {exc.strerror}") from None
     if stat.S_ISDIR(info.st_mode):
-        raise SubmitError(f"executable {path!r} is a directory, not a program", ErrorCode.SUBMIT_FAILED)
+        raise SubmitError(f"executable {path!r} is a directory, not a program")
     if not stat.S_ISREG(info.st_mode):
-        raise SubmitError(f"executable {path!r} is not a regular file", ErrorCode.SUBMIT_FAILED)
+        raise SubmitError(f"executable {path!r} is not a regular file")
     if not os.access(path, os.X_OK):
-        raise SubmitError(f"executable {path!r} is not executable (permission denied)", ErrorCode.SUBMIT_FAILED)
+        raise SubmitError(f"executable {path!r} is not executable (permission denied)")
 
 
 def _cpu_count() -> int:

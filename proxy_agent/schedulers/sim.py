@@ -32,43 +32,34 @@ removed after ``retention`` simulated seconds (30) so the model stays
 bounded, at about ``sim_jobs`` plus the jobs completed in the last retention
 period.  Without churn the existing jobs stay as generated.
 
-Terminate cancels any job that has not completed.  CHANGE_JOB holds and
-releases jobs that have not started (``hold=true|false``) and suspends and
-resumes running ones (``suspend=true|false`` or ``jobState=SUSPENDED|RUNNING``).
-MOVE_JOB moves a job that has not started to another queue: it gets the new
-queue as parent (:meth:`Model.move`) and ``queueId``.
+Job states are short native codes, as a batch system's: PD (pending), H
+(held), R (running), S (suspended), CD (completed), F (failed) and CA
+(cancelled); :data:`STATE_TABLE` maps them into the service's vocabulary.
+
+Terminate cancels any job that has not ended.  Hold and release act on jobs
+that have not started, suspend and resume on running ones.  Moving a job that
+has not started gives it the new queue as parent (:meth:`ServiceModel.move`).
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
 import heapq
 import random
 import sys
 from typing import Dict, List, Optional, Tuple
 
+import attrs
 import trio
 
-from ..model import Model, UnknownElement
-from ..protocol.attributes import A, AttributeDefinition, AttributeSet
-from ..protocol.messages import ElementKind, ErrorCode
-from .base import JobError, Scheduler, SchedulerOptions, SubmitError
-from .common import (
-    CPUS,
-    JOB_NAME,
-    MachineState,
-    NodeState,
-    QueueState,
-    State,
-    Status,
-    current_user,
-    parse_job_changes,
-    parse_num_procs,
-    require_sub_id,
-    scheduler_attribute_definitions,
-)
+from ..service.attributes import AttrInfo, ValueType
+from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
+from ..service.model import K, Kind, ServiceModel, UnknownElement
+from .base import Backend, BackendContext
+from .common import current_user
 
-__all__ = ["SimScheduler", "MAX_PROCS", "QUEUE_NAMES", "TICK"]
+__all__ = ["SimBackend", "SimOptions", "MAX_PROCS", "QUEUE_NAMES", "STATE_TABLE", "TICK"]
 
 #: Largest ``jobNumProcs`` a simulated submission may ask for.
 MAX_PROCS = 4096
@@ -95,17 +86,52 @@ _NUM_PROCS = ("1", "2", "4", "8", "16")
 _NUM_PROCS_WEIGHTS = (85, 5, 5, 3, 2)
 _CPUS = ("32", "64", "128")
 _NODE_DOWN_SHARE = 0.03
-# (jobState, jobStatus) of existing jobs, with weights.
-_JOB_MIX: Tuple[Tuple[str, str, int], ...] = (
-    (State.STARTING, Status.PENDING, 30),
-    (State.STARTING, Status.HELD, 5),
-    (State.RUNNING, Status.RUNNING, 45),
-    (State.SUSPENDED, Status.SUSPENDED, 3),
-    (State.COMPLETED, Status.FINISHED, 12),
-    (State.COMPLETED, Status.FAILED, 3),
-    (State.COMPLETED, Status.CANCELED, 2),
+#: The simulated scheduler's own state codes, and what they mean.
+STATE_TABLE = StateTable(
+    "sim",
+    {
+        "PD": JobState.QUEUING,
+        "H": JobState.HOLD,
+        "R": JobState.RUNNING,
+        "S": JobState.SUSPENDED,
+        "CD": JobState.FINISHED,
+        "F": JobState.FAILED,
+        "CA": JobState.KILLED,
+    },
 )
-_INDEX = tuple(sys.intern(str(i)) for i in range(256))
+PENDING, HELD, RUNNING, SUSPENDED, COMPLETED, FAILED, CANCELLED = "PD", "H", "R", "S", "CD", "F", "CA"
+_ENDED = frozenset((COMPLETED, FAILED, CANCELLED))
+_NOT_STARTED = frozenset((PENDING, HELD))
+#: (state, native state) attribute values per native code, shared by every element
+_STATE = {native: (sys.intern(STATE_TABLE.map(native).value), sys.intern(native)) for native, _ in STATE_TABLE}
+
+# Native states of existing jobs, with weights.
+_JOB_MIX: Tuple[Tuple[str, int], ...] = (
+    (PENDING, 30),
+    (HELD, 5),
+    (RUNNING, 45),
+    (SUSPENDED, 3),
+    (COMPLETED, 12),
+    (FAILED, 3),
+    (CANCELLED, 2),
+)
+
+
+def _state(native: str) -> Dict[str, str]:
+    state, code = _STATE[native]
+    return {K.STATE: state, K.NATIVE_STATE: code}
+
+
+@attrs.frozen
+class SimOptions:
+    nodes: int = 16
+    jobs: int = 0
+    churn: float = 0.0
+    seed: int = 1
+    #: simulated durations are multiplied by this (0.1: jobs run ten times faster)
+    time_scale: float = 1.0
+    #: share of existing jobs that list their processes
+    process_share: float = 0.1
 
 # Timer actions.
 _START, _STEP, _REMOVE = 0, 1, 2
@@ -126,43 +152,38 @@ class _Submitted:
         self.nodes = nodes
 
 
-class SimScheduler(Scheduler):
+class SimBackend(Backend):
     """A deterministic synthetic cluster (see the module documentation)."""
 
     name = "sim"
+    summary = "a deterministic simulated cluster for demos, client development and scale tests"
 
     def __init__(
         self,
-        model: Model,
-        options: SchedulerOptions,
+        model: ServiceModel,
+        options: Optional[SimOptions] = None,
+        context: Optional[BackendContext] = None,
         *,
-        time_scale: Optional[float] = None,
-        process_share: Optional[float] = None,
         retention: float = 30.0,
     ) -> None:
-        super().__init__(model, options)
-        if time_scale is None:
-            time_scale = getattr(options, "sim_time_scale", 1.0)
-        if not time_scale > 0:
-            raise ValueError(f"time_scale must be positive, got {time_scale!r}")
-        self.time_scale = float(time_scale)
-        if process_share is None:
-            process_share = getattr(options, "sim_process_share", 0.1)
-        if not 0 <= process_share <= 1:
-            raise ValueError(f"process_share must be between 0 and 1, got {process_share!r}")
-        self.process_share = process_share
+        super().__init__(model, options, context)
+        options = self.options
+        if not options.time_scale > 0:
+            raise ValueError(f"time_scale must be positive, got {options.time_scale!r}")
+        if not 0 <= options.process_share <= 1:
+            raise ValueError(f"process_share must be between 0 and 1, got {options.process_share!r}")
+        self.time_scale = float(options.time_scale)
+        self.process_share = options.process_share
         self.retention = retention
         self.user = current_user()
-        self._rng = random.Random(options.sim_seed)
-        self._job_rng = random.Random(f"{options.sim_seed}/submitted")
+        self._rng = random.Random(options.seed)
+        self._job_rng = random.Random(f"{options.seed}/submitted")
         self.machine_id: Optional[int] = None
         self.node_ids: range = range(0)
         self.queue_ids: Dict[str, int] = {}
-        self._queue_id_text: Dict[int, str] = {}
         self._node_up = bytearray()
-        self._node_id_text: List[str] = []
-        #: ids of existing (and churn-made) jobs that have not completed, for churn to pick from;
-        #: entries that completed some other way are dropped when picked
+        #: keys of existing (and churn-made) jobs that have not ended, for churn to pick from;
+        #: entries that ended some other way are dropped when picked
         self._active: List[int] = []
         self._submitted: Dict[int, _Submitted] = {}
         self._timers: List[Tuple[float, int, int, int, int]] = []
@@ -170,15 +191,60 @@ class SimScheduler(Scheduler):
         self._wakeup = trio.Event()
         self._churn_carry = 0.0
 
+    # ------------------------------------------------------------------ options
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("simulated scheduler (sim)")
+        group.add_argument("--sim-nodes", type=int, default=16, metavar="N",
+                           help="number of nodes (default: %(default)s)")
+        group.add_argument("--sim-jobs", type=int, default=0, metavar="N",
+                           help="jobs present at start (default: %(default)s)")
+        group.add_argument("--sim-churn", type=float, default=0.0, metavar="EVENTS_PER_SECOND",
+                           help="random node and job changes per second (default: %(default)s)")
+        group.add_argument("--sim-seed", type=int, default=1, metavar="N",
+                           help="random seed: the same seed gives the same cluster (default: %(default)s)")
+        group.add_argument("--sim-time-scale", type=float, default=1.0, metavar="FACTOR",
+                           help="stretch (>1) or shrink (<1) job durations (default: %(default)s)")
+        group.add_argument("--sim-process-share", type=float, default=0.1, metavar="FRACTION",
+                           help="share of existing jobs that list their processes (default: %(default)s)")
+
+    @classmethod
+    def options_from_args(cls, args: argparse.Namespace) -> SimOptions:
+        nodes = getattr(args, "sim_nodes", 16)
+        jobs = getattr(args, "sim_jobs", 0)
+        churn = getattr(args, "sim_churn", 0.0)
+        scale = getattr(args, "sim_time_scale", 1.0)
+        share = getattr(args, "sim_process_share", 0.1)
+        if not 0 <= nodes <= 1_000_000:
+            raise ValueError(f"--sim-nodes must be between 0 and 1000000, got {nodes}")
+        if not 0 <= jobs <= 10_000_000:
+            raise ValueError(f"--sim-jobs must be between 0 and 10000000, got {jobs}")
+        if not 0 <= churn <= 1_000_000:
+            raise ValueError(f"--sim-churn must be between 0 and 1000000 events per second, got {churn:g}")
+        if not 0 < scale <= 1_000_000:
+            raise ValueError(f"--sim-time-scale must be a positive factor, got {scale:g}")
+        if not 0 <= share <= 1:
+            raise ValueError(f"--sim-process-share must be between 0 and 1, got {share:g}")
+        return SimOptions(nodes=nodes, jobs=jobs, churn=churn, seed=getattr(args, "sim_seed", 1),
+                          time_scale=scale, process_share=share)
+
+    @classmethod
+    def default_options(cls) -> SimOptions:
+        return SimOptions()
+
     # ------------------------------------------------------------------ interface
 
-    def attribute_definitions(self) -> List[AttributeDefinition]:
-        default_queue = self.queue_ids.get(QUEUE_NAMES[0])
-        return scheduler_attribute_definitions(
-            max_procs=MAX_PROCS,
-            default_queue=None if default_queue is None else str(default_queue),
-            hold=True,
-        )
+    def attributes(self) -> List[AttrInfo]:
+        return [
+            AttrInfo(K.NUM_PROCS, ValueType.INTEGER, "Processes", "How many processes the job runs",
+                     default="1", minimum="1", maximum=str(MAX_PROCS), settable=True),
+            AttrInfo(K.CPUS, ValueType.INTEGER, "CPUs", "How many CPUs the node has", default="0"),
+            AttrInfo(K.HOLD, ValueType.BOOLEAN, "Hold", "Submit the job held", default="false", settable=True),
+        ]
+
+    def default_queue(self) -> Optional[int]:
+        return self.queue_ids.get(QUEUE_NAMES[0])
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         if self.machine_id is None:
@@ -186,112 +252,112 @@ class SimScheduler(Scheduler):
         task_status.started()
         await self._loop()
 
-    async def submit(self, job: AttributeSet) -> int:
+    async def submit(self, spec: JobSpec, queue: int) -> int:
         if self.machine_id is None:
-            raise SubmitError("the simulated scheduler is not running", ErrorCode.SCHEDULER)
-        sub_id = require_sub_id(job)
-        num_procs = parse_num_procs(job, MAX_PROCS)
-        queue_id = self._queue_for(job.get(A.QUEUE_ID))
-        exec_name = job.get(A.EXEC_NAME) or ""
-        exec_path = job.get(A.EXEC_PATH) or ""
-        if not exec_name and not exec_path:
-            raise SubmitError("no executable given: set execName and/or execPath", ErrorCode.BAD_ARGUMENTS)
-        program = exec_name or exec_path.rstrip("/").rsplit("/", 1)[-1] or exec_path
-        name = job.get(JOB_NAME) or program
+            raise SubmitError("the simulated scheduler is not running", ErrorKind.UNAVAILABLE)
+        num_procs = spec.num_procs
+        if not 1 <= num_procs <= MAX_PROCS:
+            raise SubmitError(
+                f"the simulated scheduler runs 1 to {MAX_PROCS} processes per job, not {num_procs}",
+                ErrorKind.BAD_REQUEST,
+            )
+        if queue not in self.queue_ids.values():
+            raise SubmitError(f"queue {queue} is not a queue of the simulated cluster", ErrorKind.NO_SUCH_QUEUE)
+        if not spec.executable:
+            raise SubmitError("no executable given", ErrorKind.BAD_REQUEST)
+        name = spec.display_name
         rng = self._job_rng
         pending_time = PENDING_TIME
         run_time = RUN_TIME_MIN + RUN_TIME_SPREAD * rng.random()
         nodes = [self._pick_node(rng) for _ in range(num_procs)]
-        attrs = {
-            A.JOB_SUB_ID: sub_id,
-            A.NAME: name,
-            A.JOB_STATE: State.STARTING,
-            A.JOB_STATUS: Status.PENDING,
-            A.QUEUE_ID: self._queue_id_text[queue_id],
-            A.JOB_NUM_PROCS: str(num_procs),
-            A.PROG_ARGS: tuple(job.getall(A.PROG_ARGS)),
-            A.USER_ID: self.user,
+        native = HELD if spec.hold else PENDING
+        attrs_ = {
+            K.CLIENT_REF: spec.client_ref,
+            K.NAME: name,
+            **_state(native),
+            K.QUEUE: queue,
+            K.NUM_PROCS: str(num_procs),
+            K.EXECUTABLE: spec.executable,
+            K.ARGUMENTS: spec.arguments,
+            K.USER: self.user,
+            K.WORKING_DIR: spec.working_dir,
         }
-        for key, value in ((A.EXEC_NAME, exec_name), (A.EXEC_PATH, exec_path), (A.WORKING_DIR, job.get(A.WORKING_DIR))):
-            if value:
-                attrs[key] = value
-        job_id = self.model.add(ElementKind.JOB, queue_id, attrs)
-        self.model.add_many(
-            ElementKind.PROCESS,
-            job_id,
-            [{A.PROCESS_STATE: State.STARTING, A.PROCESS_INDEX: _index(i)} for i in range(num_procs)],
-        )
+        model = self.model
+        with model.batch():
+            job_id = model.add(Kind.JOB, queue, attrs_, owner=self.name)
+            model.add_many(Kind.PROCESS, job_id, [_state(native)] * num_procs, owner=self.name)
         record = _Submitted(name, pending_time, run_time, nodes)
         self._submitted[job_id] = record
-        self._schedule(pending_time, _START, job_id, record.gen)
+        if not spec.hold:
+            self._schedule(pending_time, _START, job_id, record.gen)
         return job_id
 
-    async def terminate(self, job_id: int) -> None:
-        state = self._job_state(job_id)
-        if state == State.COMPLETED:
-            raise JobError(f"job {job_id} has already completed", ErrorCode.OPERATION_FAILED)
-        record = self._submitted.get(job_id)
+    async def terminate(self, job: int) -> None:
+        native = self._native(job)
+        if native in _ENDED:
+            raise JobError(f"job {job} has already ended", ErrorKind.OPERATION_FAILED)
+        record = self._submitted.get(job)
         if record is not None:
             record.gen += 1
-        self._complete(job_id, Status.CANCELED, signal="SIGTERM")
+        self._complete(job, CANCELLED, signal="SIGTERM")
 
-    async def change(self, job_id: int, changes: AttributeSet) -> None:
-        request = parse_job_changes(changes, hold=True)
-        state = self._job_state(job_id)
-        status = self.model.attr(job_id, A.JOB_STATUS)
-        record = self._submitted.get(job_id)
-        if request.hold is not None:
-            if state != State.STARTING:
-                raise JobError(
-                    f"job {job_id} is {state}; only a job that has not started can be held or released",
-                    ErrorCode.OPERATION_FAILED,
-                )
-            if request.hold and status != Status.HELD:
-                self.model.update(job_id, {A.JOB_STATUS: Status.HELD})
-                if record is not None:
-                    record.gen += 1
-            elif not request.hold and status == Status.HELD:
-                self.model.update(job_id, {A.JOB_STATUS: Status.PENDING})
-                if record is not None:
-                    record.gen += 1
-                    self._schedule(record.pending_time, _START, job_id, record.gen)
-            return
-        if request.suspend:
-            if state == State.SUSPENDED:
+    async def hold(self, job: int, held: bool) -> None:
+        native = self._native(job)
+        record = self._submitted.get(job)
+        if native not in _NOT_STARTED:
+            raise JobError(
+                f"job {job} is {STATE_TABLE.map(native).value}; only a job that has not started can be held or released",
+                ErrorKind.OPERATION_FAILED,
+            )
+        if held and native != HELD:
+            self.model.update(job, _state(HELD))
+            if record is not None:
+                record.gen += 1
+        elif not held and native == HELD:
+            self.model.update(job, _state(PENDING))
+            if record is not None:
+                record.gen += 1
+                self._schedule(record.pending_time, _START, job, record.gen)
+
+    async def suspend(self, job: int, suspended: bool) -> None:
+        native = self._native(job)
+        record = self._submitted.get(job)
+        if suspended:
+            if native == SUSPENDED:
                 return
-            if state != State.RUNNING:
+            if native != RUNNING:
                 raise JobError(
-                    f"job {job_id} is {state}; only a running job can be suspended", ErrorCode.OPERATION_FAILED
+                    f"job {job} is {STATE_TABLE.map(native).value}; only a running job can be suspended",
+                    ErrorKind.OPERATION_FAILED,
                 )
-            self._set_running(job_id, State.SUSPENDED, Status.SUSPENDED)
+            self._set_running(job, SUSPENDED)
             if record is not None:
                 record.gen += 1  # the current step starts over on resume
         else:
-            if state == State.RUNNING:
+            if native == RUNNING:
                 return
-            if state != State.SUSPENDED:
+            if native != SUSPENDED:
                 raise JobError(
-                    f"job {job_id} is {state}; only a suspended job can be resumed", ErrorCode.OPERATION_FAILED
+                    f"job {job} is {STATE_TABLE.map(native).value}; only a suspended job can be resumed",
+                    ErrorKind.OPERATION_FAILED,
                 )
-            self._set_running(job_id, State.RUNNING, Status.RUNNING)
+            self._set_running(job, RUNNING)
             if record is not None:
                 record.gen += 1
-                self._schedule(record.step_time, _STEP, job_id, record.gen)
+                self._schedule(record.step_time, _STEP, job, record.gen)
 
-    async def move(self, job_id: int, queue_id: int) -> None:
-        try:
-            self.model.find(queue_id, ElementKind.QUEUE)
-        except UnknownElement:
-            raise JobError(f"no queue with id {queue_id}", ErrorCode.NO_SUCH_QUEUE) from None
-        state = self._job_state(job_id)
-        if state != State.STARTING:
+    async def move(self, job: int, queue: int) -> None:
+        if queue not in self.queue_ids.values():
+            raise JobError(f"queue {queue} is not a queue of the simulated cluster", ErrorKind.NO_SUCH_QUEUE)
+        native = self._native(job)
+        if native not in _NOT_STARTED:
             raise JobError(
-                f"job {job_id} is {state}; only a job that has not started can change queues",
-                ErrorCode.OPERATION_FAILED,
+                f"job {job} is {STATE_TABLE.map(native).value}; only a job that has not started can change queues",
+                ErrorKind.OPERATION_FAILED,
             )
         with self.model.batch():
-            self.model.move(job_id, queue_id)
-            self.model.update(job_id, {A.QUEUE_ID: self._queue_id_text[queue_id]})
+            self.model.move(job, queue)
+            self.model.update(job, {K.QUEUE: queue})
 
     # ------------------------------------------------------------------ the initial model
 
@@ -309,36 +375,41 @@ class SimScheduler(Scheduler):
     def _populate(self) -> None:
         model = self.model
         rng = self._rng
-        count = self.options.sim_nodes
+        count = self.options.nodes
+        owner = self.name
         self.machine_id = model.add(
-            ElementKind.MACHINE,
-            None,
-            {A.NAME: MACHINE_NAME, A.MACHINE_STATE: MachineState.UP, A.NUM_NODES: str(count)},
+            Kind.MACHINE, None,
+            {K.NAME: MACHINE_NAME, K.STATE: "UP", K.NUM_NODES: str(count), K.BACKEND: owner},
+            owner=owner,
         )
         width = max(5, len(str(max(count - 1, 0))))
         cpus = rng.choices(_CPUS, k=count)
         up = bytearray(1 if rng.random() >= _NODE_DOWN_SHARE else 0 for _ in range(count))
         if count:
             self.node_ids = model.add_many(
-                ElementKind.NODE,
+                Kind.NODE,
                 self.machine_id,
                 [
                     {
-                        A.NAME: f"n{i:0{width}d}",
-                        A.NODE_STATE: NodeState.UP if up[i] else NodeState.DOWN,
-                        A.NODE_NUMBER: str(i),
-                        CPUS: cpus[i],
+                        K.NAME: f"n{i:0{width}d}",
+                        K.STATE: "UP" if up[i] else "DOWN",
+                        K.NUMBER: str(i),
+                        K.CPUS: cpus[i],
                     }
                     for i in range(count)
                 ],
+                owner=owner,
             )
         self._node_up = up
-        self._node_id_text = [str(n) for n in self.node_ids]
         for name in QUEUE_NAMES:
-            queue_id = model.add(ElementKind.QUEUE, None, {A.NAME: name, A.QUEUE_STATE: QueueState.NORMAL})
+            queue_id = model.add(
+                Kind.QUEUE, None,
+                {K.NAME: name, K.STATE: "NORMAL", K.BACKEND: owner,
+                 K.DEFAULT: "true" if name == QUEUE_NAMES[0] else "false"},
+                owner=owner,
+            )
             self.queue_ids[name] = queue_id
-            self._queue_id_text[queue_id] = sys.intern(str(queue_id))
-        self._add_existing_jobs(self.options.sim_jobs)
+        self._add_existing_jobs(self.options.jobs)
 
     def _add_existing_jobs(self, count: int) -> None:
         """``count`` jobs in mixed states; one add_many per queue, processes for a share."""
@@ -347,7 +418,7 @@ class SimScheduler(Scheduler):
         rng = self._rng
         model = self.model
         queues = [self.queue_ids[name] for name in QUEUE_NAMES]
-        mix_index = rng.choices(range(len(_JOB_MIX)), weights=[w for _, _, w in _JOB_MIX], k=count)
+        mix_index = rng.choices(range(len(_JOB_MIX)), weights=[w for _, w in _JOB_MIX], k=count)
         queue_index = rng.choices(range(len(queues)), weights=_QUEUE_WEIGHTS, k=count)
         names = rng.choices(range(len(_JOB_NAMES)), k=count)
         users = rng.choices(range(len(_USERS)), k=count)
@@ -358,48 +429,41 @@ class SimScheduler(Scheduler):
         per_queue_meta: List[List[Tuple[int, int]]] = [[] for _ in queues]
         for i in range(count):
             key = (mix_index[i], queue_index[i], names[i], users[i], procs[i])
-            attrs = shared.get(key)
-            if attrs is None:
-                state, status, _ = _JOB_MIX[key[0]]
-                attrs = shared[key] = {
-                    A.NAME: _JOB_NAMES[key[2]],
-                    A.JOB_STATE: state,
-                    A.JOB_STATUS: status,
-                    A.QUEUE_ID: self._queue_id_text[queues[key[1]]],
-                    A.JOB_NUM_PROCS: _NUM_PROCS[key[4]],
-                    A.USER_ID: _USERS[key[3]],
+            attrs_ = shared.get(key)
+            if attrs_ is None:
+                native = _JOB_MIX[key[0]][0]
+                attrs_ = shared[key] = {
+                    K.NAME: _JOB_NAMES[key[2]],
+                    **_state(native),
+                    K.QUEUE: queues[key[1]],
+                    K.NUM_PROCS: _NUM_PROCS[key[4]],
+                    K.USER: _USERS[key[3]],
                 }
-            per_queue[key[1]].append(attrs)
+            per_queue[key[1]].append(attrs_)
             per_queue_meta[key[1]].append((key[0], key[4]))
         listed = self.process_share
+        churn = self.options.churn > 0
         for q, queue_id in enumerate(queues):
             if not per_queue[q]:
                 continue
-            ids = model.add_many(ElementKind.JOB, queue_id, per_queue[q])
+            ids = model.add_many(Kind.JOB, queue_id, per_queue[q], owner=self.name)
             for job_id, (mix, nprocs) in zip(ids, per_queue_meta[q]):
-                state, status, _ = _JOB_MIX[mix]
-                if state != State.COMPLETED:
+                native = _JOB_MIX[mix][0]
+                if native not in _ENDED:
                     self._active.append(job_id)
                 if listed and rng.random() < listed:
-                    self._add_processes(job_id, int(_NUM_PROCS[nprocs]), state, status, rng)
-                if state == State.COMPLETED and self.options.sim_churn > 0:
-                    # they completed at some point of the last retention period
+                    self._add_processes(job_id, int(_NUM_PROCS[nprocs]), native, rng)
+                if native in _ENDED and churn:
+                    # they ended at some point of the last retention period
                     self._schedule(self.retention * rng.random(), _REMOVE, job_id, 0)
 
-    def _add_processes(self, job_id: int, count: int, state: str, status: str, rng: random.Random) -> None:
-        process = {A.PROCESS_STATE: state}
-        if state != State.STARTING:
-            process[A.PROCESS_NODE_ID] = self._node_id_text[self._pick_node(rng)] if self._node_id_text else ""
-        if state == State.COMPLETED:
-            process[A.PROCESS_STATUS] = status
-            process[A.PROCESS_EXIT_CODE] = "0" if status == Status.FINISHED else "1"
-        if count == 1:
-            process[A.PROCESS_INDEX] = _INDEX[0]
-            self.model.add_many(ElementKind.PROCESS, job_id, [process])
-            return
-        self.model.add_many(
-            ElementKind.PROCESS, job_id, [{**process, A.PROCESS_INDEX: _index(i)} for i in range(count)]
-        )
+    def _add_processes(self, job_id: int, count: int, native: str, rng: random.Random) -> None:
+        process = _state(native)
+        if native not in _NOT_STARTED and self.node_ids:
+            process[K.NODE] = self.node_ids[self._pick_node(rng)]
+        if native in _ENDED:
+            process[K.EXIT_CODE] = "0" if native == COMPLETED else "1"
+        self.model.add_many(Kind.PROCESS, job_id, [process] * count, owner=self.name)
 
     # ------------------------------------------------------------------ time
 
@@ -414,10 +478,10 @@ class SimScheduler(Scheduler):
         last_tick = trio.current_time()
         next_tick = last_tick + TICK
         while True:
-            churn = self.options.sim_churn  # read each round: the rate may be changed while running
+            churn = self.options.churn
             now = trio.current_time()
             timers = self._timers
-            with self.model.batch():  # one wake-up of the agent per tick
+            with self.model.batch():  # one wake-up of the subscribers per tick
                 while timers and timers[0][0] <= now:
                     _, _, action, job_id, gen = heapq.heappop(timers)
                     self._fire(action, job_id, gen)
@@ -440,7 +504,7 @@ class SimScheduler(Scheduler):
 
     def _fire(self, action: int, job_id: int, gen: int) -> None:
         if action == _REMOVE:
-            if job_id in self.model and self.model.attr(job_id, A.JOB_STATE) == State.COMPLETED:
+            if job_id in self.model and self.model.attr(job_id, K.NATIVE_STATE) in _ENDED:
                 self.model.remove(job_id)
             return
         record = self._submitted.get(job_id)
@@ -453,33 +517,27 @@ class SimScheduler(Scheduler):
 
     def _start_submitted(self, job_id: int, record: _Submitted) -> None:
         model = self.model
-        model.update(job_id, {A.JOB_STATE: State.RUNNING, A.JOB_STATUS: Status.RUNNING})
-        for index, eid in enumerate(model.children(job_id, ElementKind.PROCESS)):
-            model.update(
-                eid,
-                {
-                    A.PROCESS_STATE: State.RUNNING,
-                    A.PROCESS_STATUS: Status.RUNNING,
-                    A.PROCESS_NODE_ID: self._node_id_text[record.nodes[index]] if self._node_id_text else "",
-                    A.PROCESS_PID: str(10000 + (eid % 50000)),
-                },
-            )
+        with model.batch():
+            model.update(job_id, _state(RUNNING))
+            for index, eid in enumerate(model.processes(job_id)):
+                attrs_ = {**_state(RUNNING), K.PID: str(10000 + (eid % 50000))}
+                if self.node_ids:
+                    attrs_[K.NODE] = self.node_ids[record.nodes[index]]
+                model.update(eid, attrs_)
         self._schedule(record.step_time, _STEP, job_id, record.gen)
 
     def _step_submitted(self, job_id: int, record: _Submitted) -> None:
         record.steps_left -= 1
-        processes = self.model.children(job_id, ElementKind.PROCESS)
+        processes = self.model.processes(job_id)
         if record.steps_left > 0:
             step = OUTPUT_LINES + 1 - record.steps_left
             for index, eid in enumerate(processes):
-                self.model.output(eid, f"{record.name} rank {index}: step {step} of {OUTPUT_LINES}", "stdout")
+                self.model.output(eid, "stdout", f"{record.name} rank {index}: step {step} of {OUTPUT_LINES}")
             self._schedule(record.step_time, _STEP, job_id, record.gen)
             return
-        self.model.update_many(
-            processes,
-            {A.PROCESS_STATE: State.COMPLETED, A.PROCESS_STATUS: Status.FINISHED, A.PROCESS_EXIT_CODE: "0"},
-        )
-        self.model.update(job_id, {A.JOB_STATE: State.COMPLETED, A.JOB_STATUS: Status.FINISHED})
+        with self.model.batch():
+            self.model.update_many(processes, {**_state(COMPLETED), K.EXIT_CODE: "0"})
+            self.model.update(job_id, {**_state(COMPLETED), K.EXIT_CODE: "0"})
         del self._submitted[job_id]
         self._schedule(self.retention, _REMOVE, job_id, 0)
 
@@ -494,37 +552,34 @@ class SimScheduler(Scheduler):
         while active:
             i = rng.randrange(len(active))
             job_id = active[i]
-            state = self._existing_state(job_id)
-            if state is not None and state != State.COMPLETED:
-                self._advance(i, job_id, state)
+            native = self._existing_native(job_id)
+            if native is not None and native not in _ENDED:
+                self._advance(i, job_id, native)
                 return
-            active[i] = active[-1]  # completed (or removed) some other way: forget it
+            active[i] = active[-1]  # ended (or removed) some other way: forget it
             active.pop()
         self._arrival()
 
     def _flip_node(self, index: int) -> None:
         up = self._node_up[index] = 0 if self._node_up[index] else 1
-        self.model.update(self.node_ids[index], {A.NODE_STATE: NodeState.UP if up else NodeState.DOWN})
+        self.model.update(self.node_ids[index], {K.STATE: "UP" if up else "DOWN"})
 
-    def _existing_state(self, job_id: int) -> Optional[str]:
+    def _existing_native(self, job_id: int) -> Optional[str]:
         if job_id not in self.model:
             return None
-        return self.model.attr(job_id, A.JOB_STATE)  # type: ignore[return-value]
+        return self.model.attr(job_id, K.NATIVE_STATE)  # type: ignore[return-value]
 
-    def _advance(self, index: int, job_id: int, state: str) -> None:
+    def _advance(self, index: int, job_id: int, native: str) -> None:
         """Move one existing job one step along its life."""
         rng = self._rng
-        if state == State.STARTING:
-            if self.model.attr(job_id, A.JOB_STATUS) == Status.HELD:
-                self.model.update(job_id, {A.JOB_STATUS: Status.PENDING})
-            else:
-                self._set_running(job_id, State.RUNNING, Status.RUNNING, rng)
-        elif state == State.SUSPENDED:
-            self._set_running(job_id, State.RUNNING, Status.RUNNING, rng)
+        if native == HELD:
+            self.model.update(job_id, _state(PENDING))
+        elif native in (PENDING, SUSPENDED):
+            self._set_running(job_id, RUNNING, rng)
         elif rng.random() < 0.1:
-            self._set_running(job_id, State.SUSPENDED, Status.SUSPENDED, rng)
+            self._set_running(job_id, SUSPENDED, rng)
         else:
-            self._complete(job_id, Status.FINISHED if rng.random() < 0.8 else Status.FAILED)
+            self._complete(job_id, COMPLETED if rng.random() < 0.8 else FAILED)
             active = self._active
             active[index] = active[-1]
             active.pop()
@@ -536,71 +591,61 @@ class SimScheduler(Scheduler):
         queue_id = self.queue_ids[rng.choices(QUEUE_NAMES, weights=_QUEUE_WEIGHTS)[0]]
         nprocs = rng.choices(_NUM_PROCS, weights=_NUM_PROCS_WEIGHTS)[0]
         job_id = self.model.add(
-            ElementKind.JOB,
+            Kind.JOB,
             queue_id,
             {
-                A.NAME: rng.choice(_JOB_NAMES),
-                A.JOB_STATE: State.STARTING,
-                A.JOB_STATUS: Status.PENDING,
-                A.QUEUE_ID: self._queue_id_text[queue_id],
-                A.JOB_NUM_PROCS: nprocs,
-                A.USER_ID: rng.choice(_USERS),
+                K.NAME: rng.choice(_JOB_NAMES),
+                **_state(PENDING),
+                K.QUEUE: queue_id,
+                K.NUM_PROCS: nprocs,
+                K.USER: rng.choice(_USERS),
             },
+            owner=self.name,
         )
         if self.process_share and rng.random() < self.process_share:
-            self._add_processes(job_id, int(nprocs), State.STARTING, Status.PENDING, rng)
+            self._add_processes(job_id, int(nprocs), PENDING, rng)
         self._active.append(job_id)
 
     # ------------------------------------------------------------------ shared steps
 
-    def _set_running(self, job_id: int, state: str, status: str, rng: Optional[random.Random] = None) -> None:
-        """Job (and its processes) to RUNNING or SUSPENDED."""
+    def _set_running(self, job_id: int, native: str, rng: Optional[random.Random] = None) -> None:
+        """Job (and its processes) to R or S."""
         model = self.model
-        model.update(job_id, {A.JOB_STATE: state, A.JOB_STATUS: status})
-        processes = model.children(job_id, ElementKind.PROCESS)
-        if not processes:
-            return
-        attrs = {A.PROCESS_STATE: state, A.PROCESS_STATUS: status}
-        model.update_many(processes, attrs)
-        if rng is not None and self._node_id_text:
-            for eid in processes:
-                if model.attr(eid, A.PROCESS_NODE_ID) is None:
-                    model.update(eid, {A.PROCESS_NODE_ID: self._node_id_text[self._pick_node(rng)]})
+        with model.batch():
+            model.update(job_id, _state(native))
+            processes = model.processes(job_id)
+            if not processes:
+                return
+            model.update_many(processes, _state(native))
+            if rng is not None and self.node_ids:
+                for eid in processes:
+                    if model.attr(eid, K.NODE) is None:
+                        model.update(eid, {K.NODE: self.node_ids[self._pick_node(rng)]})
 
-    def _complete(self, job_id: int, status: str, signal: Optional[str] = None) -> None:
-        """Job to COMPLETED with ``status``; its unfinished processes with it."""
+    def _complete(self, job_id: int, native: str, signal: Optional[str] = None) -> None:
+        """Job to an end state; its unfinished processes with it."""
         model = self.model
-        for eid in model.children(job_id, ElementKind.PROCESS):
-            process_state = model.attr(eid, A.PROCESS_STATE)
-            if process_state == State.COMPLETED:
-                continue
-            attrs = {A.PROCESS_STATE: State.COMPLETED, A.PROCESS_STATUS: status}
-            if signal is not None and process_state != State.STARTING:
-                attrs[A.PROCESS_SIGNAL_NAME] = signal
-            elif signal is None:
-                attrs[A.PROCESS_EXIT_CODE] = "0" if status == Status.FINISHED else "1"
-            model.update(eid, attrs)
-        model.update(job_id, {A.JOB_STATE: State.COMPLETED, A.JOB_STATUS: status})
+        with model.batch():
+            for eid in model.processes(job_id):
+                process_native = model.attr(eid, K.NATIVE_STATE)
+                if process_native in _ENDED:
+                    continue
+                attrs_ = _state(native)
+                if signal is not None and process_native not in _NOT_STARTED:
+                    attrs_[K.SIGNAL] = signal
+                elif signal is None:
+                    attrs_[K.EXIT_CODE] = "0" if native == COMPLETED else "1"
+                model.update(eid, attrs_)
+            model.update(job_id, _state(native))
         self._submitted.pop(job_id, None)
         self._schedule(self.retention, _REMOVE, job_id, 0)
 
-    def _job_state(self, job_id: int) -> str:
+    def _native(self, job_id: int) -> str:
         try:
-            self.model.find(job_id, ElementKind.JOB)
+            self.model.find(job_id, Kind.JOB)
         except UnknownElement:
-            raise JobError(f"no job with id {job_id}", ErrorCode.NO_SUCH_JOB) from None
-        return self.model.attr(job_id, A.JOB_STATE) or State.STARTING  # type: ignore[return-value]
-
-    def _queue_for(self, given: Optional[str]) -> int:
-        if given is None or given == "":
-            return self.queue_ids[QUEUE_NAMES[0]]
-        if given in self.queue_ids:
-            return self.queue_ids[given]
-        for queue_id, text in self._queue_id_text.items():
-            if text == given:
-                return queue_id
-        known = ", ".join(f"{self._queue_id_text[q]} ({n})" for n, q in self.queue_ids.items())
-        raise SubmitError(f"unknown queue {given!r}; queues: {known}", ErrorCode.NO_SUCH_QUEUE)
+            raise JobError(f"no job with key {job_id}", ErrorKind.NO_SUCH_JOB) from None
+        return self.model.attr(job_id, K.NATIVE_STATE) or PENDING  # type: ignore[return-value]
 
     def _pick_node(self, rng: random.Random) -> int:
         """A random node index, preferring nodes that are UP."""
@@ -612,7 +657,3 @@ class SimScheduler(Scheduler):
             if up[index]:
                 return index
         return index
-
-
-def _index(i: int) -> str:
-    return _INDEX[i] if i < len(_INDEX) else str(i)

@@ -3,21 +3,21 @@
 What the model shows
 --------------------
 * One machine, the cluster (``ClusterName`` from ``scontrol show config``, else ``slurm``).
-  ``machineState`` is UP when every node is up, ALERT when some are not, DOWN when none is,
+  Its ``state`` is UP when every node is up, ALERT when some are not, DOWN when none is,
   ERROR while SLURM's commands fail.
-* Its nodes, with ``nodeState`` mapped from SLURM's state (``slurm_parse.map_node_state``)
-  and SLURM's own view in ``slurmNodeState``, ``cpus``, ``slurmCpusAllocated``,
-  ``slurmMemoryMB``, ``slurmPartitions`` and ``slurmReason``.
-* One queue per partition: ``queueState`` NORMAL when the partition is UP, else STOPPED, with
-  its limits (``slurmMaxTime``, ``slurmDefaultTime``, ``slurmMaxNodes``, ``slurmDefault``,
-  ``slurmNodeList``...).
+* Its nodes, with ``state`` mapped from SLURM's state (``slurm_parse.map_node_state``)
+  and SLURM's own word in ``nativeState``, ``cpus``, ``cpusUsed``, ``memoryMB``,
+  ``queues`` (its partitions) and ``reason``.
+* One queue per partition: ``state`` NORMAL when the partition is UP, else STOPPED, with
+  its limits (``maxTime`` and ``defaultTime`` in seconds, ``maxNodes``, ``default``,
+  ``totalNodes``, ``totalSlots``).
 * The user's jobs (everyone's with ``--all-users``), each under its partition's queue.
-  ``jobState`` is the coarse state (``slurm_parse.JOB_STATE_TABLE``), ``jobStatus`` SLURM's
-  own state word, ``jobStatusMessage`` SLURM's reason; ``slurmJobId``, ``slurmNodeList``,
-  ``slurmTimeUsed``, ``timeLimit``, ``slurmExitCode`` (``exit:signal``), ``userId``... Each
-  job has one process (index 0) carrying the followed output of jobs submitted here and, at
-  the end, ``processExitCode`` (128 + signal number when a signal ended it, as shells do)
-  and ``processSignalName``.
+  ``state`` is the service's word for SLURM's state (:data:`STATE_TABLE`, every state and
+  flag SLURM documents), ``nativeState`` SLURM's own, ``message`` SLURM's reason;
+  ``nativeId``, ``hosts``, ``timeUsed`` and ``timeLimit`` (seconds), ``exitCode``,
+  ``user``... Each job has one process (rank 0) carrying the followed output of jobs
+  submitted here and, at the end, ``exitCode`` (128 + signal number when a signal ended it,
+  as shells do) and ``signal``.
 
 How it is kept current
 ----------------------
@@ -32,9 +32,9 @@ from the accounting database or the job-completion log) and reported COMPLETED; 
 jobs are removed from the model after ``retention`` seconds.
 
 Every command runs from an argv list with a timeout; big outputs are parsed in a worker
-thread. A failing or hanging command is logged, kept in :attr:`SlurmScheduler.last_error`,
-passed to :attr:`SlurmScheduler.on_message` when that is set, and retried with exponential
-back-off; the agent keeps serving meanwhile.
+thread. A failing or hanging command is logged, kept in :attr:`SlurmBackend.last_error`,
+told to the clients through the backend context, and retried with exponential back-off; the
+agent keeps serving meanwhile.
 
 JSON or text
 ------------
@@ -49,8 +49,8 @@ Submitting
 ----------
 The batch script comes from :mod:`.batch` (every user value shell-quoted; options are argv
 elements of ``sbatch --parsable``, the script goes on stdin). Output goes to
-``~/.proxy-agent/slurm/<jobSubId>.<random>.out`` / ``.err`` unless ``stdoutPath`` /
-``stderrPath`` say otherwise, and those files are followed while the job runs.
+``~/.proxy-agent/slurm/<name>.<random>.out`` / ``.err`` unless the submission names output
+files, and those files are followed while the job runs.
 """
 
 from __future__ import annotations
@@ -73,29 +73,23 @@ from typing import (
 import attrs
 import trio
 
-from ..model import Model, UnknownElement
-from ..protocol.attributes import (
-    INT32_MAX,
-    A,
-    AttributeDefinition,
-    AttributeRegistry,
-    AttributeSet,
-    AttrType,
-)
-from ..protocol.messages import ElementKind, ErrorCode, MessageLevel
+from ..service.attributes import AttrInfo, ValueType
+from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, StateTable, SubmitError
+from ..service.model import K, Kind, ServiceModel
 from . import batch
 from . import common
 from . import slurm_parse as sp
-from .base import JobError, Scheduler, SchedulerError, SchedulerOptions, SubmitError
+from .base import Backend, BackendContext
 from .slurm_parse import SlurmJob, SlurmNode, SlurmPartition
 
 __all__ = [
-    "S",
     "CommandResult",
     "JobChanges",
     "JobTable",
+    "STATE_TABLE",
+    "SlurmBackend",
     "SlurmCommandError",
-    "SlurmScheduler",
+    "SlurmOptions",
     "clean_message",
     "job_attributes",
     "node_attributes",
@@ -106,106 +100,146 @@ __all__ = [
 
 log = logging.getLogger("proxy_agent.schedulers.slurm")
 
-COMPLETED = "COMPLETED"
-_ACTIVE_STATES = ("RUNNING", "SUSPENDED")
+
+def _state_key(raw: str) -> str:
+    """SLURM's state text -> the table's key: the long name that decides the meaning.
+
+    Accepts long names, squeue's compact codes, flag combinations from newer JSON
+    (``COMPLETED+COMPLETING``, ``PENDING+REQUEUE_HOLD``) and sacct's ``CANCELLED by 0``.  A
+    flag that changes the meaning wins over the base state: COMPLETING (processes still
+    end), the hold flags, STAGE_OUT, CONFIGURING, SIGNALING, RESIZING, REQUEUED, STOPPED.
+    """
+    words = raw.strip().split()
+    if not words:
+        return ""
+    names = [sp.JOB_STATE_CODES.get(token, token) for token in words[0].upper().split("+")]
+    for flag in _FLAG_PRECEDENCE:
+        if flag in names:
+            return flag
+    return names[0]
 
 
-class S:
-    """Attribute ids of the SLURM backend (the standard ones are in ``A``)."""
+_FLAG_PRECEDENCE = (
+    "COMPLETING", "STAGE_OUT", "REQUEUE_HOLD", "RESV_DEL_HOLD", "SPECIAL_EXIT", "REQUEUE_FED",
+    "REQUEUED", "CONFIGURING", "SIGNALING", "RESIZING", "STOPPED", "REVOKED",
+)
 
-    # submission (the first four also describe a job element)
-    PARTITION = "partition"
-    ACCOUNT = "account"
-    TIME_LIMIT = "timeLimit"
-    NODES = "nodes"
-    CPUS_PER_TASK = "cpusPerTask"
-    MEMORY = "memory"
-    HOLD = common.HOLD
-    BEGIN_TIME = "beginTime"
-    STDOUT_PATH = "stdoutPath"
-    STDERR_PATH = "stderrPath"
-    # job
-    JOB_ID = "slurmJobId"
-    NODE_LIST = "slurmNodeList"
-    NUM_NODES = "slurmNumNodes"
-    NUM_CPUS = "slurmNumCpus"
-    TIME_USED = "slurmTimeUsed"
-    EXIT_CODE = "slurmExitCode"
-    # node
-    NODE_STATE = "slurmNodeState"
-    CPUS = common.CPUS
-    CPUS_ALLOCATED = "slurmCpusAllocated"
-    MEMORY_MB = "slurmMemoryMB"
-    PARTITIONS = "slurmPartitions"
-    REASON = "slurmReason"
-    # queue
-    PARTITION_STATE = "slurmPartitionState"
-    DEFAULT = "slurmDefault"
-    MAX_TIME = "slurmMaxTime"
-    DEFAULT_TIME = "slurmDefaultTime"
-    MAX_NODES = "slurmMaxNodes"
-    TOTAL_NODES = "slurmTotalNodes"
-    TOTAL_CPUS = "slurmTotalCpus"
-    # machine
-    VERSION = "slurmVersion"
+#: Every job state and state flag SLURM documents, mapped into the service's states.
+STATE_TABLE = StateTable(
+    "slurm",
+    {
+        "PENDING": JobState.QUEUING,
+        "CONFIGURING": JobState.PREPARING,
+        "REQUEUED": JobState.QUEUING,
+        "REQUEUE_FED": JobState.QUEUING,
+        "REQUEUE_HOLD": JobState.HOLD,
+        "RESV_DEL_HOLD": JobState.HOLD,
+        "SPECIAL_EXIT": JobState.HOLD,
+        "RUNNING": JobState.RUNNING,
+        "RESIZING": JobState.RUNNING,
+        "SIGNALING": JobState.RUNNING,
+        "POWER_UP_NODE": JobState.PREPARING,
+        "LAUNCH_FAILED": JobState.FAILED,
+        "UPDATE_DB": JobState.FINISHING,
+        "RECONFIG_FAIL": JobState.FAILED,
+        "COMPLETING": JobState.FINISHING,
+        "STAGE_OUT": JobState.FINISHING,
+        "SUSPENDED": JobState.SUSPENDED,
+        "STOPPED": JobState.SUSPENDED,
+        "COMPLETED": JobState.FINISHED,
+        "FAILED": JobState.FAILED,
+        "CANCELLED": JobState.KILLED,
+        "PREEMPTED": JobState.KILLED,
+        "TIMEOUT": JobState.FAILED,
+        "NODE_FAIL": JobState.FAILED,
+        "OUT_OF_MEMORY": JobState.FAILED,
+        "BOOT_FAIL": JobState.FAILED,
+        "DEADLINE": JobState.FAILED,
+        "REVOKED": JobState.DELETED,
+    },
+    normalize=_state_key,
+)
+
+_ACTIVE_STATES = frozenset({JobState.RUNNING, JobState.SUSPENDED, JobState.FINISHING})
 
 
-def _string(attr_id: str, name: str, description: str) -> AttributeDefinition:
-    return AttributeDefinition(attr_id, AttrType.STRING, name, description)
+def job_state(raw: str) -> JobState:
+    return STATE_TABLE.map(raw)
 
 
-def _count(attr_id: str, name: str, description: str, default: str = "0", minimum: str = "0") -> AttributeDefinition:
-    return AttributeDefinition(
-        attr_id, AttrType.INTEGER, name, description, True, default, minimum=minimum, maximum=str(INT32_MAX)
-    )
+def native_word(raw: str) -> str:
+    """SLURM's state as one upper-case long name (``CD`` -> ``COMPLETED``)."""
+    key = _state_key(raw)
+    return key or "UNKNOWN"
 
+
+def _info(name: str, type_: ValueType, label: str, description: str, **more: Any) -> AttrInfo:
+    return AttrInfo(name, type_, label, description, **more)
+
+
+#: Settings of a SLURM submission beyond the common ones (their names in the service).
+PARTITION = "partition"
+NODES = "nodes"
+CPUS_PER_TASK = "cpusPerTask"
+MEMORY = "memory"
+BEGIN_TIME = "beginTime"
+STDOUT_PATH = "stdoutPath"
+STDERR_PATH = "stderrPath"
 
 #: Attributes the backend shows on machines, nodes, queues and jobs.
-DISPLAY_ATTRIBUTES: Tuple[AttributeDefinition, ...] = (
-    _string(S.VERSION, "SLURM Version", "Version of the SLURM installation"),
-    _string(S.NODE_STATE, "SLURM Node State", "The node's state in SLURM's words (IDLE, MIXED+DRAIN, DOWN*...)"),
-    _count(S.CPUS_ALLOCATED, "CPUs Allocated", "CPUs of the node allocated to jobs"),
-    _count(S.MEMORY_MB, "Memory (MB)", "Memory the node has, in megabytes"),
-    _string(S.PARTITIONS, "Partitions", "Partitions the node belongs to, comma-separated"),
-    _string(S.REASON, "Reason", "Why the node is down, drained or failing"),
-    _string(S.PARTITION_STATE, "SLURM Partition State", "The partition's state in SLURM's words (UP, DOWN, DRAIN, INACTIVE)"),
-    AttributeDefinition(S.DEFAULT, AttrType.BOOLEAN, "Default Partition",
-                        "Whether jobs that name no partition go here", True, "false"),
-    _string(S.MAX_TIME, "Maximum Time", "Longest time limit a job of the partition may have"),
-    _string(S.DEFAULT_TIME, "Default Time", "Time limit of a job of the partition that sets none"),
-    _string(S.MAX_NODES, "Maximum Nodes", "Most nodes one job of the partition may use (UNLIMITED or a number)"),
-    _count(S.TOTAL_NODES, "Total Nodes", "Nodes in the partition"),
-    _count(S.TOTAL_CPUS, "Total CPUs", "CPUs in the partition"),
-    _string(S.NODE_LIST, "Node List", "Nodes of the partition, or nodes the job runs on, in SLURM's notation"),
-    _string(S.JOB_ID, "SLURM Job ID", "The job's id in SLURM (for squeue, scontrol, sacct)"),
-    _count(S.NUM_NODES, "Nodes Used", "Nodes the job uses or asked for"),
-    _count(S.NUM_CPUS, "CPUs Used", "CPUs the job uses or asked for"),
-    _string(S.TIME_USED, "Time Used", "Run time so far (refreshed at least once a minute)"),
-    _string(S.EXIT_CODE, "SLURM Exit Code", "How the job ended, as exit:signal (3:0 exited with 3, 0:9 killed by signal 9)"),
+DISPLAY_ATTRIBUTES: Tuple[AttrInfo, ...] = (
+    _info(K.VERSION, ValueType.STRING, "Version", "Version of the scheduler installation"),
+    _info(K.NATIVE_STATE, ValueType.STRING, "Native State",
+          "The element's state in the scheduler's own words (IDLE, MIXED+DRAIN, PENDING...)"),
+    _info(K.CPUS, ValueType.INTEGER, "CPUs", "How many CPUs the node has", default="0"),
+    _info(K.CPUS_USED, ValueType.INTEGER, "CPUs Allocated", "CPUs of the node allocated to jobs", default="0"),
+    _info(K.MEMORY, ValueType.INTEGER, "Memory (MB)", "Memory the node has, in megabytes", default="0"),
+    _info(K.QUEUES, ValueType.STRING, "Partitions", "Partitions the node belongs to, comma-separated"),
+    _info(K.REASON, ValueType.STRING, "Reason", "Why the node is down, drained or failing"),
+    _info(K.DEFAULT, ValueType.BOOLEAN, "Default Queue", "Whether jobs that name no queue go here", default="false"),
+    _info(K.MAX_TIME, ValueType.INTEGER, "Maximum Time (s)",
+          "Longest time limit a job of the queue may have, in seconds (absent: unlimited)", default="0"),
+    _info(K.DEFAULT_TIME, ValueType.INTEGER, "Default Time (s)",
+          "Time limit of a job of the queue that sets none, in seconds", default="0"),
+    _info(K.MAX_NODES, ValueType.INTEGER, "Maximum Nodes",
+          "Most nodes one job of the queue may use (absent: unlimited)", default="0"),
+    _info(K.TOTAL_NODES, ValueType.INTEGER, "Total Nodes", "Nodes in the queue", default="0"),
+    _info(K.TOTAL_SLOTS, ValueType.INTEGER, "Total Slots", "Processor slots (CPUs) in the queue", default="0"),
+    _info(K.HOSTS, ValueType.STRING, "Hosts", "Nodes of the queue, or nodes the job runs on, in SLURM's notation"),
+    _info(K.NATIVE_ID, ValueType.STRING, "Native Job ID", "The job's id in its scheduler (for squeue, scontrol...)"),
+    _info(K.NUM_NODES, ValueType.INTEGER, "Nodes", "Nodes the job uses or asked for", default="0"),
+    _info(K.NUM_CPUS, ValueType.INTEGER, "CPUs Used", "CPUs the job uses or asked for", default="0"),
+    _info(K.TIME_USED, ValueType.INTEGER, "Time Used (s)",
+          "Run time so far in seconds (refreshed at least once a minute)", default="0"),
+    _info(K.TIME_LIMIT, ValueType.INTEGER, "Time Limit (s)", "The job's time limit in seconds", default="0"),
+    _info(K.ACCOUNT, ValueType.STRING, "Account", "Account the job is charged to"),
+    _info(K.EXIT_CODE, ValueType.INTEGER, "Exit Code", "How the job or process ended", default="0"),
 )
 
-_HOLD_DEFINITION = AttributeDefinition(
-    common.HOLD, AttrType.BOOLEAN, "Hold",
-    "Submit the job held (sbatch --hold); CHANGE_JOB hold=true/false holds or releases a pending job",
-    True, "false",
-)
-
-#: Submission attributes other than the partition (whose legal values come from the cluster).
-SUBMIT_ATTRIBUTES: Tuple[AttributeDefinition, ...] = (
-    _string(S.ACCOUNT, "Account", "Account the job is charged to (sbatch --account); empty: your default"),
-    _string(S.TIME_LIMIT, "Time Limit",
-            "Time limit (sbatch --time): minutes, or [D-]HH:MM:SS; empty: the partition's default"),
-    _count(S.NODES, "Nodes", "Nodes to run on (sbatch --nodes); 0 lets SLURM decide"),
-    _count(S.CPUS_PER_TASK, "CPUs per Task", "CPUs for each process (sbatch --cpus-per-task)", "1", "1"),
-    _string(S.MEMORY, "Memory", "Memory per node (sbatch --mem): megabytes, or 500M, 4G; empty: the partition's default"),
-    _HOLD_DEFINITION,
-    _string(S.BEGIN_TIME, "Begin Time",
-            "Do not start before this time (sbatch --begin): 2030-01-31T10:00, now+1hour, tomorrow..."),
-    _string(S.STDOUT_PATH, "Standard Output File",
-            "Where the job's standard output goes (sbatch --output, %j is the job id); "
-            "empty: a file in ~/.proxy-agent/slurm that the agent follows"),
-    _string(S.STDERR_PATH, "Standard Error File",
-            "Where the job's standard error goes (sbatch --error); empty: next to the standard output"),
+#: Submission settings other than the partition (whose legal values come from the cluster).
+SUBMIT_ATTRIBUTES: Tuple[AttrInfo, ...] = (
+    _info(K.ACCOUNT, ValueType.STRING, "Account",
+          "Account the job is charged to (sbatch --account); empty: your default", settable=True),
+    _info(K.TIME_LIMIT, ValueType.STRING, "Time Limit",
+          "Time limit (sbatch --time): minutes, or [D-]HH:MM:SS; empty: the partition's default", settable=True),
+    _info(NODES, ValueType.INTEGER, "Nodes", "Nodes to run on (sbatch --nodes); 0 lets SLURM decide",
+          default="0", minimum="0", settable=True),
+    _info(CPUS_PER_TASK, ValueType.INTEGER, "CPUs per Task", "CPUs for each process (sbatch --cpus-per-task)",
+          default="1", minimum="1", settable=True),
+    _info(MEMORY, ValueType.STRING, "Memory",
+          "Memory per node (sbatch --mem): megabytes, or 500M, 4G; empty: the partition's default", settable=True),
+    _info(K.HOLD, ValueType.BOOLEAN, "Hold",
+          "Submit the job held (sbatch --hold); hold and release act on a pending job", default="false",
+          settable=True),
+    _info(BEGIN_TIME, ValueType.STRING, "Begin Time",
+          "Do not start before this time (sbatch --begin): 2030-01-31T10:00, now+1hour, tomorrow...",
+          settable=True),
+    _info(STDOUT_PATH, ValueType.STRING, "Standard Output File",
+          "Where the job's standard output goes (sbatch --output, %j is the job id); "
+          "empty: a file in ~/.proxy-agent/slurm that the agent follows", settable=True),
+    _info(STDERR_PATH, ValueType.STRING, "Standard Error File",
+          "Where the job's standard error goes (sbatch --error); empty: next to the standard output",
+          settable=True),
 )
 
 
@@ -218,34 +252,12 @@ def _text(n: Optional[int]) -> str:
     return "" if n is None else str(n)
 
 
-def job_attributes(job: SlurmJob) -> Dict[str, str]:
-    """A job's model attributes (every key, empty when SLURM has no value; no time used)."""
-    state, status = sp.map_job_state(job.state)
-    return {
-        A.NAME: job.name,
-        A.JOB_STATE: state,
-        A.JOB_STATUS: status,
-        A.JOB_STATUS_MESSAGE: job.reason,
-        A.USER_ID: job.user,
-        S.JOB_ID: job.job_id,
-        S.PARTITION: job.partition,
-        S.ACCOUNT: job.account,
-        S.NODE_LIST: job.nodes,
-        S.NUM_NODES: _text(job.num_nodes),
-        S.NUM_CPUS: _text(job.num_cpus),
-        A.JOB_NUM_PROCS: _text(job.num_tasks),
-        S.TIME_LIMIT: job.time_limit,
-        S.EXIT_CODE: job.exit_code if state == COMPLETED else "",
-        A.WORKING_DIR: job.work_dir,
-    }
-
-
-#: The SlurmJob fields job_attributes() reads: a listing record whose key is unchanged
-#: changes nothing in the model (time used is refreshed separately).
-_JOB_KEY = operator.attrgetter(
-    "state", "reason", "nodes", "partition", "exit_code", "name", "num_nodes", "num_cpus",
-    "num_tasks", "time_limit", "user", "account", "work_dir",
-)
+def _seconds(duration: str) -> str:
+    """SLURM duration text as seconds (``""`` for none or unlimited)."""
+    if not duration:
+        return ""
+    seconds = sp.duration_seconds(duration)
+    return "" if seconds is None else str(seconds)
 
 
 def split_exit_code(text: str) -> Tuple[Optional[int], int]:
@@ -256,18 +268,57 @@ def split_exit_code(text: str) -> Tuple[Optional[int], int]:
     return int(code), int(sig) if sig.isdigit() else 0
 
 
-def process_attributes(job: SlurmJob, node_id: Optional[int] = None) -> Dict[str, str]:
+def _exit_attrs(exit_code: str) -> Dict[str, str]:
+    code, sig = split_exit_code(exit_code)
+    if code is None:
+        return {}
+    out = {K.EXIT_CODE: str(128 + sig if sig else code)}
+    if sig:
+        out[K.SIGNAL] = common.signal_name(sig)
+    return out
+
+
+def job_attributes(job: SlurmJob) -> Dict[str, str]:
+    """A job's model attributes (every key, empty when SLURM has no value; no time used)."""
+    state = job_state(job.state)
+    attrs_ = {
+        K.NAME: job.name,
+        K.STATE: state.value,
+        K.NATIVE_STATE: native_word(job.state),
+        K.MESSAGE: job.reason,
+        K.USER: job.user,
+        K.NATIVE_ID: job.job_id,
+        K.ACCOUNT: job.account,
+        K.HOSTS: job.nodes,
+        K.NUM_NODES: _text(job.num_nodes),
+        K.NUM_CPUS: _text(job.num_cpus),
+        K.NUM_PROCS: _text(job.num_tasks),
+        K.TIME_LIMIT: _seconds(job.time_limit),
+        K.WORKING_DIR: job.work_dir,
+        K.EXIT_CODE: "",
+        K.SIGNAL: "",
+    }
+    if state.final:
+        attrs_.update(_exit_attrs(job.exit_code))
+    return attrs_
+
+
+#: The SlurmJob fields job_attributes() reads: a listing record whose key is unchanged
+#: changes nothing in the model (time used is refreshed separately).
+_JOB_KEY = operator.attrgetter(
+    "state", "reason", "nodes", "partition", "exit_code", "name", "num_nodes", "num_cpus",
+    "num_tasks", "time_limit", "user", "account", "work_dir",
+)
+
+
+def process_attributes(job: SlurmJob, node_id: Optional[int] = None) -> Dict[str, Any]:
     """The attributes of a job's process 0 that follow from the job's record."""
-    state, status = sp.map_job_state(job.state)
-    out = {A.PROCESS_STATE: state, A.PROCESS_STATUS: status}
+    state = job_state(job.state)
+    out: Dict[str, Any] = {K.STATE: state.value, K.NATIVE_STATE: native_word(job.state)}
     if node_id is not None:
-        out[A.PROCESS_NODE_ID] = str(node_id)
-    if state == COMPLETED:
-        code, sig = split_exit_code(job.exit_code)
-        if code is not None:
-            out[A.PROCESS_EXIT_CODE] = str(128 + sig if sig else code)
-            if sig:
-                out[A.PROCESS_SIGNAL_NAME] = common.signal_name(sig)
+        out[K.NODE] = node_id
+    if state.final:
+        out.update(_exit_attrs(job.exit_code))
     return out
 
 
@@ -275,14 +326,14 @@ def node_attributes(node: SlurmNode) -> Dict[str, str]:
     """A node's model attributes (every key; the node number is the caller's)."""
     state, raw = sp.map_node_state(node.state)
     return {
-        A.NAME: node.name,
-        A.NODE_STATE: state,
-        S.NODE_STATE: raw,
-        S.CPUS: _text(node.cpus),
-        S.CPUS_ALLOCATED: _text(node.alloc_cpus),
-        S.MEMORY_MB: _text(node.memory_mb),
-        S.PARTITIONS: ",".join(node.partitions),
-        S.REASON: node.reason,
+        K.NAME: node.name,
+        K.STATE: state,
+        K.NATIVE_STATE: raw,
+        K.CPUS: _text(node.cpus),
+        K.CPUS_USED: _text(node.alloc_cpus),
+        K.MEMORY: _text(node.memory_mb),
+        K.QUEUES: ",".join(node.partitions),
+        K.REASON: node.reason,
     }
 
 
@@ -290,16 +341,16 @@ def partition_attributes(part: SlurmPartition) -> Dict[str, str]:
     """A partition's queue attributes (every key)."""
     state, raw = sp.map_partition_state(part.state)
     return {
-        A.NAME: part.name,
-        A.QUEUE_STATE: state,
-        S.PARTITION_STATE: raw,
-        S.DEFAULT: "true" if part.is_default else "false",
-        S.MAX_TIME: part.max_time,
-        S.DEFAULT_TIME: part.default_time,
-        S.MAX_NODES: "UNLIMITED" if part.max_nodes is None else str(part.max_nodes),
-        S.TOTAL_NODES: _text(part.total_nodes),
-        S.TOTAL_CPUS: _text(part.total_cpus),
-        S.NODE_LIST: part.nodes,
+        K.NAME: part.name,
+        K.STATE: state,
+        K.NATIVE_STATE: raw,
+        K.DEFAULT: "true" if part.is_default else "false",
+        K.MAX_TIME: _seconds(part.max_time),
+        K.DEFAULT_TIME: _seconds(part.default_time),
+        K.MAX_NODES: "" if part.max_nodes is None else str(part.max_nodes),
+        K.TOTAL_NODES: _text(part.total_nodes),
+        K.TOTAL_SLOTS: _text(part.total_cpus),
+        K.HOSTS: part.nodes,
     }
 
 
@@ -556,13 +607,13 @@ async def run_command(argv: Sequence[str], stdin: Optional[bytes] = None,
     return CommandResult(tuple(argv), process.returncode, process.stdout, process.stderr)
 
 
-class SlurmCommandError(SchedulerError):
+class SlurmCommandError(ServiceError):
     """A SLURM command failed, hung or could not be started; ``message`` is SLURM's words."""
 
     def __init__(
         self, argv: Sequence[str], message: str, returncode: Optional[int] = None, timed_out: bool = False
     ) -> None:
-        super().__init__(message, ErrorCode.SCHEDULER)
+        super().__init__(message, ErrorKind.UNAVAILABLE)
         self.argv = tuple(argv)
         self.returncode = returncode
         self.timed_out = timed_out
@@ -611,6 +662,26 @@ class _Job:
 
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def _has_started(state: Any) -> bool:
+    """A job whose ``state`` attribute says its processes have begun (or ended)."""
+    if not isinstance(state, str):
+        return False
+    try:
+        parsed = JobState(state)
+    except ValueError:
+        return False
+    return parsed.started or parsed.final or parsed is JobState.FINISHING
+
+
+def _slurm_duration(seconds: int) -> str:
+    """Seconds in sbatch's ``[D-]HH:MM:SS``."""
+    days, rest = divmod(max(0, int(seconds)), 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{days}-{text}" if days else text
 # trio 0.23 renamed to_thread.run_sync's "cancellable" to "abandon_on_cancel".
 _ABANDON = (
     "abandon_on_cancel" if "abandon_on_cancel" in inspect.signature(trio.to_thread.run_sync).parameters
@@ -618,10 +689,17 @@ _ABANDON = (
 )
 
 
-class SlurmScheduler(Scheduler):
+@attrs.frozen
+class SlurmOptions:
+    #: seconds between two polls of the cluster
+    poll_interval: float = 5.0
+
+
+class SlurmBackend(Backend):
     """A SLURM cluster (see the module documentation)."""
 
     name = "slurm"
+    summary = "a SLURM cluster (squeue, sinfo, sbatch, scancel, scontrol, sacct)"
 
     #: Jobs looked up one by one with scontrol when they vanish (the rest go to one sacct).
     MAX_SCONTROL_LOOKUPS = 20
@@ -630,8 +708,9 @@ class SlurmScheduler(Scheduler):
 
     def __init__(
         self,
-        model: Model,
-        options: SchedulerOptions,
+        model: ServiceModel,
+        options: Optional[SlurmOptions] = None,
+        context: Optional[BackendContext] = None,
         *,
         retention: float = 60.0,
         command_timeout: float = 30.0,
@@ -650,9 +729,9 @@ class SlurmScheduler(Scheduler):
         user: Optional[str] = None,
         runner: Optional[Runner] = None,
     ) -> None:
-        super().__init__(model, options)
-        self.poll_interval = max(0.1, float(options.poll_interval))
-        self.all_users = options.all_users
+        super().__init__(model, options, context)
+        self.poll_interval = max(0.1, float(self.options.poll_interval))
+        self.all_users = self.context.all_users
         self.retention = retention
         self.command_timeout = command_timeout
         self.fast_poll_interval = min(fast_poll_interval, self.poll_interval)
@@ -702,34 +781,44 @@ class SlurmScheduler(Scheduler):
         self._nursery: Optional[trio.Nursery] = None
         self._query_env = dict(os.environ, SLURM_TIME_FORMAT="standard")
 
+    # ------------------------------------------------------------------ options
+
+    @classmethod
+    def add_arguments(cls, parser) -> None:
+        group = parser.add_argument_group("SLURM (slurm)")
+        group.add_argument("--slurm-poll-interval", "--poll-interval", dest="slurm_poll_interval", type=float,
+                           default=5.0, metavar="SECONDS",
+                           help="seconds between two polls of the cluster (default: %(default)s)")
+
+    @classmethod
+    def options_from_args(cls, args) -> SlurmOptions:
+        interval = getattr(args, "slurm_poll_interval", 5.0)
+        if not 0.1 <= interval <= 3600:
+            raise ValueError(f"--slurm-poll-interval must be between 0.1 and 3600 seconds, got {interval:g}")
+        return SlurmOptions(poll_interval=interval)
+
+    @classmethod
+    def default_options(cls) -> SlurmOptions:
+        return SlurmOptions()
+
     # ------------------------------------------------------------------ definitions
 
-    def attribute_definitions(self) -> List[AttributeDefinition]:
-        default_queue = self._queues.get(self._default_partition or "")
-        return common.scheduler_attribute_definitions(
-            max_procs=INT32_MAX,
-            default_queue=str(default_queue) if default_queue is not None else None,
-            hold=True,
-            extra=[*DISPLAY_ATTRIBUTES, self._partition_definition(), *SUBMIT_ATTRIBUTES],
-        )
+    def attributes(self) -> List[AttrInfo]:
+        return [*DISPLAY_ATTRIBUTES, self._partition_attribute(), *SUBMIT_ATTRIBUTES]
 
-    def _partition_definition(self) -> AttributeDefinition:
-        description = "Partition to submit to (sbatch --partition); a queueId names one too"
+    def default_queue(self) -> Optional[int]:
+        if self._default_partition is None:
+            return None
+        return self._queues.get(self._default_partition)
+
+    def _partition_attribute(self) -> AttrInfo:
+        description = "Partition to submit to (sbatch --partition); a queue names one too"
         names = tuple(name for name in self._partitions if name)
         if not names:
-            return _string(S.PARTITION, "Partition", description)
+            return _info(PARTITION, ValueType.STRING, "Partition", description, settable=True)
         default = self._default_partition if self._default_partition in names else names[0]
-        return AttributeDefinition(
-            S.PARTITION, AttrType.ENUMERATED, "Partition", description, True, default, values=names
-        )
-
-    @functools.cached_property
-    def _submit_registry(self) -> AttributeRegistry:
-        # The partition is checked by SLURM itself (its list may have changed since we looked),
-        # so it is validated as plain text here.
-        return AttributeRegistry(common.scheduler_attribute_definitions(
-            max_procs=INT32_MAX, hold=True, extra=[_string(S.PARTITION, "Partition", ""), *SUBMIT_ATTRIBUTES],
-        ))
+        return _info(PARTITION, ValueType.ENUMERATED, "Partition", description, default=default,
+                     choices=names, settable=True)
 
     # ------------------------------------------------------------------ commands
 
@@ -808,7 +897,7 @@ class SlurmScheduler(Scheduler):
             self.version = sp.parse_version(text)
             self.version_text = text.split()[-1] if text else ""
         except (SlurmCommandError, sp.SlurmError) as exc:
-            raise SchedulerError(f"cannot use SLURM on this machine: {exc}", ErrorCode.SCHEDULER) from None
+            raise ServiceError(f"cannot use SLURM on this machine: {exc}", ErrorKind.UNAVAILABLE) from None
         support = sp.json_support(self.version if self.prefer_json else None)
         self._json = {
             "nodes": support["nodes"],
@@ -919,24 +1008,21 @@ class SlurmScheduler(Scheduler):
             if text != self._reported_error:
                 self._reported_error = text
                 log.warning("SLURM query failed (retrying in %g s): %s", delay, text)
-                self._message(MessageLevel.ERROR, f"SLURM query failed (retrying): {text}")
+                self._message("ERROR", f"SLURM query failed (retrying): {text}")
             else:
                 log.debug("SLURM query failed again (attempt %d, retrying in %g s): %s", self._failures, delay, text)
         elif self._failures:
             log.info("SLURM answers again after %d failed polls", self._failures)
-            self._message(MessageLevel.INFO, "SLURM answers again")
+            self._message("INFO", "SLURM answers again")
             self._failures = 0
             self.last_error = None
             self._reported_error = None
 
-    def _message(self, level: MessageLevel, text: str) -> None:
-        callback = self.on_message
-        if callback is None:
-            return
+    def _message(self, level: str, text: str) -> None:
         try:
-            callback(level, int(ErrorCode.SCHEDULER), text)
+            self.context.notify(level, text)
         except Exception:  # noqa: BLE001 - reporting must not break polling
-            log.exception("on_message callback failed")
+            log.exception("a notice could not be delivered")
 
     # ------------------------------------------------------------------ machine and config
 
@@ -953,7 +1039,7 @@ class SlurmScheduler(Scheduler):
         if name and name != "(null)":
             self.cluster_name = name
             if self._machine is not None:
-                self.model.update(self._machine, {A.NAME: name})
+                self.model.update(self._machine, {K.NAME: name})
         storage = config.get("AccountingStorageType", "accounting_storage/none")
         if storage and storage != "accounting_storage/none":
             self._sacct_mode = "accounting"
@@ -965,9 +1051,10 @@ class SlurmScheduler(Scheduler):
 
     def _add_machine(self) -> None:
         version = self.version_text
-        self._machine = self.model.add(ElementKind.MACHINE, None, {
-            A.NAME: self.cluster_name, A.MACHINE_STATE: "UNKNOWN", A.NUM_NODES: "0", S.VERSION: version,
-        })
+        self._machine = self.model.add(Kind.MACHINE, None, {
+            K.NAME: self.cluster_name, K.STATE: "UNKNOWN", K.NUM_NODES: "0", K.VERSION: version,
+            K.BACKEND: self.name,
+        }, owner=self.name)
 
     def _update_machine(self) -> None:
         if self._machine is None:
@@ -979,12 +1066,13 @@ class SlurmScheduler(Scheduler):
         else:
             up = sum(1 for _eid, node in self._nodes.values() if sp.map_node_state(node.state)[0] == "UP")
             state = "UP" if up == len(self._nodes) else ("ALERT" if up else "DOWN")
-        self.model.update(self._machine, {A.MACHINE_STATE: state, A.NUM_NODES: str(len(self._nodes))})
+        self.model.update(self._machine, {K.STATE: state, K.NUM_NODES: str(len(self._nodes))})
 
     def _set(self, eid: int, attrs: Mapping[str, str]) -> None:
         """Update an element; an empty value clears a key only if it was ever set."""
         model = self.model
-        model.update(eid, {k: v for k, v in attrs.items() if v or model.attr(eid, k) is not None})
+        model.update(eid, {k: (v if v != "" else None) for k, v in attrs.items()
+                           if v != "" or model.attr(eid, k) is not None})
 
     # ------------------------------------------------------------------ partitions
 
@@ -1008,7 +1096,10 @@ class SlurmScheduler(Scheduler):
             attrs_ = partition_attributes(part)
             eid = self._queues.get(part.name)
             if eid is None:
-                self._queues[part.name] = model.add(ElementKind.QUEUE, None, {k: v for k, v in attrs_.items() if v})
+                attrs_[K.BACKEND] = self.name
+                self._queues[part.name] = model.add(
+                    Kind.QUEUE, None, {k: v for k, v in attrs_.items() if v}, owner=self.name
+                )
             elif self._partitions.get(part.name) != part:
                 self._set(eid, attrs_)
         for name, eid in list(self._queues.items()):
@@ -1031,7 +1122,7 @@ class SlurmScheduler(Scheduler):
         eid = self._queues.get(name)
         if eid is None:
             eid = self._queues[name] = self.model.add(
-                ElementKind.QUEUE, None, {A.NAME: name, A.QUEUE_STATE: "NORMAL"}
+                Kind.QUEUE, None, {K.NAME: name, K.STATE: "NORMAL", K.BACKEND: self.name}, owner=self.name
             )
             self._partitions_stale = True
         return eid
@@ -1065,9 +1156,9 @@ class SlurmScheduler(Scheduler):
             for node in new:
                 number = self._node_numbers.setdefault(node.name, len(self._node_numbers))
                 attrs_ = {k: v for k, v in node_attributes(node).items() if v}
-                attrs_[A.NODE_NUMBER] = str(number)
+                attrs_[K.NUMBER] = str(number)
                 attrs_list.append(attrs_)
-            for eid, node in zip(model.add_many(ElementKind.NODE, self._machine, attrs_list), new):
+            for eid, node in zip(model.add_many(Kind.NODE, self._machine, attrs_list, owner=self.name), new):
                 self._nodes[node.name] = (eid, node)
         for name in [n for n in self._nodes if n not in listed]:
             model.remove(self._nodes.pop(name)[0])
@@ -1124,46 +1215,46 @@ class SlurmScheduler(Scheduler):
 
     def _add_jobs(self, queue: int, jobs: List[SlurmJob]) -> None:
         model = self.model
-        partition = model.attr(queue, A.NAME) or ""
         attrs_list = []
         for job in jobs:
-            attrs_ = {k: v for k, v in job_attributes(job).items() if v}
-            attrs_[A.QUEUE_ID] = str(queue)
-            # the queue it is shown under (a pending job may list several: "debug,long")
-            attrs_[S.PARTITION] = partition
+            attrs_: Dict[str, Any] = {k: v for k, v in job_attributes(job).items() if v}
+            attrs_[K.QUEUE] = queue
             if job.time_used:
-                attrs_[S.TIME_USED] = job.time_used
+                attrs_[K.TIME_USED] = _seconds(job.time_used)
             attrs_list.append(attrs_)
-        for eid, job in zip(model.add_many(ElementKind.JOB, queue, attrs_list), jobs):
-            node = self._node_id(job.nodes)
-            process = process_attributes(job, node)
-            process[A.PROCESS_INDEX] = "0"
-            pid = model.add(ElementKind.PROCESS, eid, process)
-            tracked = _Job(job.job_id, eid, pid, queue, node=node)
-            self._jobs[job.job_id] = tracked
-            self._by_element[eid] = tracked
-            if process[A.PROCESS_STATE] == COMPLETED:
-                self._completed(tracked)
+        with model.batch():
+            for eid, job in zip(model.add_many(Kind.JOB, queue, attrs_list, owner=self.name), jobs):
+                node = self._node_id(job.nodes)
+                process = process_attributes(job, node)
+                pid = model.add(Kind.PROCESS, eid, process, owner=self.name)
+                tracked = _Job(job.job_id, eid, pid, queue, node=node)
+                self._jobs[job.job_id] = tracked
+                self._by_element[eid] = tracked
+                if job_state(job.state).final:
+                    self._completed(tracked)
 
     def _update_job(self, tracked: _Job, job: SlurmJob) -> None:
-        queue = self._queue_for(job.partition)
-        if queue != tracked.queue:
-            self.model.move(tracked.element, queue)
-            tracked.queue = queue
-        attrs_ = job_attributes(job)
-        attrs_[A.QUEUE_ID] = str(queue)
-        attrs_[S.PARTITION] = self.model.attr(queue, A.NAME) or ""
-        if job.time_used:
-            attrs_[S.TIME_USED] = job.time_used
-        self._set(tracked.element, attrs_)
-        if job.nodes:
-            tracked.node = self._node_id(job.nodes)
-        process = process_attributes(job, tracked.node)
-        self._set(tracked.process, process)
-        state = process[A.PROCESS_STATE]
-        if state != "STARTING" and tracked.started is not None:
-            tracked.started.set()
-        if state == COMPLETED:
+        model = self.model
+        with model.batch():
+            queue = self._queue_for(job.partition)
+            if queue != tracked.queue:
+                model.move(tracked.element, queue)
+                tracked.queue = queue
+            attrs_: Dict[str, Any] = job_attributes(job)
+            attrs_[K.QUEUE] = queue
+            if job.time_used:
+                attrs_[K.TIME_USED] = _seconds(job.time_used)
+            if job.nodes:
+                tracked.node = self._node_id(job.nodes)
+            process = process_attributes(job, tracked.node)
+            # The process first, so that a job's end follows its process's.
+            self._set(tracked.process, process)
+            self._set(tracked.element, attrs_)
+        state = job_state(job.state)
+        if state.started or state is JobState.FINISHING:
+            if tracked.started is not None:
+                tracked.started.set()
+        if state.final:
             if not tracked.completed:
                 self._completed(tracked)
         elif tracked.completed:
@@ -1202,7 +1293,7 @@ class SlurmScheduler(Scheduler):
                 continue
             record = self._table.record(tracked.slurm_id)
             if record is not None and record.time_used and tracked.element in self.model:
-                self.model.update(tracked.element, {S.TIME_USED: record.time_used})
+                self.model.update(tracked.element, {K.TIME_USED: _seconds(record.time_used)})
 
     async def _finish_gone(self, gone: List[str]) -> None:
         """Jobs SLURM no longer lists: find how they ended and report them COMPLETED."""
@@ -1216,7 +1307,7 @@ class SlurmScheduler(Scheduler):
             finals = None
         for tracked in todo:
             record = finals.get(tracked.slurm_id) if finals is not None else None
-            if record is not None and sp.map_job_state(record.state)[0] == COMPLETED:
+            if record is not None and job_state(record.state).final:
                 self._update_job(tracked, record)
                 continue
             tracked.gone_polls += 1
@@ -1227,12 +1318,12 @@ class SlurmScheduler(Scheduler):
                     self._update_job(tracked, record)
                 self._table.expect(tracked.slurm_id, self._generation)
                 continue
-            self._set(tracked.element, {
-                A.JOB_STATE: COMPLETED,
-                A.JOB_STATUS: "UNKNOWN",
-                A.JOB_STATUS_MESSAGE: "SLURM no longer lists the job and has no record of how it ended",
-            })
-            self._set(tracked.process, {A.PROCESS_STATE: COMPLETED, A.PROCESS_STATUS: "UNKNOWN"})
+            gone = {K.STATE: JobState.DELETED.value, K.NATIVE_STATE: "UNKNOWN"}
+            with self.model.batch():
+                self._set(tracked.process, gone)
+                self._set(tracked.element, {
+                    **gone, K.MESSAGE: "SLURM no longer lists the job and has no record of how it ended",
+                })
             self._completed(tracked)
 
     async def _final_records(self, job_ids: List[str]) -> Dict[str, SlurmJob]:
@@ -1276,22 +1367,18 @@ class SlurmScheduler(Scheduler):
     def _tracked(self, job_id: int) -> _Job:
         tracked = self._by_element.get(job_id)
         if tracked is None:
-            raise JobError(f"no SLURM job with element id {job_id}", ErrorCode.NO_SUCH_JOB)
+            raise JobError(f"job {job_id} is not a SLURM job this agent follows", ErrorKind.NO_SUCH_JOB)
         return tracked
 
     # ------------------------------------------------------------------ submit
 
-    async def submit(self, job: AttributeSet) -> int:
-        sub_id = common.require_sub_id(job)
-        problems = self._submit_registry.validate(job)
-        if problems:
-            raise SubmitError("; ".join(problems), ErrorCode.BAD_ARGUMENTS)
-        spec, follow, spool_files = self._job_spec(job, sub_id)
+    async def submit(self, spec: JobSpec, queue: int) -> int:
+        script_spec, follow, spool_files = self._script_spec(spec, queue)
         try:
-            script = batch.render_script(spec).encode("utf-8")
-            argv = batch.submit_argv(spec)
+            script = batch.render_script(script_spec).encode("utf-8")
+            argv = batch.submit_argv(script_spec)
         except batch.BatchScriptError as exc:
-            raise SubmitError(str(exc), ErrorCode.BAD_ARGUMENTS) from None
+            raise SubmitError(str(exc), ErrorKind.BAD_REQUEST) from None
         stale = {path: _file_signature(path) for path in follow.values() if path}
         try:
             # sbatch passes its environment to the job: no query settings in it.
@@ -1307,141 +1394,106 @@ class SlurmScheduler(Scheduler):
             raise SubmitError(f"{exc}; sbatch said: {clean_message(result.stderr.decode('utf-8', 'replace'))}") from None
         warnings = clean_message(result.stderr.decode("utf-8", "replace"))
         if warnings:
-            log.info("sbatch for %s (SLURM job %s): %s", sub_id, slurm_id, warnings)
-        tracked = self._register_submitted(slurm_id, sub_id, spec)
+            log.info("sbatch for %s (SLURM job %s): %s", script_spec.job_name, slurm_id, warnings)
+        tracked = self._register_submitted(slurm_id, spec, script_spec, queue)
         tracked.spool_files = spool_files
         if self._nursery is not None:
             tracked.started = trio.Event()
             tracked.done = trio.Event()
-            if self.model.attr(tracked.element, A.JOB_STATE) not in (None, "STARTING"):
+            if _has_started(self.model.attr(tracked.element, K.STATE)):
                 tracked.started.set()  # the listing saw it start before sbatch's answer came
             if tracked.completed:
                 tracked.done.set()
             for stream, pattern in follow.items():
-                path = expand_output_pattern(pattern, slurm_id, spec.job_name or "", self.user) if pattern else None
+                path = expand_output_pattern(pattern, slurm_id, script_spec.job_name or "", self.user) if pattern else None
                 if path is None:
                     log.info("cannot follow %s of SLURM job %s: %r needs the node to expand", stream, slurm_id, pattern)
                     continue
                 self._nursery.start_soon(self._follow, tracked, path, stream, stale.get(pattern))
         self._poke()
-        log.info("submitted %s as SLURM job %s (element %d)", sub_id, slurm_id, tracked.element)
+        log.info("submitted %s as SLURM job %s (key %d)", script_spec.job_name, slurm_id, tracked.element)
         return tracked.element
 
-    def _register_submitted(self, slurm_id: str, sub_id: str, spec: batch.JobSpec) -> _Job:
+    def _register_submitted(self, slurm_id: str, spec: JobSpec, script_spec: batch.ScriptSpec, queue: int) -> _Job:
         model = self.model
         attrs_: Dict[str, Any] = {
-            A.JOB_SUB_ID: sub_id,
-            A.NAME: spec.job_name or "",
-            S.JOB_ID: slurm_id,
-            A.USER_ID: self.user,
-            A.JOB_NUM_PROCS: str(spec.num_procs),
-            A.EXEC_NAME: os.path.basename(spec.executable),
+            K.CLIENT_REF: spec.client_ref,
+            K.NAME: script_spec.job_name or "",
+            K.NATIVE_ID: slurm_id,
+            K.USER: self.user,
+            K.NUM_PROCS: str(spec.num_procs),
+            K.EXECUTABLE: spec.executable,
         }
-        if "/" in spec.executable:
-            attrs_[A.EXEC_PATH] = spec.executable
         if spec.arguments:
-            attrs_[A.PROG_ARGS] = spec.arguments
+            attrs_[K.ARGUMENTS] = spec.arguments
         if spec.working_dir:
-            attrs_[A.WORKING_DIR] = spec.working_dir
+            attrs_[K.WORKING_DIR] = spec.working_dir
         tracked = self._jobs.get(slurm_id)
         if tracked is not None:
             # The listing saw the job before sbatch's answer came back.
             self._set(tracked.element, attrs_)
-            tracked.sub_id = sub_id
             return tracked
-        queue = self._queue_for(spec.queue or self._default_partition or "")
-        attrs_.update({
-            A.JOB_STATE: "STARTING",
-            A.JOB_STATUS: "PENDING",
-            A.QUEUE_ID: str(queue),
-            S.PARTITION: model.attr(queue, A.NAME) or "",
-        })
-        eid = model.add(ElementKind.JOB, queue, attrs_)
-        pid = model.add(ElementKind.PROCESS, eid, {
-            A.PROCESS_INDEX: "0", A.PROCESS_STATE: "STARTING", A.PROCESS_STATUS: "PENDING",
-        })
-        tracked = _Job(slurm_id, eid, pid, queue, sub_id)
+        native = "PENDING"
+        state = JobState.HOLD if spec.hold else JobState.QUEUING
+        attrs_.update({K.STATE: state.value, K.NATIVE_STATE: native, K.QUEUE: queue})
+        with model.batch():
+            eid = model.add(Kind.JOB, queue, attrs_, owner=self.name)
+            pid = model.add(Kind.PROCESS, eid, {K.STATE: state.value, K.NATIVE_STATE: native}, owner=self.name)
+        tracked = _Job(slurm_id, eid, pid, queue, spec.client_ref)
         self._jobs[slurm_id] = tracked
         self._by_element[eid] = tracked
         self._table.expect(slurm_id, self._generation)
         return tracked
 
-    def _job_spec(self, job: AttributeSet, sub_id: str) -> Tuple[batch.JobSpec, Dict[str, str], Tuple[str, ...]]:
-        """The batch job, the output files to follow, and those of them the agent chose itself."""
-        """The batch job a submission describes, and the output files to follow by stream."""
-        path = job.get(A.EXEC_PATH) or ""
-        name = job.get(A.EXEC_NAME) or ""
-        if path and name:
-            # Both conventions exist: execPath the program itself, or its directory.
-            executable = path if os.path.basename(path.rstrip("/")) == name else os.path.join(path, name)
-        elif path or name:
-            executable = path or name
-        else:
-            raise SubmitError("SUBMIT_JOB names no program: give execName or execPath", ErrorCode.BAD_ARGUMENTS)
-        environment = common.parse_env(job.getall(A.ENV))
-        hold = (job.get(S.HOLD) or "false").lower() == "true"
-        extra = ["--hold"] if hold else []
-        begin = job.get(S.BEGIN_TIME)
-        if begin:
-            extra.append("--begin=" + begin)
-        working_dir = job.get(A.WORKING_DIR) or None
-        stdout_path = job.get(S.STDOUT_PATH) or None
-        stderr_path = job.get(S.STDERR_PATH) or None
+    def _script_spec(self, spec: JobSpec, queue: int) -> Tuple[batch.ScriptSpec, Dict[str, str], Tuple[str, ...]]:
+        """The batch script a submission describes, the output files to follow by stream, and
+        those of them the agent chose itself (deleted with the job)."""
+        if not spec.executable:
+            raise SubmitError("the submission names no program", ErrorKind.BAD_REQUEST)
+        extra = ["--hold"] if spec.hold else []
+        if spec.begin_time:
+            extra.append("--begin=" + spec.begin_time)
+        working_dir = spec.working_dir or None
+        stdout_path = spec.stdout_path or None
+        stderr_path = spec.stderr_path or None
         spool_files: Tuple[str, ...] = ()
         if stdout_path is None:
-            stdout_path, default_err = self._spool_paths(sub_id)
+            stdout_path, default_err = self._spool_paths(spec.client_ref or spec.display_name)
             spool_files = (stdout_path,)
             if stderr_path is None:
                 stderr_path = default_err
                 spool_files += (default_err,)
         elif stderr_path is None:
             stderr_path = stdout_path  # SLURM's own default: both streams in one file
-        nodes = int(job.get(S.NODES) or 0)
-        cpus = job.get(S.CPUS_PER_TASK)
+        partition = self.model.attr(queue, K.NAME)
+        if not isinstance(partition, str) or not partition:
+            raise SubmitError(f"queue {queue} has no partition name", ErrorKind.NO_SUCH_QUEUE)
         try:
-            spec = batch.JobSpec(
-                executable=executable,
-                arguments=tuple(job.getall(A.PROG_ARGS)),
-                environment=environment,
+            script_spec = batch.ScriptSpec(
+                executable=spec.executable,
+                arguments=spec.arguments,
+                environment=spec.environment,
                 working_dir=working_dir,
-                num_procs=common.parse_num_procs(job, INT32_MAX),
-                nodes=nodes or None,
-                cpus_per_task=int(cpus) if cpus else None,
-                memory=job.get(S.MEMORY) or None,
-                time_limit=job.get(S.TIME_LIMIT) or None,
-                queue=self._submit_partition(job),
-                account=job.get(S.ACCOUNT) or None,
-                job_name=job.get(common.JOB_NAME) or job.get(A.NAME)
-                or os.path.basename(executable.rstrip("/")) or executable,
+                num_procs=spec.num_procs,
+                nodes=spec.nodes or None,
+                cpus_per_task=spec.cpus_per_task,
+                memory=str(spec.memory) if spec.memory else None,
+                time_limit=_slurm_duration(spec.wall_time) if spec.wall_time else None,
+                queue=partition,
+                account=spec.account or None,
+                job_name=spec.display_name,
                 stdout_path=stdout_path,
                 stderr_path=stderr_path,
                 extra_options=extra,
             )
-            batch.scheduler_options(spec)  # validates every value now, with its name
+            batch.scheduler_options(script_spec)  # validates every value now, with its name
         except (batch.BatchScriptError, ValueError) as exc:
-            raise SubmitError(str(exc), ErrorCode.BAD_ARGUMENTS) from None
+            raise SubmitError(str(exc), ErrorKind.BAD_REQUEST) from None
         base = working_dir or os.getcwd()
         follow = {"stdout": os.path.join(base, stdout_path)}
         if stderr_path != stdout_path:
             follow["stderr"] = os.path.join(base, stderr_path)
-        return spec, follow, tuple(path.replace("%%", "%") for path in spool_files)
-
-    def _submit_partition(self, job: AttributeSet) -> Optional[str]:
-        named = job.get(S.PARTITION) or None
-        queue_text = job.get(A.QUEUE_ID)
-        if not queue_text:
-            return named
-        try:
-            queue = self.model.find(int(queue_text), ElementKind.QUEUE)
-        except (ValueError, UnknownElement):
-            raise SubmitError(f"no queue with id {queue_text!r}", ErrorCode.NO_SUCH_QUEUE) from None
-        from_queue = self.model.attr(queue.id, A.NAME)
-        if named and from_queue != named:
-            raise SubmitError(
-                f"queueId {queue_text} is partition {from_queue!r} but partition is {named!r}; give one of them",
-                ErrorCode.BAD_ARGUMENTS,
-            )
-        return from_queue  # type: ignore[return-value]
+        return script_spec, follow, tuple(path.replace("%%", "%") for path in spool_files)
 
     def _spool_paths(self, sub_id: str) -> Tuple[str, str]:
         try:
@@ -1484,7 +1536,7 @@ class SlurmScheduler(Scheduler):
             if data:
                 offset += len(data)
                 for line in splitter.feed(data):
-                    model.output(pid, line, stream)
+                    model.output(pid, stream, line)
                 quiet_since = None
                 if len(data) == _READ_CHUNK:
                     continue
@@ -1497,30 +1549,36 @@ class SlurmScheduler(Scheduler):
             await trio.sleep(self.output_interval)
         if pid in model:
             for line in splitter.flush():
-                model.output(pid, line, stream)
+                model.output(pid, stream, line)
 
     # ------------------------------------------------------------------ job commands
 
-    async def terminate(self, job_id: int) -> None:
-        tracked = self._tracked(job_id)
+    async def terminate(self, job: int) -> None:
+        tracked = self._tracked(job)
         try:
             await self._command(sp.scancel_argv(tracked.slurm_id))
         except SlurmCommandError as exc:
             raise JobError(f"cannot cancel SLURM job {tracked.slurm_id}: {exc.message}") from None
         self._poke()
 
-    async def change(self, job_id: int, changes: AttributeSet) -> None:
-        """``hold=true|false`` (scontrol hold/release), ``suspend=true|false`` or
-        ``jobState=SUSPENDED|RUNNING`` (scontrol suspend/resume: SLURM lets only operators)."""
-        tracked = self._tracked(job_id)
-        wanted = common.parse_job_changes(changes, hold=True)
+    async def hold(self, job: int, held: bool) -> None:
+        """scontrol hold / release."""
+        tracked = self._tracked(job)
         slurm_id = tracked.slurm_id
-        if wanted.hold is not None:
-            argv, what = (sp.hold_job_argv(slurm_id), "hold") if wanted.hold else (sp.release_job_argv(slurm_id), "release")
-        elif wanted.suspend:
+        argv, what = (sp.hold_job_argv(slurm_id), "hold") if held else (sp.release_job_argv(slurm_id), "release")
+        await self._job_command(argv, what, slurm_id)
+
+    async def suspend(self, job: int, suspended: bool) -> None:
+        """scontrol suspend / resume (SLURM lets only operators)."""
+        tracked = self._tracked(job)
+        slurm_id = tracked.slurm_id
+        if suspended:
             argv, what = sp.suspend_job_argv(slurm_id), "suspend"
         else:
             argv, what = sp.resume_job_argv(slurm_id), "resume"
+        await self._job_command(argv, what, slurm_id)
+
+    async def _job_command(self, argv: Sequence[str], what: str, slurm_id: str) -> None:
         try:
             await self._command(argv)
         except SlurmCommandError as exc:
@@ -1528,23 +1586,24 @@ class SlurmScheduler(Scheduler):
         finally:
             self._poke()
 
-    async def move(self, job_id: int, queue_id: int) -> None:
-        tracked = self._tracked(job_id)
-        if queue_id == tracked.queue:
+    async def move(self, job: int, queue: int) -> None:
+        tracked = self._tracked(job)
+        if queue == tracked.queue:
             return
-        partition = self.model.attr(queue_id, A.NAME)
+        partition = self.model.attr(queue, K.NAME)
         if not isinstance(partition, str) or not partition:
-            raise JobError(f"queue {queue_id} has no partition name", ErrorCode.NO_SUCH_QUEUE)
+            raise JobError(f"queue {queue} has no partition name", ErrorKind.NO_SUCH_QUEUE)
         try:
             argv = sp.move_job_argv(tracked.slurm_id, partition)
         except ValueError as exc:
-            raise JobError(str(exc), ErrorCode.BAD_ARGUMENTS) from None
+            raise JobError(str(exc), ErrorKind.BAD_REQUEST) from None
         try:
             await self._command(argv)
         except SlurmCommandError as exc:
             raise JobError(f"cannot move SLURM job {tracked.slurm_id} to partition {partition}: {exc.message}") from None
         if tracked.element in self.model:
-            self.model.move(tracked.element, queue_id)
-            tracked.queue = queue_id
-            self.model.update(tracked.element, {A.QUEUE_ID: str(queue_id), S.PARTITION: partition})
+            with self.model.batch():
+                self.model.move(tracked.element, queue)
+                tracked.queue = queue
+                self.model.update(tracked.element, {K.QUEUE: queue})
         self._poke()

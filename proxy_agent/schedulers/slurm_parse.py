@@ -108,6 +108,7 @@ __all__ = [
     "map_node_state",
     "map_partition_state",
     "JOB_STATE_TABLE",
+    "JOB_STATE_CODES",
     "duration_seconds",
     "format_duration",
     "format_epoch",
@@ -609,7 +610,7 @@ JOB_STATE_TABLE: Dict[str, str] = {
 }
 
 #: squeue's compact codes (%t, StateCompact) -> long names.
-_JOB_STATE_CODES: Dict[str, str] = {
+JOB_STATE_CODES: Dict[str, str] = {
     "PD": "PENDING", "CF": "CONFIGURING", "RQ": "REQUEUED", "RH": "REQUEUE_HOLD",
     "RF": "REQUEUE_FED", "RD": "RESV_DEL_HOLD", "SE": "SPECIAL_EXIT", "R": "RUNNING",
     "CG": "COMPLETING", "RS": "RESIZING", "SI": "SIGNALING", "SO": "STAGE_OUT",
@@ -636,7 +637,7 @@ def map_job_state(raw: str) -> Tuple[str, str]:
         return (UNKNOWN_JOB_STATE, "UNKNOWN")
     names = []
     for token in words[0].upper().split("+"):
-        names.append(_JOB_STATE_CODES.get(token, token))
+        names.append(JOB_STATE_CODES.get(token, token))
     if "COMPLETING" in names:
         return (RUNNING, "COMPLETING")
     base = names[0]

@@ -1,6 +1,6 @@
 """Batch scripts and submit command lines for batch schedulers (SLURM now, PBS later).
 
-A job is described once, as a ``JobSpec``; a ``Dialect`` turns it into scheduler options,
+A job is described once, as a ``ScriptSpec``; a ``Dialect`` turns it into scheduler options,
 a submit argv and a bash script. Pure functions: nothing here runs a command.
 
 Where options go
@@ -40,7 +40,7 @@ import attrs
 
 __all__ = [
     "BatchScriptError",
-    "JobSpec",
+    "ScriptSpec",
     "Dialect",
     "SlurmDialect",
     "SLURM",
@@ -77,7 +77,7 @@ def _opt_int(value) -> Optional[int]:
 
 
 @attrs.frozen
-class JobSpec:
+class ScriptSpec:
     """What to run and what to ask the scheduler for. All but ``executable`` are optional.
 
     ``num_procs`` is the number of tasks (processes); ``nodes`` the node count;
@@ -123,7 +123,7 @@ def _single_line(what: str, value: str) -> str:
     return value
 
 
-def _validate_common(spec: JobSpec) -> None:
+def _validate_common(spec: ScriptSpec) -> None:
     if not spec.executable:
         raise BatchScriptError("executable is empty")
     if "\0" in spec.executable or any("\0" in a for a in spec.arguments):
@@ -170,12 +170,12 @@ class Dialect:
     directive_prefix = "#"
     submit_command: Tuple[str, ...] = ()
 
-    def options(self, spec: JobSpec) -> List[Tuple[str, ...]]:
+    def options(self, spec: ScriptSpec) -> List[Tuple[str, ...]]:
         """Scheduler options as argv groups: one tuple of argv elements per option
         (``("--ntasks=4",)`` for SLURM, ``("-l", "walltime=1:00:00")`` for PBS)."""
         raise NotImplementedError
 
-    def launch_prefix(self, spec: JobSpec) -> List[str]:
+    def launch_prefix(self, spec: ScriptSpec) -> List[str]:
         """argv put before the program on the script's program line (may be empty)."""
         raise NotImplementedError
 
@@ -197,7 +197,7 @@ class SlurmDialect(Dialect):
     directive_prefix = "#SBATCH"
     submit_command = ("sbatch", "--parsable")
 
-    def options(self, spec: JobSpec) -> List[Tuple[str, ...]]:
+    def options(self, spec: ScriptSpec) -> List[Tuple[str, ...]]:
         opts: List[Tuple[str, ...]] = []
 
         def add(flag: str, value) -> None:
@@ -218,7 +218,7 @@ class SlurmDialect(Dialect):
         opts.extend((opt,) for opt in spec.extra_options)
         return opts
 
-    def launch_prefix(self, spec: JobSpec) -> List[str]:
+    def launch_prefix(self, spec: ScriptSpec) -> List[str]:
         argv = ["srun", f"--ntasks={spec.num_procs}"]
         if spec.nodes is not None:
             argv.append(f"--nodes={spec.nodes}")
@@ -237,14 +237,14 @@ SLURM = SlurmDialect()
 # --------------------------------------------------------------------------------------------
 
 
-def scheduler_options(spec: JobSpec, dialect: Dialect = SLURM) -> List[str]:
+def scheduler_options(spec: ScriptSpec, dialect: Dialect = SLURM) -> List[str]:
     """The scheduler options of ``spec`` as flat argv elements (validated)."""
     _validate_common(spec)
     return [element for group in dialect.options(spec) for element in group]
 
 
 def submit_argv(
-    spec: JobSpec,
+    spec: ScriptSpec,
     dialect: Dialect = SLURM,
     script_path: Optional[str] = None,
     with_options: bool = True,
@@ -265,7 +265,7 @@ def submit_argv(
     return argv
 
 
-def render_script(spec: JobSpec, dialect: Dialect = SLURM, embed_options: bool = False) -> str:
+def render_script(spec: ScriptSpec, dialect: Dialect = SLURM, embed_options: bool = False) -> str:
     """The bash batch script for ``spec``.
 
     With ``embed_options`` the scheduler options are also written as directives (and

@@ -37,7 +37,7 @@ def run(argv, stdin=None, check=True, timeout=30):
     return p
 
 
-def submit(spec: batch.JobSpec, *extra: str) -> str:
+def submit(spec: batch.ScriptSpec, *extra: str) -> str:
     argv = batch.submit_argv(spec)
     argv[2:2] = list(extra)  # after "sbatch --parsable"
     p = run(argv, stdin=batch.render_script(spec))
@@ -113,15 +113,15 @@ def main() -> int:
 
     w = WORK
     # Jobs that finish before the capture.
-    ok = job("completed", "COMPLETED", batch.JobSpec("/bin/echo", ["hello"], working_dir=w, job_name="ok"))
-    bad = job("failed", "FAILED", batch.JobSpec("/bin/sh", ["-c", "exit 3"], working_dir=w, job_name="exit3"))
-    sig = job("signaled", "FAILED", batch.JobSpec("/bin/sh", ["-c", "kill -9 $$"], working_dir=w, job_name="sigkill"))
+    ok = job("completed", "COMPLETED", batch.ScriptSpec("/bin/echo", ["hello"], working_dir=w, job_name="ok"))
+    bad = job("failed", "FAILED", batch.ScriptSpec("/bin/sh", ["-c", "exit 3"], working_dir=w, job_name="exit3"))
+    sig = job("signaled", "FAILED", batch.ScriptSpec("/bin/sh", ["-c", "kill -9 $$"], working_dir=w, job_name="sigkill"))
     for j in (ok, bad, sig):
         wait_for(j, ("COMPLETED", "FAILED"))
-    tmo = job("timeout", "TIMEOUT", batch.JobSpec("/bin/sleep", ["600"], working_dir=w, job_name="too-slow",
+    tmo = job("timeout", "TIMEOUT", batch.ScriptSpec("/bin/sleep", ["600"], working_dir=w, job_name="too-slow",
                                                    queue="long", time_limit="1"))
-    runc = job("cancelled_running", "CANCELLED", batch.JobSpec("/bin/sleep", ["600"], working_dir=w, job_name="cancel-me"))
-    held = job("cancelled_pending", "CANCELLED", batch.JobSpec("/bin/sleep", ["1"], working_dir=w, job_name="never-runs"), "--hold")
+    runc = job("cancelled_running", "CANCELLED", batch.ScriptSpec("/bin/sleep", ["600"], working_dir=w, job_name="cancel-me"))
+    held = job("cancelled_pending", "CANCELLED", batch.ScriptSpec("/bin/sleep", ["1"], working_dir=w, job_name="never-runs"), "--hold")
     wait_for(runc, ("RUNNING",))
     run(sp.scancel_argv(runc))
     run(sp.scancel_argv(held))
@@ -129,20 +129,20 @@ def main() -> int:
     wait_for(tmo, ("TIMEOUT",), limit=240)
 
     # Jobs alive during the capture (2 CPUs: two run, the rest wait).
-    r1 = job("running_odd_name", "RUNNING", batch.JobSpec("/bin/sleep", ["3000"], working_dir=w, job_name=ODD_NAME))
-    r2 = job("suspended_unicode", "SUSPENDED", batch.JobSpec(
+    r1 = job("running_odd_name", "RUNNING", batch.ScriptSpec("/bin/sleep", ["3000"], working_dir=w, job_name=ODD_NAME))
+    r2 = job("suspended_unicode", "SUSPENDED", batch.ScriptSpec(
         "/bin/sleep", ["3000"], working_dir=os.path.join(w, "dir with space"), job_name=UNICODE_NAME,
         queue="long", stdout_path=os.path.join(w, "dir with space", "out-%j.txt")))
     wait_for(r1, ("RUNNING",))
     wait_for(r2, ("RUNNING",))
     run(sp.suspend_job_argv(r2))
-    job("pending_resources", "PENDING", batch.JobSpec("/bin/sleep", ["60"], working_dir=w, job_name="waits",
+    job("pending_resources", "PENDING", batch.ScriptSpec("/bin/sleep", ["60"], working_dir=w, job_name="waits",
                                                       num_procs=2))
-    moved = job("pending_moved", "PENDING", batch.JobSpec("/bin/sleep", ["60"], working_dir=w, job_name="moved-to-long"))
+    moved = job("pending_moved", "PENDING", batch.ScriptSpec("/bin/sleep", ["60"], working_dir=w, job_name="moved-to-long"))
     run(sp.move_job_argv(moved, "long"))
-    job("held", "PENDING", batch.JobSpec("/bin/true", working_dir=w, job_name="held"), "--hold")
-    job("held_array", "PENDING", batch.JobSpec("/bin/true", working_dir=w, job_name="array"), "--hold", "--array=1-3")
-    job("dependency", "PENDING", batch.JobSpec("/bin/true", working_dir=w, job_name="after-r1"),
+    job("held", "PENDING", batch.ScriptSpec("/bin/true", working_dir=w, job_name="held"), "--hold")
+    job("held_array", "PENDING", batch.ScriptSpec("/bin/true", working_dir=w, job_name="array"), "--hold", "--array=1-3")
+    job("dependency", "PENDING", batch.ScriptSpec("/bin/true", working_dir=w, job_name="after-r1"),
         f"--dependency=afterok:{r1}")
     time.sleep(2)
     save(outdir, "version.txt", run(sp.version_argv()).stdout)

@@ -1,20 +1,20 @@
-"""One protocol session: the wire, the session rules, the model and a scheduler, in one nursery.
+"""One PTP client's session over the job service: the wire, the session rules and a view.
 
-Data flows one way through a session::
+Data flows one way each direction::
 
-    bytes -> Decoder -> AgentSession -> command handlers -> Scheduler
-    Scheduler -> Model -> (drain/snapshot) -> AgentSession.send -> encode -> bytes
+    bytes -> Decoder -> AgentSession (phases, TIDs) -> command handlers -> JobService
+    ServiceModel -> ModelView (this client's pending changes) -> AgentSession.check -> bytes
 
-Every outgoing event is checked by the session and encoded at the moment it
-is queued, so the order on the wire is the order of the checks.  A single
-writer task moves queued bytes to the stream; model changes are drained
-only when the writer has caught up, so a slow client makes changes coalesce
-in the model instead of piling up in a buffer.
+Every outgoing event is checked by the session rules and encoded when it is queued, so the
+order on the wire is the order of the checks.  One writer task moves queued bytes to the
+stream; model changes are drained only when the writer has caught up, so a slow client makes
+changes coalesce in its view instead of piling up in a buffer.
+
+The session never stops the service: when it ends, its view unsubscribes and the jobs go on.
 """
 
 from __future__ import annotations
 
-import gc
 import hmac
 import logging
 from typing import List, Optional
@@ -22,14 +22,11 @@ from typing import List, Optional
 import attrs
 import trio
 
-from .model import Model, UnknownElement
-from .protocol.attributes import AttributeDefinition, AttributeSet
-from .protocol.ids import IdAllocator
-from .protocol.messages import (
+from ...protocol.attributes import AttributeSet
+from ...protocol.messages import (
     AttrDef,
     Command,
     CommandId,
-    ElementKind,
     Error,
     ErrorCode,
     Event,
@@ -39,25 +36,29 @@ from .protocol.messages import (
     SubmitJobError,
     TerminateJobError,
 )
-from .protocol.session import AgentSession, ProtocolViolation
-from .protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, encode_frame
-from .schedulers.base import JobError, Scheduler, SchedulerError, SchedulerOptions, scheduler_class
+from ...protocol.session import AgentSession, ProtocolViolation
+from ...protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, encode_frame
+from ...service.jobs import ErrorKind, JobError, ServiceError, SubmitError
+from ...service.model import Kind, UnknownElement
+from ...service.service import JobService, describe
+from . import mapping
+from .view import ModelView, NATIVE_RULES, RenderRules
 
-log = logging.getLogger("proxy_agent.agent")
+log = logging.getLogger("proxy_agent.frontends.ptp")
 
-__all__ = ["AgentConfig", "Session", "refuse_busy"]
+__all__ = ["PtpConfig", "PtpSession", "refuse_busy"]
 
 #: Attribute definitions per ATTR_DEF event.
 DEFS_PER_EVENT = 16
-#: Writer drains the model only while less than this much is waiting to be written.
+#: The writer drains the view only while less than this much is waiting to be written.
 _WRITE_HIGH_WATER = 1 << 20
 _READ_SIZE = 1 << 16
 
+_LEVELS = {"ERROR": MessageLevel.ERROR, "WARNING": MessageLevel.WARNING, "INFO": MessageLevel.INFO}
+
 
 @attrs.frozen
-class AgentConfig:
-    scheduler: str = "local"
-    options: SchedulerOptions = SchedulerOptions()
+class PtpConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     #: shared secret the client must send as INIT attribute token=... (None: not required)
     token: Optional[str] = None
@@ -67,24 +68,25 @@ class _SessionClosed(Exception):
     pass
 
 
-class Session:
+class PtpSession:
     """Serves one client connection until QUIT, end of input, or cancellation."""
 
-    def __init__(self, stream: trio.abc.Stream, config: AgentConfig, peer: str = "client") -> None:
+    def __init__(self, stream: trio.abc.Stream, service: JobService, config: PtpConfig = PtpConfig(),
+                 peer: str = "client") -> None:
         self.stream = stream
+        self.service = service
         self.config = config
         self.peer = peer
         self.session = AgentSession()
         self.decoder = Decoder(config.max_frame_size)
-        self.model: Optional[Model] = None
-        self.scheduler: Optional[Scheduler] = None
+        self.view: Optional[ModelView] = None
+        self.rules: RenderRules = NATIVE_RULES
         self.quit_requested = False
+        self.authenticated = config.token is None
         self._out = bytearray()
         # replies held back until the initial model is out (see emit)
         self._deferred: List[bytes] = []
         self._wake = trio.Event()
-        self._scheduler_ready = trio.Event()
-        self._scheduler_failure: Optional[str] = None
         self._snapshot_started = False
         # While above zero, model changes wait (a submission's OK goes out before its NEW_JOB).
         self._hold = 0
@@ -92,6 +94,7 @@ class Session:
         self._closing = False
         self._writer_done = trio.Event()
         self._nursery: Optional[trio.Nursery] = None
+        self._remove_listener = None
 
     # ------------------------------------------------------------------ output
 
@@ -108,7 +111,6 @@ class Session:
         if self._snapshot is not None and self.session.events_flowing:
             # Anything said after START_EVENTS follows the whole initial model, so a
             # client can use any later reply as a fence ("the initial model is in").
-            # It waits (already checked and encoded) while the model streams out.
             self._deferred.append(event.encode())
             self._poke()
             return True
@@ -121,23 +123,23 @@ class Session:
     def _poke(self) -> None:
         self._wake.set()
 
-    def _events_live(self) -> bool:
-        return self._snapshot_started and self.session.events_flowing and self.model is not None
-
     def _has_model_work(self) -> bool:
+        view = self.view
         return (
             self._hold == 0
-            and self._events_live()
-            and (self._snapshot is not None or self.model.has_pending)  # type: ignore[union-attr]
+            and view is not None
+            and self._snapshot_started
+            and self.session.events_flowing
+            and (self._snapshot is not None or view.has_pending)
         )
 
     def _model_changed(self) -> None:
         """The model changed: while events flow, the change goes out at once.
 
-        Sending each mutation (or batch of mutations) as it happens keeps every
-        state a job passes through visible to the client; changes coalesce only
-        while events are stopped, while the initial model is still streaming,
-        or while the client is not keeping up with what was already queued.
+        Sending each mutation (or batch of mutations) as it happens keeps every state a job
+        passes through visible to the client; changes coalesce only while events are
+        stopped, while the initial model is still streaming, or while the client is not
+        keeping up with what was already queued.
         """
         if self._snapshot is None and len(self._out) < _WRITE_HIGH_WATER and self._has_model_work():
             self._emit_model()
@@ -146,20 +148,21 @@ class Session:
     def _emit_model(self) -> None:
         """Queue the next chunk of the initial model, or else the pending changes."""
         tid = self.session.events_tid
+        assert self.view is not None and tid is not None
         if self._snapshot is not None:
             chunk = next(self._snapshot, None)
             if chunk is None:
                 self._snapshot = None
-                log.debug("initial model sent: %d elements", len(self.model))  # type: ignore[arg-type]
+                log.debug("initial model sent: %d elements", len(self.service.model))
                 self._release_deferred()
                 return
         else:
-            chunk = self.model.drain_wire(tid)  # type: ignore[union-attr,arg-type]
+            chunk = self.view.drain()
         check = self.session.check
         out = self._out
         for event_id, args in chunk:
-            check(event_id, tid)  # type: ignore[arg-type]
-            out += encode_frame(event_id, tid, args)  # type: ignore[arg-type]
+            check(event_id, tid)
+            out += encode_frame(event_id, tid, args)
 
     def _release_deferred(self) -> None:
         for data in self._deferred:
@@ -207,8 +210,15 @@ class Session:
         except _SessionClosed as exc:
             log.info("%s", exc)
         finally:
-            await self._shutdown_scheduler()
+            self._detach()
         return self.quit_requested
+
+    def _detach(self) -> None:
+        if self.view is not None:
+            self.view.unsubscribe()
+        if self._remove_listener is not None:
+            self._remove_listener()
+            self._remove_listener = None
 
     async def _reader(self) -> None:
         stream = self.stream
@@ -242,18 +252,6 @@ class Session:
                     if self.quit_requested or self._closing:
                         return
 
-    async def _shutdown_scheduler(self) -> None:
-        scheduler = self.scheduler
-        if scheduler is None:
-            return
-        self.scheduler = None
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(1.8):
-                try:
-                    await scheduler.aclose()
-                except Exception:  # noqa: BLE001 - shutdown must finish
-                    log.exception("error while shutting down the %s scheduler", scheduler.name)
-
     # ------------------------------------------------------------------ commands
 
     async def _dispatch(self, command: Command, received) -> None:
@@ -263,7 +261,7 @@ class Session:
             log.info("QUIT received")
             return
         if cid is CommandId.INIT:
-            await self._init(command, received.init)
+            self._init(command, received.init)
         elif cid is CommandId.MODEL_DEF:
             await self._model_def(command)
         elif cid is CommandId.START_EVENTS:
@@ -277,7 +275,7 @@ class Session:
         else:
             self._nursery.start_soon(self._job_command, command)  # type: ignore[union-attr]
 
-    async def _init(self, command: Command, init) -> None:
+    def _init(self, command: Command, init) -> None:
         expected = self.config.token
         if expected is not None:
             given = init.get("token") or ""
@@ -287,139 +285,126 @@ class Session:
                 self.emit(Error(command.tid, ErrorCode.AUTHENTICATION, f"authentication failed: {reason} token"))
                 self._closing = True
                 return
-        try:
-            cls = scheduler_class(self.config.scheduler)
-            self.model = Model(IdAllocator(init.base_id))
-            self.model.on_change = self._model_changed
-            self.scheduler = cls(self.model, self.config.options)
-            self.scheduler.on_message = self.notify
-        except Exception as exc:  # noqa: BLE001 - report any set-up failure to the client
-            log.exception("cannot set up the %s scheduler", self.config.scheduler)
-            self.emit(Error(command.tid, ErrorCode.SCHEDULER, f"cannot start the {self.config.scheduler} scheduler: {exc}"))
-            return
-        self._nursery.start_soon(self._run_scheduler)  # type: ignore[union-attr]
-        log.info("session initialised: base id %d, scheduler %s", init.base_id, self.config.scheduler)
+        self.authenticated = True
+        self.view = ModelView(self.service.model, init.base_id, self.rules, self._model_changed)
+        log.info("session initialised: base id %d", init.base_id)
         self.emit(Ok(command.tid))
 
-    async def _run_scheduler(self) -> None:
-        scheduler = self.scheduler
-        assert scheduler is not None
-        try:
-            await self._nursery.start(self._guarded_scheduler, scheduler)  # type: ignore[union-attr]
-        except Exception as exc:  # noqa: BLE001 - reported to the client by MODEL_DEF / START_EVENTS
-            log.exception("the %s scheduler failed to start", scheduler.name)
-            self._scheduler_failure = f"the {scheduler.name} scheduler failed to start: {_describe(exc)}"
-            self._scheduler_ready.set()
-            return
-        # The model just built is long-lived: keep the cyclic collector from scanning
-        # it again and again while the initial model is encoded.
-        gc.freeze()
-        self._scheduler_ready.set()
-
-    async def _guarded_scheduler(self, scheduler: Scheduler, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        """Run the scheduler; a failure after start-up is logged and told, not fatal to the session."""
-        started = False
-
-        class _Status:
-            def started(self, value=None) -> None:
-                nonlocal started
-                started = True
-                task_status.started(value)
-
-        try:
-            await scheduler.run(task_status=_Status())
-        except Exception as exc:  # noqa: BLE001
-            if not started:
-                raise
-            log.exception("the %s scheduler stopped", scheduler.name)
-            self.notify(MessageLevel.ERROR, ErrorCode.SCHEDULER, f"the {scheduler.name} scheduler stopped: {_describe(exc)}")
-
-    async def _wait_scheduler(self, command: Command) -> bool:
-        await self._scheduler_ready.wait()
-        if self._scheduler_failure is not None:
-            self.emit(Error(command.tid, ErrorCode.SCHEDULER, self._scheduler_failure))
+    async def _service_ready(self, command: Command) -> bool:
+        await self.service.ready.wait()
+        failure = self.service.failure
+        if failure is not None:
+            self.emit(Error(command.tid, ErrorCode.SCHEDULER, failure))
             return False
         return True
 
+    def _default_queue_id(self) -> Optional[str]:
+        try:
+            _, queue = self.service.default_queue()
+        except ServiceError:
+            return None
+        assert self.view is not None
+        return str(self.view.element_id(queue))
+
     async def _model_def(self, command: Command) -> None:
-        if not await self._wait_scheduler(command):
+        if not await self._service_ready(command):
             return
-        seen = set()
-        defs: List[AttributeDefinition] = []
-        for definition in self.scheduler.attribute_definitions():  # type: ignore[union-attr]
-            if definition.id not in seen:
-                seen.add(definition.id)
-                defs.append(definition)
+        defs = mapping.attribute_definitions(self.service.attributes(), self._default_queue_id())
         for start in range(0, len(defs), DEFS_PER_EVENT):
             self.emit(AttrDef(command.tid, defs[start:start + DEFS_PER_EVENT]))
         self.emit(Ok(command.tid))
 
     async def _start_events(self, command: Command) -> None:
-        if not await self._wait_scheduler(command):
+        if not await self._service_ready(command):
             return
-        if not self._snapshot_started:
+        if not self._snapshot_started and self.view is not None:
             # Streamed by the writer chunk by chunk, ahead of any change.
-            self._snapshot = self.model.snapshot_wire(command.tid)  # type: ignore[union-attr]
+            self._snapshot = self.view.subscribe()
             self._snapshot_started = True
+            self._remove_listener = self.service.add_listener(self._notice)
         self._poke()
 
-    def _job_id(self, attrs_: AttributeSet) -> int:
-        text = attrs_.get("jobId") or ""
+    def _notice(self, level: str, text: str) -> None:
+        self.notify(_LEVELS.get(level, MessageLevel.INFO), ErrorCode.SCHEDULER, text)
+
+    def notify(self, level: MessageLevel, code: int, text: str) -> None:
+        """Tell the client something outside any command (under the START_EVENTS TID, if open)."""
+        tid = self.session.events_tid
+        if tid is not None:
+            self.emit(Message(tid, level, code, text))
+        else:
+            log.warning("%s", text)
+
+    def _job_key(self, text: Optional[str]) -> int:
+        """The service key of the job a client's element id names; JobError if none."""
+        raw = (text or "").strip()
+        assert self.view is not None
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
+            raise JobError(f"no job with id {text!r}", ErrorKind.NO_SUCH_JOB)
+        key = self.view.key_of(int(raw))
         try:
-            job_id = int(text)
-        except ValueError:
-            raise UnknownElement(f"no job with id {text!r}") from None
-        self.model.find(job_id, ElementKind.JOB)  # type: ignore[union-attr]
-        return job_id
+            self.service.model.find(key, Kind.JOB)
+        except UnknownElement:
+            raise JobError(f"no job with id {text!r}", ErrorKind.NO_SUCH_JOB) from None
+        return key
+
+    def _queue_ref(self, text: str):
+        """A client's queue reference: its element id -> the queue's key; a name as it is."""
+        raw = text.strip()
+        assert self.view is not None
+        if raw.isascii() and raw.isdigit() and len(raw) <= 19:
+            key = self.view.key_of(int(raw))
+            if key in self.service.model and self.service.model.get(key).kind is Kind.QUEUE:
+                return key
+            raise ServiceError(f"no queue with id {text!r}", ErrorKind.NO_SUCH_QUEUE)
+        return raw
 
     async def _job_command(self, command: Command) -> None:
         cid = command.command_id
         tid = command.tid
         attrs_ = AttributeSet.parse(command.args)
-        if self.scheduler is None:
-            self._fail(command, attrs_, ErrorCode.ILLEGAL_IN_PHASE, "no scheduler is running")
+        if self.view is None:
+            self._fail(command, attrs_, ErrorCode.ILLEGAL_IN_PHASE, "the session is not initialised")
             return
-        if not await self._wait_scheduler(command):
+        if not await self._service_ready(command):
             return
-        scheduler = self.scheduler
+        service = self.service
         try:
             if cid is CommandId.SUBMIT_JOB:
+                spec = mapping.job_spec(attrs_, self._queue_ref)
                 self._hold += 1
                 try:
-                    job_id = await scheduler.submit(attrs_)
-                    log.info("submitted %s as job %d", attrs_.get("jobSubId"), job_id)
+                    key = await service.submit(spec)
+                    log.info("submitted %s as job %d", spec.client_ref, self.view.element_id(key))
                     self.emit(Ok(tid))
                 finally:
                     self._hold -= 1
                     self._model_changed()
                 return
             elif cid is CommandId.TERMINATE_JOB:
-                await scheduler.terminate(self._job_id(attrs_))
+                await service.terminate(self._job_key(attrs_.get("jobId")))
             elif cid is CommandId.CHANGE_JOB:
-                job_id = self._job_id(attrs_)
-                changes = AttributeSet(tuple(item for item in attrs_.items if item[0] != "jobId"))
-                if not changes.items:
-                    raise JobError("CHANGE_JOB names no attribute to change", ErrorCode.BAD_ARGUMENTS)
-                await scheduler.change(job_id, changes)
+                key = self._job_key(attrs_.get("jobId"))
+                what, flag = mapping.job_change(attrs_)
+                if what == "hold":
+                    await service.hold(key, flag)
+                else:
+                    await service.suspend(key, flag)
             elif cid is CommandId.MOVE_JOB:
-                job_id = self._job_id(attrs_)
-                queue_text = attrs_.get("queueId") or ""
-                try:
-                    queue_id = int(queue_text)
-                    self.model.find(queue_id, ElementKind.QUEUE)  # type: ignore[union-attr]
-                except (ValueError, UnknownElement):
-                    raise JobError(f"no queue with id {queue_text!r}", ErrorCode.NO_SUCH_QUEUE) from None
-                await scheduler.move(job_id, queue_id)
+                key = self._job_key(attrs_.get("jobId"))
+                queue = self._queue_ref(attrs_.get("queueId") or "")
+                await service.move(key, queue)
             else:  # pragma: no cover - the session only lets known commands through
-                raise JobError(f"{command.name} is not handled", ErrorCode.NOT_SUPPORTED)
-        except UnknownElement as exc:
-            self._fail(command, attrs_, ErrorCode.NO_SUCH_JOB, str(exc))
-        except SchedulerError as exc:
+                raise JobError(f"{command.name} is not handled", ErrorKind.NOT_SUPPORTED)
+        except ServiceError as exc:
             log.info("%s (TID %d) failed: %s", command.name, tid, exc.message)
-            self._fail(command, attrs_, exc.code, exc.message)
+            code = mapping.error_code(exc.kind)
+            if isinstance(exc, SubmitError) and exc.kind is ErrorKind.SUBMIT_FAILED:
+                code = ErrorCode.SUBMIT_FAILED
+            self._fail(command, attrs_, code, exc.message)
         except Exception as exc:  # noqa: BLE001 - one command's failure must not end the session
             log.exception("internal error in %s (TID %d)", command.name, tid)
-            self._fail(command, attrs_, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}")
+            self._fail(command, attrs_, ErrorCode.INTERNAL, f"internal error: {describe(exc)}")
         else:
             self.emit(Ok(tid))
 
@@ -432,27 +417,10 @@ class Session:
         else:
             self.emit(Error(command.tid, code, message))
 
-    def notify(self, level: MessageLevel, code: int, text: str) -> None:
-        """Tell the client something outside any command (under the START_EVENTS TID, if open)."""
-        tid = self.session.events_tid
-        if tid is not None:
-            self.emit(Message(tid, level, code, text))
-        else:
-            log.warning("%s", text)
-
-
-def _describe(exc: BaseException) -> str:
-    """One line about an exception; for a group, about its first leaf."""
-    while getattr(exc, "exceptions", None):  # an exception group (trio nurseries raise those)
-        exc = exc.exceptions[0]  # type: ignore[attr-defined]
-    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) else str(exc)
-
 
 async def refuse_busy(stream: trio.abc.Stream, peer: str, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
-    """Answer a connection that arrived while another session is being served.
-
-    It gets ERROR (busy) under the TID of its first command, then is closed.
-    """
+    """Answer a connection the agent cannot serve now: ERROR (busy) under the TID of its
+    first command, then close it."""
     decoder = Decoder(max_frame_size)
     with trio.move_on_after(5):
         try:
@@ -466,7 +434,7 @@ async def refuse_busy(stream: trio.abc.Stream, peer: str, max_frame_size: int = 
                     continue
                 tid = getattr(item, "tid", None)
                 if tid is not None:
-                    busy = Error(tid, ErrorCode.BUSY, "the agent is busy serving another session; try again later")
+                    busy = Error(tid, ErrorCode.BUSY, "the agent is busy serving other sessions; try again later")
                     await stream.send_all(busy.encode())
                 break
         except (trio.BrokenResourceError, trio.ClosedResourceError):

@@ -1,0 +1,557 @@
+"""The service's model: machines, nodes, queues, jobs and processes, and the stream of changes.
+
+Backends fill and update the :class:`ServiceModel`; front-ends subscribe to it and render what
+they see for their clients.  Nothing here knows a protocol.
+
+Elements
+--------
+Every element has a stable integer **service key**, handed out in increasing order from 1 and
+never reused while the agent runs (0 stands for the whole service, the root every machine and
+queue hangs from).  A front-end turns keys into its own ids (the PTP front-end adds its
+client's base id).  Parents: machines and queues hang from the root, nodes from a machine,
+jobs from a queue, processes from a job.  A process also has a **rank**: its index in its job,
+0 to n-1, in the order the backend created them.
+
+Attributes are text (``str``), a tuple of texts for a multi-valued attribute (a job's
+arguments), or an ``int`` service key for a reference to another element (a job's ``queue``,
+a process's ``node``; see :data:`REFERENCES`).  Their names are the neutral ones in :class:`K`
+plus whatever further names a backend shows (described by its
+:class:`~proxy_agent.service.attributes.AttrInfo` list).  Values are stored per kind in
+columns (one key table per kind, one list of values per element): a model of a million jobs
+with a dict per element would cost several times the memory.
+
+Changes
+-------
+Each mutation is told at once to every subscriber (a :class:`ChangeSink`): an element was
+created, some of its attributes changed (which ones), it was removed (with everything below
+it), it moved to another parent, or a process wrote a line of output.  Mutations made inside
+:meth:`ServiceModel.batch` are followed by one :meth:`ChangeSink.flush` at the end, so a
+subscriber can send what belongs together as one message.  Coalescing (what to send while a
+client is not reading) is the subscriber's business.
+
+Output
+------
+Process output goes to the subscribers.  While nobody is subscribed it is kept per job, up to
+:data:`BACKLOG_LIMIT` bytes (the oldest lines giving way, counted), and handed to the next
+subscriber that asks (:meth:`ServiceModel.take_backlog`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+from collections import deque
+from typing import Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+__all__ = [
+    "BACKLOG_LIMIT",
+    "ChangeSink",
+    "Element",
+    "K",
+    "Kind",
+    "OutputBacklog",
+    "REFERENCES",
+    "ROOT",
+    "ServiceModel",
+    "UnknownElement",
+]
+
+AttrValue = Union[str, Tuple[str, ...], int]
+
+#: The key of the service itself: the parent of every machine and queue.
+ROOT = 0
+#: Output bytes kept per job while no client is subscribed.
+BACKLOG_LIMIT = 1 << 20
+
+
+class Kind(enum.Enum):
+    MACHINE = "machine"
+    NODE = "node"
+    QUEUE = "queue"
+    JOB = "job"
+    PROCESS = "process"
+
+
+#: Parents before children (creation order); the reverse for removal.
+CREATE_ORDER = (Kind.MACHINE, Kind.QUEUE, Kind.NODE, Kind.JOB, Kind.PROCESS)
+
+_PARENT_KIND = {Kind.NODE: Kind.MACHINE, Kind.JOB: Kind.QUEUE, Kind.PROCESS: Kind.JOB}
+
+
+class K:
+    """Neutral attribute names the service and every backend share."""
+
+    # every element
+    NAME = "name"
+    #: machine UP/DOWN/ALERT/ERROR/UNKNOWN; node UP/DOWN/ERROR/UNKNOWN; queue NORMAL/STOPPED;
+    #: job and process: a :class:`~proxy_agent.service.jobs.JobState` name
+    STATE = "state"
+    #: the scheduler's own word for the element's state
+    NATIVE_STATE = "nativeState"
+    #: the backend the element belongs to (machines and queues)
+    BACKEND = "backend"
+    # machine
+    NUM_NODES = "numNodes"
+    VERSION = "version"
+    # node
+    NUMBER = "number"
+    CPUS = "cpus"
+    CPUS_USED = "cpusUsed"
+    MEMORY = "memoryMB"
+    QUEUES = "queues"
+    REASON = "reason"
+    # queue
+    DEFAULT = "default"
+    MAX_TIME = "maxTime"
+    DEFAULT_TIME = "defaultTime"
+    MAX_NODES = "maxNodes"
+    TOTAL_NODES = "totalNodes"
+    TOTAL_SLOTS = "totalSlots"
+    FREE_SLOTS = "freeSlots"
+    WAITING = "waitingJobs"
+    RUNNING = "runningJobs"
+    # job
+    QUEUE = "queue"
+    NUM_PROCS = "numProcs"
+    EXECUTABLE = "executable"
+    ARGUMENTS = "arguments"
+    ENVIRONMENT = "environment"
+    WORKING_DIR = "workingDir"
+    USER = "user"
+    CLIENT_REF = "clientRef"
+    MESSAGE = "message"
+    NATIVE_ID = "nativeId"
+    HOSTS = "hosts"
+    NUM_CPUS = "numCpus"
+    TIME_USED = "timeUsed"
+    TIME_LIMIT = "timeLimit"
+    SUBMIT_TIME = "submitTime"
+    START_TIME = "startTime"
+    END_TIME = "endTime"
+    ACCOUNT = "account"
+    HOLD = "hold"
+    # job and process
+    EXIT_CODE = "exitCode"
+    SIGNAL = "signal"
+    # process
+    PID = "pid"
+    NODE = "node"
+
+
+#: Attributes whose value is the service key of another element.
+REFERENCES = frozenset({K.QUEUE, K.NODE})
+
+
+class UnknownElement(KeyError):
+    """No element with that key (or not of the expected kind)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown element"
+
+
+class _Schema:
+    """Attribute names of one element kind, in first-seen order."""
+
+    __slots__ = ("keys", "index", "version")
+
+    def __init__(self) -> None:
+        self.keys: List[str] = []
+        self.index: Dict[str, int] = {}
+        #: bumped whenever a name is added, so renderers can cache per-slot work
+        self.version = 0
+
+    def slot(self, key: str) -> int:
+        i = self.index.get(key)
+        if i is None:
+            i = self.index[key] = len(self.keys)
+            self.keys.append(key)
+            self.version += 1
+        return i
+
+
+class Element:
+    """One machine, node, queue, job or process."""
+
+    __slots__ = ("key", "kind", "parent", "values", "children", "owner", "rank")
+
+    def __init__(self, key: int, kind: Kind, parent: int, values: list, owner: str, rank: int = -1) -> None:
+        self.key = key
+        self.kind = kind
+        self.parent = parent
+        self.values = values
+        self.children: Optional[list] = None
+        #: name of the backend that owns it
+        self.owner = owner
+        #: a process's index in its job (-1 for other kinds)
+        self.rank = rank
+
+
+class ChangeSink:
+    """What a subscriber hears.  Every method is called synchronously, inside the mutation."""
+
+    def created(self, element: Element) -> None:
+        """A new element (its children follow in their own calls)."""
+
+    def changed(self, element: Element, slots: Iterable[int]) -> None:
+        """These attribute slots of the element have new values (read them from the element)."""
+
+    def removed(self, element: Element) -> None:
+        """The element is gone, and everything below it (children are told first)."""
+
+    def moved(self, element: Element, old_parent: int) -> None:
+        """The element now hangs from ``element.parent``, no longer from ``old_parent``."""
+
+    def output(self, element: Element, stream: str, text: str) -> None:
+        """A process wrote a line (``stream`` is ``stdout`` or ``stderr``)."""
+
+    def flush(self) -> None:
+        """A batch of mutations is complete (called after every mutation outside a batch)."""
+
+
+class OutputBacklog:
+    """Output written while nobody listened: per process, lines in order, bounded per job."""
+
+    __slots__ = ("lines", "size", "dropped")
+
+    def __init__(self) -> None:
+        #: (process key, stream, text) in the order written
+        self.lines: Deque[Tuple[int, str, str]] = deque()
+        self.size = 0
+        #: lines given up because the job wrote more than the limit: process key -> count
+        self.dropped: Dict[int, int] = {}
+
+
+class ServiceModel:
+    """The model every backend writes and every front-end reads (see the module docs)."""
+
+    def __init__(self) -> None:
+        self._elements: Dict[int, Element] = {}
+        self._schemas: Dict[Kind, _Schema] = {kind: _Schema() for kind in Kind}
+        self._by_kind: Dict[Kind, Dict[int, None]] = {kind: {} for kind in Kind}
+        self._next_key = 1
+        self._sinks: List[ChangeSink] = []
+        self._quiet = 0
+        self._missed = False
+        self._backlog: Dict[int, OutputBacklog] = {}
+        #: bumped on every mutation: equal versions mean an unchanged model
+        self.version = 0
+        #: keys handed out in creation order stay ascending unless a caller chose keys
+        self._ascending = True
+
+    # ------------------------------------------------------------------ queries
+
+    def __len__(self) -> int:
+        return len(self._elements)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._elements
+
+    def get(self, key: int) -> Element:
+        try:
+            return self._elements[key]
+        except KeyError:
+            raise UnknownElement(f"no element with key {key}") from None
+
+    def find(self, key: int, kind: Kind) -> Element:
+        element = self._elements.get(key)
+        if element is None or element.kind is not kind:
+            raise UnknownElement(f"no {kind.value} with key {key}")
+        return element
+
+    def keys(self, kind: Kind) -> List[int]:
+        """Keys of every element of a kind, in creation order."""
+        return list(self._by_kind[kind])
+
+    def count(self, kind: Kind) -> int:
+        return len(self._by_kind[kind])
+
+    def schema(self, kind: Kind) -> _Schema:
+        return self._schemas[kind]
+
+    def attrs(self, key: int) -> Dict[str, AttrValue]:
+        """The element's attributes as a fresh dict."""
+        element = self.get(key)
+        names = self._schemas[element.kind].keys
+        return {names[i]: v for i, v in enumerate(element.values) if v is not None}
+
+    def attr(self, key: int, name: str, default: Optional[AttrValue] = None) -> Optional[AttrValue]:
+        element = self.get(key)
+        i = self._schemas[element.kind].index.get(name)
+        if i is None or i >= len(element.values):
+            return default
+        value = element.values[i]
+        return default if value is None else value
+
+    def children(self, key: int, kind: Optional[Kind] = None) -> List[int]:
+        element = self.get(key)
+        if not element.children:
+            return []
+        if kind is None:
+            return list(element.children)
+        elements = self._elements
+        return [c for c in element.children if elements[c].kind is kind]
+
+    def processes(self, job: int) -> List[int]:
+        """A job's processes, in rank order."""
+        element = self.get(job)
+        if not element.children:
+            return []
+        elements = self._elements
+        found = [elements[c] for c in element.children if elements[c].kind is Kind.PROCESS]
+        found.sort(key=lambda e: e.rank)
+        return [e.key for e in found]
+
+    def owner(self, key: int) -> str:
+        return self.get(key).owner
+
+    def ascending(self) -> bool:
+        """Keys of each kind are in ascending order in :meth:`keys` (true unless keys were chosen)."""
+        return self._ascending
+
+    # ------------------------------------------------------------------ subscription
+
+    def subscribe(self, sink: ChangeSink) -> None:
+        self._sinks.append(sink)
+
+    def unsubscribe(self, sink: ChangeSink) -> None:
+        try:
+            self._sinks.remove(sink)
+        except ValueError:
+            pass
+
+    @property
+    def subscribers(self) -> int:
+        return len(self._sinks)
+
+    def take_backlog(self) -> Dict[int, OutputBacklog]:
+        """Output kept while nobody listened, per job; the caller now owns it."""
+        backlog = self._backlog
+        self._backlog = {}
+        return backlog
+
+    # ------------------------------------------------------------------ mutation
+
+    def _values(self, kind: Kind, attrs: Mapping[str, AttrValue]) -> list:
+        schema = self._schemas[kind]
+        values: list = [None] * len(schema.keys)
+        for name, value in attrs.items():
+            if value is None:
+                continue
+            i = schema.slot(name)
+            if i >= len(values):
+                values.extend([None] * (i + 1 - len(values)))
+            values[i] = value if value.__class__ is str else _freeze(name, value)
+        return values
+
+    def _check_parent(self, kind: Kind, parent: int) -> Element:
+        if kind in (Kind.MACHINE, Kind.QUEUE):
+            if parent != ROOT:
+                raise ValueError(f"a {kind.value} hangs from the service root, not {parent}")
+            return None  # type: ignore[return-value]
+        return self.find(parent, _PARENT_KIND[kind])
+
+    def new_keys(self, count: int) -> range:
+        keys = range(self._next_key, self._next_key + count)
+        self._next_key += count
+        return keys
+
+    def reserve_keys(self, above: int) -> None:
+        """Hand out only keys above ``above`` from now on (keys restored from a store)."""
+        if above >= self._next_key:
+            self._next_key = above + 1
+
+    def add(self, kind: Kind, parent: Optional[int], attrs: Mapping[str, AttrValue], owner: str = "",
+            key: Optional[int] = None) -> int:
+        """Create one element; returns its key.  Machines and queues take parent None.
+
+        ``key`` chooses the key (a job adopted from the store keeps the one it had); it must
+        not be in use.
+        """
+        if key is not None:
+            if key in self._elements or key <= ROOT:
+                raise ValueError(f"key {key} is in use or not a valid key")
+            parent_key = ROOT if parent is None else parent
+            parent_element = self._check_parent(kind, parent_key)
+            if key < self._next_key:
+                self._ascending = False
+            self.reserve_keys(key)
+            self._attach(Element(key, kind, parent_key, self._values(kind, attrs), owner,
+                                 self._next_rank(parent_element) if kind is Kind.PROCESS else -1))
+            self._notify()
+            return key
+        return self.add_many(kind, parent, [attrs], owner)[0]
+
+    def _next_rank(self, job: Optional[Element]) -> int:
+        if job is None or not job.children:
+            return 0
+        elements = self._elements
+        ranks = [elements[c].rank for c in job.children if elements[c].kind is Kind.PROCESS]
+        return max(ranks) + 1 if ranks else 0
+
+    def add_many(
+        self, kind: Kind, parent: Optional[int], attrs_list: Sequence[Mapping[str, AttrValue]], owner: str = ""
+    ) -> range:
+        """Create related elements with contiguous keys (a job's processes, a machine's nodes).
+
+        Processes get the next ranks of their job, in list order.
+        """
+        parent_key = ROOT if parent is None else parent
+        parent_element = self._check_parent(kind, parent_key)
+        keys = self.new_keys(len(attrs_list))
+        rank = self._next_rank(parent_element) if kind is Kind.PROCESS else -1
+        values_of = self._values
+        attach = self._attach
+        for key, attrs in zip(keys, attrs_list):
+            attach(Element(key, kind, parent_key, values_of(kind, attrs), owner, rank))
+            if rank >= 0:
+                rank += 1
+        self._notify()
+        return keys
+
+    def _attach(self, element: Element) -> None:
+        self._elements[element.key] = element
+        self._by_kind[element.kind][element.key] = None
+        parent = self._elements.get(element.parent)
+        if parent is not None:
+            if parent.children is None:
+                parent.children = [element.key]
+            else:
+                parent.children.append(element.key)
+        self.version += 1
+        for sink in self._sinks:
+            sink.created(element)
+
+    def update(self, key: int, attrs: Mapping[str, AttrValue]) -> bool:
+        """Set attributes (None clears one); only values that differ count.  True if any did."""
+        element = self.get(key)
+        schema = self._schemas[element.kind]
+        values = element.values
+        changed: Optional[List[int]] = None
+        for name, value in attrs.items():
+            if value is not None and value.__class__ is not str:
+                value = _freeze(name, value)
+            i = schema.index.get(name)
+            if i is None:
+                if value is None:
+                    continue
+                i = schema.slot(name)
+            if i >= len(values):
+                if value is None:
+                    continue
+                values.extend([None] * (i + 1 - len(values)))
+            if values[i] == value:
+                continue
+            values[i] = value
+            if changed is None:
+                changed = [i]
+            else:
+                changed.append(i)
+        if changed is None:
+            return False
+        self.version += 1
+        for sink in self._sinks:
+            sink.changed(element, changed)
+        self._notify()
+        return True
+
+    def update_many(self, keys: Iterable[int], attrs: Mapping[str, AttrValue]) -> int:
+        """The same attributes for many elements; subscribers hear of it in one batch."""
+        with self.batch():
+            return sum(1 for key in keys if self.update(key, attrs))
+
+    @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Group mutations: subscribers are flushed once, at the end, if anything happened."""
+        self._quiet += 1
+        try:
+            yield
+        finally:
+            self._quiet -= 1
+            if self._quiet == 0 and self._missed:
+                self._missed = False
+                self._notify()
+
+    def remove(self, key: int) -> None:
+        """Remove an element and everything below it."""
+        element = self.get(key)
+        parent = self._elements.get(element.parent)
+        if parent is not None and parent.children:
+            try:
+                parent.children.remove(key)
+            except ValueError:
+                pass
+        self._remove_tree(element)
+        self.version += 1
+        self._notify()
+
+    def _remove_tree(self, element: Element) -> None:
+        for child in element.children or ():
+            self._remove_tree(self._elements[child])
+        del self._elements[element.key]
+        del self._by_kind[element.kind][element.key]
+        if element.kind is Kind.JOB:
+            self._backlog.pop(element.key, None)
+        for sink in self._sinks:
+            sink.removed(element)
+
+    def move(self, key: int, new_parent: int) -> None:
+        """Give an element another parent (a job moving to another queue)."""
+        element = self.get(key)
+        if element.kind in (Kind.MACHINE, Kind.QUEUE):
+            raise ValueError(f"a {element.kind.value} always hangs from the service root")
+        if new_parent == element.parent:
+            return
+        parent = self._check_parent(element.kind, new_parent)
+        old_parent = self._elements.get(element.parent)
+        if old_parent is not None and old_parent.children:
+            try:
+                old_parent.children.remove(key)
+            except ValueError:
+                pass
+        old = element.parent
+        element.parent = new_parent
+        if parent.children is None:
+            parent.children = [key]
+        else:
+            parent.children.append(key)
+        self.version += 1
+        for sink in self._sinks:
+            sink.moved(element, old)
+        self._notify()
+
+    def output(self, process: int, stream: str, text: str) -> None:
+        """A process wrote one line (``stream`` is ``stdout`` or ``stderr``)."""
+        element = self.find(process, Kind.PROCESS)
+        sinks = self._sinks
+        if sinks:
+            for sink in sinks:
+                sink.output(element, stream, text)
+            self._notify()
+            return
+        backlog = self._backlog.get(element.parent)
+        if backlog is None:
+            backlog = self._backlog[element.parent] = OutputBacklog()
+        backlog.lines.append((process, stream, text))
+        backlog.size += len(text) + 1
+        while backlog.size > BACKLOG_LIMIT and len(backlog.lines) > 1:
+            old_process, _, old = backlog.lines.popleft()
+            backlog.size -= len(old) + 1
+            backlog.dropped[old_process] = backlog.dropped.get(old_process, 0) + 1
+
+    def _notify(self) -> None:
+        if self._quiet:
+            self._missed = True
+            return
+        for sink in self._sinks:
+            sink.flush()
+
+
+def _freeze(name: str, value: object) -> AttrValue:
+    """The stored form of a value that is not already text."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return int(value) if name in REFERENCES else str(value)
+    if isinstance(value, (list, tuple)):
+        return tuple(str(v) for v in value)
+    return str(value)

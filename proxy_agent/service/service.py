@@ -1,0 +1,297 @@
+"""The job service: several backends behind one model, requests routed by queue.
+
+The service lives as long as the agent, not as long as a connection: front-end sessions
+come and go and see the same model.  Each backend runs in the service's nursery; one that
+fails to start is reported and left out while the others serve, and one that fails later is
+reported and the rest carry on.
+
+Requests name queues and jobs by service key, or queues by name: ``NAME`` (searched in every
+backend, in the order they were given) or ``BACKEND:NAME``.  A submission that names no queue
+goes to the first backend's default queue.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import trio
+
+from ..schedulers.base import Backend, BackendContext
+from .attributes import AttrInfo
+from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
+from .model import K, Kind, ServiceModel, UnknownElement
+
+log = logging.getLogger("proxy_agent.service")
+
+__all__ = ["JobService", "Notice"]
+
+#: notice(level, text): something for every client that belongs to no request
+Notice = Callable[[str, str], None]
+
+#: How long shutting the backends down may take in all.
+_CLOSE_BOUND = 1.8
+
+
+class JobService:
+    """Owns the model and the backends (see the module documentation)."""
+
+    def __init__(self, model: Optional[ServiceModel] = None) -> None:
+        self.model = model if model is not None else ServiceModel()
+        self.backends: List[Backend] = []
+        self._by_name: Dict[str, Backend] = {}
+        #: backends that could not start: name -> why
+        self.failures: Dict[str, str] = {}
+        self.ready = trio.Event()
+        self._listeners: List[Notice] = []
+        self._closing = False
+        self._nursery: Optional[trio.Nursery] = None
+
+    # ------------------------------------------------------------------ set-up
+
+    def context(self, **settings) -> BackendContext:
+        """A context for a backend of this service: its notices reach every client."""
+        return BackendContext(notify=self.notify, **settings)
+
+    def add_backend(self, backend: Backend) -> None:
+        if backend.name in self._by_name:
+            raise ValueError(f"scheduler {backend.name!r} given twice")
+        self.backends.append(backend)
+        self._by_name[backend.name] = backend
+
+    def backend(self, name: str) -> Backend:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise ServiceError(f"no scheduler named {name!r}; running: {', '.join(self._by_name)}",
+                               ErrorKind.NO_SUCH_QUEUE) from None
+
+    # ------------------------------------------------------------------ notices
+
+    def add_listener(self, listener: Notice) -> Callable[[], None]:
+        """Hear notices; returns a function that stops it."""
+        self._listeners.append(listener)
+
+        def remove() -> None:
+            try:
+                self._listeners.remove(listener)
+            except ValueError:
+                pass
+
+        return remove
+
+    def notify(self, level: str, text: str) -> None:
+        log.log(logging.ERROR if level == "ERROR" else logging.WARNING if level == "WARNING" else logging.INFO,
+                "%s", text)
+        for listener in list(self._listeners):
+            try:
+                listener(level, text)
+            except Exception:  # noqa: BLE001 - one listener must not silence the others
+                log.exception("a notice listener failed")
+
+    # ------------------------------------------------------------------ life cycle
+
+    async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        """Start every backend and serve until cancelled; started at once (discovery goes on
+        in the background: :attr:`ready` is set when every backend has started or failed)."""
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                pending = [len(self.backends)]
+
+                def one_done() -> None:
+                    pending[0] -= 1
+                    if pending[0] <= 0:
+                        self.ready.set()
+
+                if not self.backends:
+                    self.ready.set()
+                for backend in self.backends:
+                    nursery.start_soon(self._run_backend, backend, one_done)
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            self._nursery = None
+            with trio.CancelScope(shield=True):
+                await self.aclose()
+
+    async def _run_backend(self, backend: Backend, started: Callable[[], None]) -> None:
+        done = [False]
+
+        class _Status:
+            def started(self, value=None) -> None:
+                if not done[0]:
+                    done[0] = True
+                    started()
+
+        try:
+            await backend.run(task_status=_Status())
+        except Exception as exc:  # noqa: BLE001 - one backend's failure is contained
+            why = describe(exc)
+            if not done[0]:
+                log.exception("the %s scheduler failed to start", backend.name)
+                self.failures[backend.name] = f"the {backend.name} scheduler failed to start: {why}"
+                if len(self.backends) > 1:
+                    self.notify("ERROR", self.failures[backend.name])
+                done[0] = True
+                started()
+            else:
+                log.exception("the %s scheduler stopped", backend.name)
+                self.notify("ERROR", f"the {backend.name} scheduler stopped: {why}")
+        else:
+            if not done[0]:
+                done[0] = True
+                started()
+
+    @property
+    def failure(self) -> Optional[str]:
+        """Why the service cannot serve at all (every backend failed to start), else None."""
+        if self.backends and len(self.failures) == len(self.backends):
+            return "; ".join(self.failures.values())
+        return None
+
+    async def aclose(self) -> None:
+        """End what the backends started (local jobs end; batch jobs stay in their scheduler)."""
+        if self._closing:
+            return
+        self._closing = True
+        with trio.move_on_after(_CLOSE_BOUND):
+            async with trio.open_nursery() as nursery:
+                for backend in self.backends:
+                    nursery.start_soon(self._close_backend, backend)
+
+    @staticmethod
+    async def _close_backend(backend: Backend) -> None:
+        try:
+            await backend.aclose()
+        except Exception:  # noqa: BLE001 - shutdown must finish
+            log.exception("error while shutting down the %s scheduler", backend.name)
+
+    # ------------------------------------------------------------------ catalogue
+
+    def attributes(self) -> List[AttrInfo]:
+        """What the running backends show and accept (first definition of a name wins)."""
+        seen: Dict[str, AttrInfo] = {}
+        for backend in self.backends:
+            if backend.name in self.failures:
+                continue
+            for info in backend.attributes():
+                seen.setdefault(info.name, info)
+        return list(seen.values())
+
+    def running_backends(self) -> List[Backend]:
+        return [b for b in self.backends if b.name not in self.failures]
+
+    # ------------------------------------------------------------------ routing
+
+    def queue_key(self, queue: Union[int, str]) -> int:
+        """The key of a queue given by key, ``NAME`` or ``BACKEND:NAME``."""
+        model = self.model
+        if isinstance(queue, int):
+            try:
+                model.find(queue, Kind.QUEUE)
+            except UnknownElement:
+                raise ServiceError(f"no queue with key {queue}", ErrorKind.NO_SUCH_QUEUE) from None
+            return queue
+        text = queue.strip()
+        backend_name, sep, name = text.rpartition(":")
+        if sep:
+            backend = self.backend(backend_name)
+            for key in model.keys(Kind.QUEUE):
+                element = model.get(key)
+                if element.owner == backend.name and model.attr(key, K.NAME) == name:
+                    return key
+            raise ServiceError(self._no_queue(text), ErrorKind.NO_SUCH_QUEUE)
+        for backend in self.running_backends():
+            for key in model.keys(Kind.QUEUE):
+                if model.get(key).owner == backend.name and model.attr(key, K.NAME) == text:
+                    return key
+        raise ServiceError(self._no_queue(text), ErrorKind.NO_SUCH_QUEUE)
+
+    def _no_queue(self, text: str) -> str:
+        names = [self.queue_label(k) for k in self.model.keys(Kind.QUEUE)]
+        return f"no queue named {text!r}; queues: {', '.join(names) or 'none yet'}"
+
+    def queue_label(self, key: int) -> str:
+        """``BACKEND:NAME`` of a queue."""
+        element = self.model.get(key)
+        return f"{element.owner}:{self.model.attr(key, K.NAME) or key}"
+
+    def default_queue(self) -> Tuple[Backend, int]:
+        for backend in self.running_backends():
+            queue = backend.default_queue()
+            if queue is not None:
+                return backend, queue
+        raise SubmitError("no scheduler has a queue to submit to", ErrorKind.UNAVAILABLE)
+
+    def route(self, spec: JobSpec) -> Tuple[Backend, int]:
+        """The backend and queue a submission goes to."""
+        if spec.queue is None or spec.queue == "":
+            if spec.candidates:
+                return self._owner_of(self.queue_key(spec.candidates[0]))
+            return self.default_queue()
+        return self._owner_of(self.queue_key(spec.queue))
+
+    def _owner_of(self, queue: int) -> Tuple[Backend, int]:
+        owner = self.model.get(queue).owner
+        backend = self._by_name.get(owner)
+        if backend is None or owner in self.failures:
+            raise SubmitError(f"the scheduler of queue {self.queue_label(queue)} is not running", ErrorKind.UNAVAILABLE)
+        return backend, queue
+
+    def _job_owner(self, job: int) -> Backend:
+        try:
+            element = self.model.find(job, Kind.JOB)
+        except UnknownElement:
+            raise JobError(f"no job with key {job}", ErrorKind.NO_SUCH_JOB) from None
+        backend = self._by_name.get(element.owner)
+        if backend is None:
+            raise JobError(f"job {job} belongs to no running scheduler", ErrorKind.UNAVAILABLE)
+        return backend
+
+    # ------------------------------------------------------------------ requests
+
+    async def submit(self, spec: JobSpec) -> int:
+        """Submit a job; returns its key once it is in the model."""
+        if self._closing:
+            raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
+        backend, queue = self.route(spec)
+        return await backend.submit(spec, queue)
+
+    async def terminate(self, job: int) -> None:
+        await self._job_owner(job).terminate(job)
+
+    async def hold(self, job: int, held: bool) -> None:
+        await self._job_owner(job).hold(job, held)
+
+    async def suspend(self, job: int, suspended: bool) -> None:
+        await self._job_owner(job).suspend(job, suspended)
+
+    async def move(self, job: int, queue: Union[int, str]) -> None:
+        backend = self._job_owner(job)
+        key = self.queue_key(queue)
+        if self.model.get(key).owner != backend.name:
+            raise JobError(
+                f"queue {self.queue_label(key)} belongs to another scheduler than job {job} ({backend.name})",
+                ErrorKind.OPERATION_FAILED,
+            )
+        await backend.move(job, key)
+
+
+def describe(exc: BaseException) -> str:
+    """One line about an exception; for a group, about its first leaf."""
+    while getattr(exc, "exceptions", None):
+        exc = exc.exceptions[0]  # type: ignore[attr-defined]
+    if isinstance(exc, ServiceError):
+        return exc.message
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) else str(exc)
+
+
+def backends_from_names(names: Sequence[str]) -> List[str]:
+    """Split and check a ``--scheduler`` list (``local,sim``)."""
+    out: List[str] = []
+    for name in names:
+        if name in out:
+            raise ValueError(f"scheduler {name!r} given twice")
+        out.append(name)
+    return out
