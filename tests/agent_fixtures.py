@@ -180,3 +180,60 @@ class BackgroundAgent:
             self.process.process.terminate()
         await self.process.reap(0.0)
         await self._nursery_cm.__aexit__(None, None, None)
+
+
+def ptp_view(model, base_id: int) -> dict:
+    """What a PTP client with ``base_id`` should hold of the service model: id -> (kind,
+    parent id, attributes as lists of values), rendered by a fresh view's snapshot."""
+    from proxy_agent.frontends.ptp.view import ModelView
+    from proxy_agent.protocol.messages import decode_event
+    from proxy_agent.protocol.wire import Frame
+
+    view = ModelView(model, base_id)
+    seen: dict = {}
+    try:
+        for chunk in view.subscribe():
+            for event_id, args in chunk:
+                event = decode_event(Frame(int(event_id), 1, tuple(args)))
+                kind = event.kind.value
+                parent = str(int(event.parent_id))
+                for group in event.groups:
+                    attrs: dict = {}
+                    for key, value in group.attributes:
+                        attrs.setdefault(key, []).append(value)
+                    for ref in group.ids:
+                        eid = f"{parent}:{ref}" if kind == "process" else str(ref)
+                        seen[eid] = (kind, parent, attrs)
+    finally:
+        view.unsubscribe()
+    return seen
+
+
+def mirror_view(client) -> dict:
+    """The client's mirror in the shape of :func:`ptp_view` (output left out)."""
+    out = {}
+    for eid, element in client.state.elements.items():
+        if element.removed or element.kind == "rm":
+            continue
+        attrs = {
+            k: (list(v) if isinstance(v, list) else [v])
+            for k, v in element.attributes.items()
+            if k not in ("processStdout", "processStderr")
+        }
+        out[eid] = (element.kind, element.parent, attrs)
+    return out
+
+
+def model_difference(model, client, base_id: int):
+    """None if the client's mirror equals what the service model renders to, else the first
+    difference found."""
+    truth = ptp_view(model, base_id)
+    mirror = mirror_view(client)
+    if set(mirror) != set(truth):
+        only_mirror = sorted(set(mirror) - set(truth))[:5]
+        only_agent = sorted(set(truth) - set(mirror))[:5]
+        return f"ids differ: only in mirror {only_mirror}, only in agent {only_agent}"
+    for eid, expected in truth.items():
+        if mirror[eid] != expected:
+            return f"element {eid}: mirror {mirror[eid]} != agent {expected}"
+    return None

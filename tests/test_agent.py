@@ -18,13 +18,16 @@ import pytest
 import trio
 import trio.testing
 
-from agent_fixtures import agent_argv, free_port, subprocess_env
-from proxy_agent.agent import AgentConfig, Session
+from agent_fixtures import agent_argv, free_port, model_difference, subprocess_env
+from proxy_agent.frontends.ptp import PtpSession
+from proxy_agent.schedulers.local import LocalBackend
+from proxy_agent.schedulers.sim import SimBackend, SimOptions
+from proxy_agent.service.service import JobService
 from proxy_agent.client import AgentClient, CommandFailed, TokenRefused
 from proxy_agent.protocol.messages import CommandId, ErrorCode, EventId
 from proxy_agent.protocol.wire import Decoder, Frame, encode_frame
-from proxy_agent.schedulers import base
-from proxy_agent.schedulers.base import SchedulerOptions
+
+
 
 
 def _alive(pid: int) -> bool:
@@ -143,6 +146,11 @@ async def test_bad_input_gets_errors_and_agent_keeps_serving():
     await _exits_cleanly(peer.process)
 
 
+def rank(process) -> int:
+    """A process's rank within its job: the id the agent names it by."""
+    return int(process.id.rpartition(":")[2])
+
+
 async def start(client: AgentClient, base_id: int = 1000, token=None) -> None:
     await client.init(base_id, token=token)
     await client.model_def()
@@ -174,7 +182,7 @@ async def test_submit_output_exit_on_local(tmp_path):
         job = await client.submit("/bin/sh", ["-c", 'echo "$GREETING from $(pwd) #$PROXY_AGENT_PROCESS_INDEX"'], cwd=str(tmp_path), env={"GREETING": "hi"}, count=3)
         await client.wait_job_state(job, "COMPLETED", timeout=20)
         procs = client.children(job, "process")
-        assert sorted(p.get("processIndex") for p in procs) == ["0", "1", "2"]
+        assert sorted(rank(p) for p in procs) == [0, 1, 2]
         assert sorted(client.job_output(job).splitlines()) == [f"hi from {tmp_path} #{i}" for i in range(3)]
         await client.quit()
         assert client.violations == []
@@ -196,7 +204,7 @@ async def test_terminate_suspend_resume_on_local():
         t0 = time.monotonic()
         await client.terminate(job)
         done = await client.wait_job_state(job, "COMPLETED", timeout=10)
-        assert done.get("jobStatus") == "CANCELED"
+        assert done.get("jobStatus") == "KILLED"
         assert time.monotonic() - t0 < 5
         assert not _alive(pid)
         with pytest.raises(CommandFailed) as failure:
@@ -266,7 +274,7 @@ async def _listening_agent(*args: str, env=None):
     return process
 
 
-async def test_tcp_listen_token_and_busy(tmp_path):
+async def test_tcp_listen_token_and_concurrent_sessions(tmp_path):
     port = free_port()
     token_file = tmp_path / "token"
     process = await _listening_agent("--listen", str(port), "--token-file", str(token_file))
@@ -287,17 +295,28 @@ async def test_tcp_listen_token_and_busy(tmp_path):
         async with await AgentClient.connect_tcp("127.0.0.1", port) as client:
             await start(client, token=token)
             assert len(client.queues) == 1
-            # a second client while the first is served: ERROR busy, then closed
-            async with await AgentClient.connect_tcp("127.0.0.1", port, strict=False) as second:
-                with pytest.raises(CommandFailed) as failure:
-                    await second.init(token=token)
-                assert failure.value.code == ErrorCode.BUSY
-                assert "busy" in failure.value.message
-            job = await client.submit("/bin/echo", ["over tcp"])
+            # a second client is served at the same time, with ids from its own base id
+            async with await AgentClient.connect_tcp("127.0.0.1", port) as second:
+                await start(second, base_id=70000, token=token)
+                job = await client.wait_job_state(await client.submit("/bin/echo", ["over tcp"]), "COMPLETED", timeout=20)
+                sub_id = job.get("jobSubId")
+                assert client.job_output(job).strip() == "over tcp"
+                # the second client sees the same job under its own id, with the same output
+                seen = await second.wait_for(
+                    lambda: next((j for j in second.jobs.values() if j.get("jobSubId") == sub_id), None),
+                    timeout=10,
+                )
+                assert int(seen.id) - 70000 == int(job.id) - 1000
+                await second.wait_job_state(seen, "COMPLETED", timeout=10)
+                assert second.job_output(seen).strip() == "over tcp"
+                await second.quit()  # ends that session only
+                assert second.violations == []
+            job = await client.submit("/bin/echo", ["still served"])
             await client.wait_job_state(job, "COMPLETED", timeout=20)
-            assert client.job_output(job).strip() == "over tcp"
             await client.quit()
             assert client.violations == []
+        assert process.returncode is None  # QUIT ends a session, not the agent
+        process.send_signal(signal.SIGTERM)
         await _exits_cleanly(process)
     finally:
         _reap(process)
@@ -318,6 +337,7 @@ async def test_unix_socket_mode_and_sessions_in_turn(tmp_path):
             assert all(int(n) > 5000 for n in client.nodes)
             await client.quit()
             assert client.violations == []
+        process.send_signal(signal.SIGTERM)
         await _exits_cleanly(process)
         assert not os.path.exists(path)
     finally:
@@ -344,14 +364,20 @@ async def test_connect_back():
 
 
 @asynccontextmanager
-async def in_process_session(config: AgentConfig):
-    """An agent Session served in this process over a memory stream, with a client on the other end.
+async def in_process_session(*backends):
+    """A PTP session served in this process over a memory stream, over a service running
+    ``backends`` (classes or (class, options) pairs), with a client on the other end.
 
     Yields (session, client); the client has not sent INIT yet.
     """
+    service = JobService()
+    for backend in backends:
+        cls, options = backend if isinstance(backend, tuple) else (backend, None)
+        service.add_backend(cls(service.model, options, service.context()))
     client_stream, agent_stream = trio.testing.memory_stream_pair()
-    session = Session(agent_stream, config)
+    session = PtpSession(agent_stream, service)
     async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
         nursery.start_soon(session.run)
         async with AgentClient.from_stream(client_stream) as client:
             yield session, client
@@ -387,48 +413,34 @@ async def test_suspended_changes_are_held_and_coalesced(tmp_path):
 
 async def test_long_suspension_delivers_exactly_the_current_model():
     """Churn while events are stopped; after START_EVENTS the mirror equals the agent's model."""
-    options = SchedulerOptions(sim_nodes=200, sim_jobs=300, sim_churn=2000, sim_seed=7)
-    async with in_process_session(AgentConfig(scheduler="sim", options=options)) as (session, client):
+    options = SimOptions(nodes=200, jobs=300, churn=2000, seed=7)
+    async with in_process_session((SimBackend, options)) as (session, client):
         await start(client)
         await trio.sleep(0.3)
         await client.stop_events()
         await trio.sleep(2.0)  # thousands of changes happen while suspended
-        pending = len(session.model._pending)
-        assert 0 < pending <= len(session.model)
+        model = session.service.model
+        pending = len(session.view._pending)
+        assert 0 < pending <= len(model)
         await client.start_events()
         # freeze the cluster, then compare once everything the agent had to say has arrived
-        session.scheduler.options = attrs.evolve(options, sim_churn=0)
+        (sim,) = session.service.backends
+        sim.options = attrs.evolve(options, churn=0)
         await trio.sleep(0.1)
         await client.stop_events()
         with trio.fail_after(10):
-            while session.model.has_pending or session._out:
+            while session.view.has_pending or session._out:
                 await trio.sleep(0.01)
         await client.start_events()
         # Timers of jobs already running may still fire: a mismatch must not last.
         for _ in range(20):
-            difference = _model_difference(session.model, client)
+            difference = model_difference(model, client, 1000)
             if difference is None:
                 break
             await trio.sleep(0.1)
         assert difference is None, difference
         assert client.violations == []
         await client.quit()
-
-
-def _model_difference(model, client):
-    """None if the client's mirror equals the agent's model, else the first difference."""
-    mirror = {eid: e for eid, e in client.state.elements.items() if not e.removed and e.kind != "rm"}
-    truth = {str(i) for kind in model._by_kind for i in model.ids(kind)}
-    if set(mirror) != truth:
-        return f"ids differ: only in mirror {sorted(set(mirror) - truth)[:5]}, only in agent {sorted(truth - set(mirror))[:5]}"
-    for eid, element in mirror.items():
-        expected = {k: (list(v) if isinstance(v, tuple) else v) for k, v in model.attrs(int(eid)).items()}
-        got = {k: v for k, v in element.attributes.items() if k not in ("processStdout", "processStderr")}
-        if got != expected:
-            return f"element {eid}: mirror {got} != agent {expected}"
-        if element.parent != str(model.get(int(eid)).parent):
-            return f"element {eid}: parent {element.parent} != {model.get(int(eid)).parent}"
-    return None
 
 
 @pytest.mark.parametrize("how", ["quit", "sigterm", "sigint", "eof"])
@@ -470,8 +482,8 @@ async def test_processes_entering_running_share_one_event_and_range():
         client.add_listener(traffic.append)
         job = await client.submit("/bin/sleep", ["1"], count=64)
         await client.wait_job_state(job, "RUNNING", timeout=30)
-        procs = sorted(int(p.id) for p in client.children(job, "process"))
-        assert len(procs) == 64 and procs == list(range(procs[0], procs[0] + 64))
+        procs = sorted(rank(p) for p in client.children(job, "process"))
+        assert procs == list(range(64))
         running = [
             t.message
             for t in traffic
@@ -486,68 +498,60 @@ async def test_processes_entering_running_share_one_event_and_range():
         assert client.violations == []
 
 
-async def test_dropped_connection_ends_the_session_and_its_jobs(tmp_path):
-    """In --unix mode a client that vanishes takes its jobs with it; the agent serves on."""
+async def test_jobs_outlive_a_dropped_connection_and_their_output_waits(tmp_path):
+    """In --unix mode a client that vanishes ends its own session only: its jobs run on, and
+    what they print meanwhile is delivered to the next client."""
     path = str(tmp_path / "agent.sock")
+    marker = tmp_path / "go"
     process = await _listening_agent("--unix", path)
     try:
         async with await AgentClient.connect_unix(path) as client:
             await start(client)
-            job = await client.submit("/bin/sleep", ["300"], count=2)
-            await client.wait_job_state(job, "RUNNING", timeout=20)
+            script = f"echo before; while [ ! -e {marker} ]; do sleep 0.05; done; echo after; sleep 300"
+            job = await client.submit("/bin/sh", ["-c", script], count=2)
+            await client.wait_for(lambda: client.job_output(job).count("before") == 2, timeout=20)
             pids = [int(p.get("processPID")) for p in client.children(job, "process")]
-            assert all(_alive(p) for p in pids)
-        # the connection is gone without QUIT
+            sub_id = client.job(job).get("jobSubId")
+        # the connection is gone without QUIT; the job prints while nobody listens
+        marker.touch()
+        await trio.sleep(1.0)
+        assert all(_alive(p) for p in pids)
+        assert process.returncode is None
+        async with await AgentClient.connect_unix(path) as client:
+            await start(client)
+            found = [j for j in client.jobs.values() if j.get("jobSubId") == sub_id]
+            assert len(found) == 1, (sub_id, {k: dict(v.attributes) for k, v in client.jobs.items()})
+            (job,) = found
+            assert job.get("jobState") == "RUNNING"
+            await client.wait_for(lambda: client.job_output(job).count("after") == 2, timeout=10)
+            assert "before" not in client.job_output(job)  # delivered once, to the first client
+            await client.terminate(job)
+            await client.wait_job_state(job, "COMPLETED", timeout=10)
+            await client.quit()
+            assert client.violations == []
         with trio.fail_after(5):
             while any(_alive(p) for p in pids):
                 await trio.sleep(0.05)
-        assert process.returncode is None  # still serving
-        async with await AgentClient.connect_unix(path) as client:
-            await start(client)
-            assert client.jobs == {}
-            await client.quit()
+        process.send_signal(signal.SIGTERM)
         await _exits_cleanly(process)
     finally:
         _reap(process)
 
 
-class _BrokenScheduler:
-    """A scheduler whose job commands fail in ways the agent must contain."""
+class _BrokenBackend(LocalBackend):
+    """A backend whose job commands fail in ways the agent must contain."""
 
     name = "broken"
 
-    def __init__(self, model, options):
-        from proxy_agent.schedulers.local import LocalScheduler
-
-        self._inner = LocalScheduler(model, options)
-        self.model = model
-        self.on_message = None
-
-    def attribute_definitions(self):
-        return self._inner.attribute_definitions()
-
-    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
-        await self._inner.run(task_status=task_status)
-
-    async def submit(self, job):
+    async def submit(self, spec, queue):
         raise RuntimeError("disk on fire")
 
-    async def terminate(self, job_id):
-        raise KeyError(job_id)
-
-    async def change(self, job_id, changes):
-        return None
-
-    async def move(self, job_id, queue_id):
-        return None
-
-    async def aclose(self):
-        await self._inner.aclose()
+    async def terminate(self, job):
+        raise KeyError(job)
 
 
 async def test_internal_error_in_a_command_is_an_error_event_and_the_session_goes_on(caplog):
-    base.register("broken-for-test", f"{__name__}:_BrokenScheduler")
-    async with in_process_session(AgentConfig(scheduler="broken-for-test")) as (session, client):
+    async with in_process_session(_BrokenBackend) as (session, client):
         await start(client)
         command = await client.raw(CommandId.SUBMIT_JOB, ["jobSubId=s1", "execPath=/bin/true"])
         event = command.completion
@@ -560,26 +564,29 @@ async def test_internal_error_in_a_command_is_an_error_event_and_the_session_goe
         assert client.violations == []
 
 
-class _DyingScheduler(_BrokenScheduler):
+class _DyingBackend(LocalBackend):
     """Starts fine, then its background work dies."""
+
+    name = "dying"
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
         async with trio.open_nursery() as nursery:
-            await nursery.start(self._inner.run)
+            await nursery.start(super().run)
             task_status.started()
             await trio.sleep(0.2)
             raise OSError("lost contact with the controller")
 
 
 async def test_scheduler_dying_after_start_is_told_and_the_session_goes_on():
-    base.register("dying-for-test", f"{__name__}:_DyingScheduler")
-    async with in_process_session(AgentConfig(scheduler="dying-for-test")) as (session, client):
+    async with in_process_session(_DyingBackend, SimBackend) as (session, client):
         await start(client)
         await client.wait_for(lambda: client.messages, timeout=5)
         message = client.messages[0]
         assert message.level == "ERROR" and "lost contact with the controller" in message.text
-        # still serving: commands are answered
+        # still serving: commands are answered, the other backend works
         command = await client.raw(CommandId.TERMINATE_JOB, ["jobId=424242"])
         assert command.completion.event_id == EventId.TERMINATEJOB_ERROR
+        job = await client.submit("/bin/true", queue="sim:batch")
+        await client.wait_job_state(job, "COMPLETED", timeout=20)
         await client.quit()
         assert client.violations == []

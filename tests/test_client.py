@@ -154,12 +154,12 @@ async def test_submit_output_and_completion(pair):
             await fake.send(
                 Ok(submit.tid),
                 NewElements(tid, ElementKind.JOB, "1002", [group("5000", jobSubId=sub, name="echo", jobState="STARTING")]),
-                NewElements(tid, ElementKind.PROCESS, "5000", [group("9000", processIndex="0"), group("9001", processIndex="1")]),
+                NewElements(tid, ElementKind.PROCESS, "5000", [group("0-1", processState="STARTING")]),
                 ElementChange(tid, ElementKind.JOB, [group("5000", jobState="RUNNING")]),
-                ProcessChange(tid, "5000", [group("9000", processStdout="hello big world")]),
-                ProcessChange(tid, "5000", [group("9001", processStdout="two\nlines")]),
-                ProcessChange(tid, "5000", [group("9001", processStderr="oops")]),
-                ProcessChange(tid, "5000", [group("9000-9001", processExitCode="0", processState="COMPLETED")]),
+                ProcessChange(tid, "5000", [group("0", processStdout="hello big world")]),
+                ProcessChange(tid, "5000", [group("1", processStdout="two\nlines")]),
+                ProcessChange(tid, "5000", [group("1", processStderr="oops")]),
+                ProcessChange(tid, "5000", [group("0-1", processExitCode="0", processState="COMPLETED")]),
                 ElementChange(tid, ElementKind.JOB, [group("5000", jobState="COMPLETED", jobStatus="FINISHED")]),
             )
 
@@ -170,7 +170,7 @@ async def test_submit_output_and_completion(pair):
     assert done.states == ["STARTING", "RUNNING", "COMPLETED"]
     assert client.job_output(job) == "hello big world\ntwo\nlines\n"
     assert client.job_output(job, "stderr") == "oops\n"
-    assert client.processes["9001"].text() == "two\nlines\n"
+    assert client.processes["5000:1"].text() == "two\nlines\n"
     assert client.find_job(done.sub_id) is done
     assert [p.get("processExitCode") for p in client.children(job, "process")] == ["0", "0"]
     assert client.violations == []
@@ -654,7 +654,7 @@ async def test_real_local_agent_session(tmp_path):
         assert done.get("jobStatus") == "FINISHED"
         assert sorted(client.job_output(job).splitlines()) == sorted(["0 hi there", "1 hi there", "2 hi there"] + [str(tmp_path)] * 3)
         processes = client.children(job, "process")
-        assert sorted(p.get("processIndex") for p in processes) == ["0", "1", "2"]
+        assert sorted(p.id.rpartition(":")[2] for p in processes) == ["0", "1", "2"]
         assert all(p.get("processExitCode") == "0" and p.state == "COMPLETED" for p in processes)
 
         failing = await client.submit("sh", ["-c", "echo oops >&2; exit 4"])
@@ -690,7 +690,7 @@ async def test_real_agent_terminate_suspend_resume():
         await client.wait_for(lambda: client.job(job).state == "RUNNING", 10)
         await client.terminate(job)
         ended = await client.wait_job_state(job, "COMPLETED", 10)
-        assert ended.get("jobStatus") == "CANCELED"
+        assert ended.get("jobStatus") == "KILLED"
         assert client.children(job, "process")[0].get("processSignalName") == "SIGTERM"
         assert ended.states[-4:] == ["RUNNING", "SUSPENDED", "RUNNING", "COMPLETED"]
         await client.quit()
@@ -829,39 +829,28 @@ async def test_mirror_equals_the_agents_model_under_churn(mock_clock):
     -- ids, kinds, parents, attributes -- including after stop/start cycles,
     where the agent sends coalesced differences instead of a stream.
     """
-    from proxy_agent.agent import AgentConfig, Session
-    from proxy_agent.schedulers.base import SchedulerOptions
+    from agent_fixtures import mirror_view, ptp_view
+    from proxy_agent.frontends.ptp import PtpSession
+    from proxy_agent.schedulers.sim import SimBackend, SimOptions
+    from proxy_agent.service.service import JobService
 
-    options = SchedulerOptions(sim_nodes=50, sim_jobs=20, sim_churn=200.0, sim_seed=11)
+    service = JobService()
+    service.add_backend(SimBackend(service.model, SimOptions(nodes=50, jobs=20, churn=200.0, seed=11), service.context()))
     client_end, agent_end = trio.testing.memory_stream_pair()
-    session = Session(agent_end, AgentConfig(scheduler="sim", options=options))
+    session = PtpSession(agent_end, service)
     # Not autojump: it lands exactly on the simulator's tick deadlines, where its
-    # loop can spin without ever waiting (see the report on SimScheduler._loop).
+    # loop can spin without ever waiting (see the report on SimBackend._loop).
     mock_clock.rate = 20.0
 
     def agent_view():
-        model = session.model
-        view = {}
-        for kind in ElementKind:
-            for eid in model.ids(kind):
-                # an empty ARRAY attribute has no values to send: the protocol cannot show it
-                attrs = {k: list(v) if isinstance(v, tuple) else [v] for k, v in model.attrs(eid).items() if v != ()}
-                view[str(eid)] = (kind.value, str(model.get(eid).parent), attrs)
-        return view
-
-    def mirror_view(client):
-        return {
-            eid: (e.kind, e.parent, {k: list(v) if isinstance(v, list) else [v] for k, v in e.attributes.items()})
-            for eid, e in client.state.elements.items()
-            if e.kind != "rm"
-        }
+        return ptp_view(service.model, 1000)
 
     async def check(client):
         mock_clock.rate = 0.0
         try:
             await trio.testing.wait_all_tasks_blocked()
             for _ in range(100):
-                if not session.model.has_pending:
+                if not session.view.has_pending:
                     break
                 mock_clock.jump(0.0031)  # past the agent's 2 ms coalescing window
                 await trio.testing.wait_all_tasks_blocked()
@@ -875,6 +864,7 @@ async def test_mirror_equals_the_agents_model_under_churn(mock_clock):
 
     checks = 0
     async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
         nursery.start_soon(session.run)
         async with AgentClient.from_stream(client_end) as client:
             await handshake(client)

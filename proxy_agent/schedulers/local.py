@@ -302,9 +302,9 @@ class LocalBackend(Backend):
     async def suspend(self, job: int, suspended: bool) -> None:
         record = self._live(job)
         if record.canceled:
-            raise JobError(f"job {job} is being terminated", ErrorKind.OPERATION_FAILED)
+            raise JobError("the job is being terminated", ErrorKind.OPERATION_FAILED)
         if not record.started or record.pgid is None:
-            raise JobError(f"job {job} is still starting", ErrorKind.OPERATION_FAILED)
+            raise JobError("the job is still starting", ErrorKind.OPERATION_FAILED)
         if suspended == record.suspended:
             return
         record.suspended = suspended
@@ -369,8 +369,8 @@ class LocalBackend(Backend):
         except UnknownElement:
             native = None
         if native in _ENDED:
-            raise JobError(f"job {job} has already ended", ErrorKind.OPERATION_FAILED)
-        raise JobError(f"job {job} is not a job of the local scheduler", ErrorKind.NO_SUCH_JOB)
+            raise JobError("the job has already ended", ErrorKind.OPERATION_FAILED)
+        raise JobError("the job is not a job of the local scheduler", ErrorKind.NO_SUCH_JOB)
 
     # ------------------------------------------------------------------ submission
 

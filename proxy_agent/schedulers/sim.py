@@ -262,7 +262,7 @@ class SimBackend(Backend):
                 ErrorKind.BAD_REQUEST,
             )
         if queue not in self.queue_ids.values():
-            raise SubmitError(f"queue {queue} is not a queue of the simulated cluster", ErrorKind.NO_SUCH_QUEUE)
+            raise SubmitError("the queue is not a queue of the simulated cluster", ErrorKind.NO_SUCH_QUEUE)
         if not spec.executable:
             raise SubmitError("no executable given", ErrorKind.BAD_REQUEST)
         name = spec.display_name
@@ -295,7 +295,7 @@ class SimBackend(Backend):
     async def terminate(self, job: int) -> None:
         native = self._native(job)
         if native in _ENDED:
-            raise JobError(f"job {job} has already ended", ErrorKind.OPERATION_FAILED)
+            raise JobError("the job has already ended", ErrorKind.OPERATION_FAILED)
         record = self._submitted.get(job)
         if record is not None:
             record.gen += 1
@@ -306,7 +306,7 @@ class SimBackend(Backend):
         record = self._submitted.get(job)
         if native not in _NOT_STARTED:
             raise JobError(
-                f"job {job} is {STATE_TABLE.map(native).value}; only a job that has not started can be held or released",
+                f"the job is {STATE_TABLE.map(native).value}; only a job that has not started can be held or released",
                 ErrorKind.OPERATION_FAILED,
             )
         if held and native != HELD:
@@ -327,7 +327,7 @@ class SimBackend(Backend):
                 return
             if native != RUNNING:
                 raise JobError(
-                    f"job {job} is {STATE_TABLE.map(native).value}; only a running job can be suspended",
+                    f"the job is {STATE_TABLE.map(native).value}; only a running job can be suspended",
                     ErrorKind.OPERATION_FAILED,
                 )
             self._set_running(job, SUSPENDED)
@@ -338,7 +338,7 @@ class SimBackend(Backend):
                 return
             if native != SUSPENDED:
                 raise JobError(
-                    f"job {job} is {STATE_TABLE.map(native).value}; only a suspended job can be resumed",
+                    f"the job is {STATE_TABLE.map(native).value}; only a suspended job can be resumed",
                     ErrorKind.OPERATION_FAILED,
                 )
             self._set_running(job, RUNNING)
@@ -348,11 +348,11 @@ class SimBackend(Backend):
 
     async def move(self, job: int, queue: int) -> None:
         if queue not in self.queue_ids.values():
-            raise JobError(f"queue {queue} is not a queue of the simulated cluster", ErrorKind.NO_SUCH_QUEUE)
+            raise JobError("the queue is not a queue of the simulated cluster", ErrorKind.NO_SUCH_QUEUE)
         native = self._native(job)
         if native not in _NOT_STARTED:
             raise JobError(
-                f"job {job} is {STATE_TABLE.map(native).value}; only a job that has not started can change queues",
+                f"the job is {STATE_TABLE.map(native).value}; only a job that has not started can change queues",
                 ErrorKind.OPERATION_FAILED,
             )
         with self.model.batch():
@@ -644,7 +644,7 @@ class SimBackend(Backend):
         try:
             self.model.find(job_id, Kind.JOB)
         except UnknownElement:
-            raise JobError(f"no job with key {job_id}", ErrorKind.NO_SUCH_JOB) from None
+            raise JobError("no such job", ErrorKind.NO_SUCH_JOB) from None
         return self.model.attr(job_id, K.NATIVE_STATE) or PENDING  # type: ignore[return-value]
 
     def _pick_node(self, rng: random.Random) -> int:

@@ -1367,7 +1367,7 @@ class SlurmBackend(Backend):
     def _tracked(self, job_id: int) -> _Job:
         tracked = self._by_element.get(job_id)
         if tracked is None:
-            raise JobError(f"job {job_id} is not a SLURM job this agent follows", ErrorKind.NO_SUCH_JOB)
+            raise JobError("the job is not a SLURM job this agent follows", ErrorKind.NO_SUCH_JOB)
         return tracked
 
     # ------------------------------------------------------------------ submit
@@ -1467,7 +1467,7 @@ class SlurmBackend(Backend):
             stderr_path = stdout_path  # SLURM's own default: both streams in one file
         partition = self.model.attr(queue, K.NAME)
         if not isinstance(partition, str) or not partition:
-            raise SubmitError(f"queue {queue} has no partition name", ErrorKind.NO_SUCH_QUEUE)
+            raise SubmitError("the queue has no partition name", ErrorKind.NO_SUCH_QUEUE)
         try:
             script_spec = batch.ScriptSpec(
                 executable=spec.executable,
@@ -1592,7 +1592,7 @@ class SlurmBackend(Backend):
             return
         partition = self.model.attr(queue, K.NAME)
         if not isinstance(partition, str) or not partition:
-            raise JobError(f"queue {queue} has no partition name", ErrorKind.NO_SUCH_QUEUE)
+            raise JobError("the queue has no partition name", ErrorKind.NO_SUCH_QUEUE)
         try:
             argv = sp.move_job_argv(tracked.slurm_id, partition)
         except ValueError as exc:

@@ -191,7 +191,7 @@ class JobService:
             try:
                 model.find(queue, Kind.QUEUE)
             except UnknownElement:
-                raise ServiceError(f"no queue with key {queue}", ErrorKind.NO_SUCH_QUEUE) from None
+                raise ServiceError("no such queue", ErrorKind.NO_SUCH_QUEUE) from None
             return queue
         text = queue.strip()
         backend_name, sep, name = text.rpartition(":")
@@ -243,10 +243,10 @@ class JobService:
         try:
             element = self.model.find(job, Kind.JOB)
         except UnknownElement:
-            raise JobError(f"no job with key {job}", ErrorKind.NO_SUCH_JOB) from None
+            raise JobError("no such job", ErrorKind.NO_SUCH_JOB) from None
         backend = self._by_name.get(element.owner)
         if backend is None:
-            raise JobError(f"job {job} belongs to no running scheduler", ErrorKind.UNAVAILABLE)
+            raise JobError("the job belongs to no running scheduler", ErrorKind.UNAVAILABLE)
         return backend
 
     # ------------------------------------------------------------------ requests
@@ -272,7 +272,7 @@ class JobService:
         key = self.queue_key(queue)
         if self.model.get(key).owner != backend.name:
             raise JobError(
-                f"queue {self.queue_label(key)} belongs to another scheduler than job {job} ({backend.name})",
+                f"queue {self.queue_label(key)} belongs to another scheduler than the job ({backend.name})",
                 ErrorKind.OPERATION_FAILED,
             )
         await backend.move(job, key)

@@ -253,7 +253,7 @@ def job_spec(attributes: AttributeSet, queue_key: Callable[[str], Union[int, str
     elif path or name:
         executable = path or name
     else:
-        raise SubmitError("the submission names no program: give execName or execPath", ErrorKind.BAD_REQUEST)
+        raise SubmitError("no executable given: set execName and/or execPath", ErrorKind.BAD_REQUEST)
     environment: List[Tuple[str, str]] = []
     for item in attributes.getall(A.ENV):
         var, sep, value = item.partition("=")

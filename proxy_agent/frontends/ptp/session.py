@@ -340,12 +340,12 @@ class PtpSession:
         raw = (text or "").strip()
         assert self.view is not None
         if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
-            raise JobError(f"no job with id {text!r}", ErrorKind.NO_SUCH_JOB)
+            raise JobError(f"no job with id {text!r}: ids are decimal numbers", ErrorKind.NO_SUCH_JOB)
         key = self.view.key_of(int(raw))
         try:
             self.service.model.find(key, Kind.JOB)
         except UnknownElement:
-            raise JobError(f"no job with id {text!r}", ErrorKind.NO_SUCH_JOB) from None
+            raise JobError(f"no job with id {raw}", ErrorKind.NO_SUCH_JOB) from None
         return key
 
     def _queue_ref(self, text: str):
