@@ -53,6 +53,8 @@ DEFS_PER_EVENT = 16
 #: The writer drains the view only while less than this much is waiting to be written.
 _WRITE_HIGH_WATER = 1 << 20
 _READ_SIZE = 1 << 16
+#: Longest a job request may take once started (a scheduler command has its own timeout).
+_REQUEST_BOUND = 120.0
 
 _LEVELS = {"ERROR": MessageLevel.ERROR, "WARNING": MessageLevel.WARNING, "INFO": MessageLevel.INFO}
 
@@ -62,10 +64,6 @@ class PtpConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     #: shared secret the client must send as INIT attribute token=... (None: not required)
     token: Optional[str] = None
-
-
-class _SessionClosed(Exception):
-    pass
 
 
 class PtpSession:
@@ -95,6 +93,8 @@ class PtpSession:
         self._writer_done = trio.Event()
         self._nursery: Optional[trio.Nursery] = None
         self._remove_listener = None
+        #: the client went away while the agent was writing to it
+        self._gone = False
 
     # ------------------------------------------------------------------ output
 
@@ -185,7 +185,12 @@ class PtpSession:
                 try:
                     await stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    raise _SessionClosed(f"{self.peer} went away while writing: {exc}") from None
+                    # The client is gone: this session ends, nothing else does.
+                    log.info("%s went away while writing: %s", self.peer, exc)
+                    self._gone = True
+                    if self._nursery is not None:
+                        self._nursery.cancel_scope.cancel()
+                    return
             else:
                 await trio.lowlevel.checkpoint()
             if self._closing and not self._out:
@@ -207,8 +212,6 @@ class PtpSession:
                 with trio.move_on_after(2):
                     await self._writer_done.wait()
                 nursery.cancel_scope.cancel()
-        except _SessionClosed as exc:
-            log.info("%s", exc)
         finally:
             self._detach()
         return self.quit_requested
@@ -360,14 +363,22 @@ class PtpSession:
         return raw
 
     async def _job_command(self, command: Command) -> None:
-        cid = command.command_id
-        tid = command.tid
         attrs_ = AttributeSet.parse(command.args)
         if self.view is None:
             self._fail(command, attrs_, ErrorCode.ILLEGAL_IN_PHASE, "the session is not initialised")
             return
         if not await self._service_ready(command):
             return
+        # A request, once made, is carried out even if the client leaves meanwhile (a job
+        # submitted but not recorded would run unseen); bounded so shutdown still ends.
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(_REQUEST_BOUND):
+                await self._carry_out(command, attrs_)
+
+    async def _carry_out(self, command: Command, attrs_: AttributeSet) -> None:
+        cid = command.command_id
+        tid = command.tid
+        assert self.view is not None
         service = self.service
         try:
             if cid is CommandId.SUBMIT_JOB:
