@@ -659,9 +659,17 @@ class _Job:
     done: Optional[trio.Event] = None
     #: output files the agent chose itself (in its spool directory): deleted with the job
     spool_files: Tuple[str, ...] = ()
+    #: output files still being followed; while any is, a final state waits in ``held``
+    followers: int = 0
+    #: the final state's attributes (job, process), shown once all output is delivered
+    held: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None
 
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
+
+
+#: Attributes of a job's end, held back while its output is still being delivered.
+_FINAL_KEYS = (K.STATE, K.NATIVE_STATE, K.EXIT_CODE, K.SIGNAL, K.MESSAGE)
 
 
 def _has_started(state: Any) -> bool:
@@ -1247,10 +1255,19 @@ class SlurmBackend(Backend):
             if job.nodes:
                 tracked.node = self._node_id(job.nodes)
             process = process_attributes(job, tracked.node)
+            state = job_state(job.state)
+            if state.final and tracked.followers:
+                # Its output files are still being read: the end is shown after the output.
+                tracked.held = (
+                    {k: attrs_.pop(k) for k in _FINAL_KEYS if k in attrs_},
+                    {k: process.pop(k) for k in _FINAL_KEYS if k in process},
+                )
+                attrs_[K.STATE] = process[K.STATE] = JobState.FINISHING.value
+            elif not state.final:
+                tracked.held = None
             # The process first, so that a job's end follows its process's.
             self._set(tracked.process, process)
             self._set(tracked.element, attrs_)
-        state = job_state(job.state)
         if state.started or state is JobState.FINISHING:
             if tracked.started is not None:
                 tracked.started.set()
@@ -1319,11 +1336,13 @@ class SlurmBackend(Backend):
                 self._table.expect(tracked.slurm_id, self._generation)
                 continue
             gone = {K.STATE: JobState.DELETED.value, K.NATIVE_STATE: "UNKNOWN"}
-            with self.model.batch():
-                self._set(tracked.process, gone)
-                self._set(tracked.element, {
-                    **gone, K.MESSAGE: "SLURM no longer lists the job and has no record of how it ended",
-                })
+            job_gone = {**gone, K.MESSAGE: "SLURM no longer lists the job and has no record of how it ended"}
+            if tracked.followers:
+                tracked.held = (job_gone, dict(gone))  # shown once its output is delivered
+            else:
+                with self.model.batch():
+                    self._set(tracked.process, gone)
+                    self._set(tracked.element, job_gone)
             self._completed(tracked)
 
     async def _final_records(self, job_ids: List[str]) -> Dict[str, SlurmJob]:
@@ -1409,6 +1428,7 @@ class SlurmBackend(Backend):
                 if path is None:
                     log.info("cannot follow %s of SLURM job %s: %r needs the node to expand", stream, slurm_id, pattern)
                     continue
+                tracked.followers += 1
                 self._nursery.start_soon(self._follow, tracked, path, stream, stale.get(pattern))
         self._poke()
         log.info("submitted %s as SLURM job %s (key %d)", script_spec.job_name, slurm_id, tracked.element)
@@ -1510,6 +1530,19 @@ class SlurmBackend(Backend):
     async def _follow(self, tracked: _Job, path: str, stream: str, stale: Optional[tuple]) -> None:
         """Pass the lines of a job's output file to its process while the job runs, then what
         is left once it has completed (waiting ``output_drain_grace`` for late writes)."""
+        assert tracked.started is not None and tracked.done is not None
+        try:
+            await self._follow_file(tracked, path, stream, stale)
+        finally:
+            tracked.followers -= 1
+            if tracked.followers == 0 and tracked.held is not None and tracked.element in self.model:
+                job_attrs, process_attrs = tracked.held
+                tracked.held = None
+                with self.model.batch():
+                    self._set(tracked.process, process_attrs)
+                    self._set(tracked.element, job_attrs)
+
+    async def _follow_file(self, tracked: _Job, path: str, stream: str, stale: Optional[tuple]) -> None:
         assert tracked.started is not None and tracked.done is not None
         splitter = common.LineSplitter()
         offset = 0
