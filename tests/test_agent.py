@@ -256,9 +256,16 @@ async def _exits_cleanly(process: trio.Process) -> None:
 
 
 def _reap(process: trio.Process) -> None:
-    """Kill an agent a failed test left running."""
+    """End an agent a failed test left running: SIGTERM first, so that its jobs end with it."""
     if process.returncode is None:
-        process.kill()
+        process.send_signal(signal.SIGTERM)
+        try:
+            deadline = time.monotonic() + 3
+            while process.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        finally:
+            if process.poll() is None:
+                process.kill()
 
 
 async def _listening_agent(*args: str, env=None):

@@ -41,6 +41,8 @@ __all__ = [
     "ErrorKind",
     "Frame",
     "FrameError",
+    "assemble_frame",
+    "encode_args",
     "encode_frame",
 ]
 
@@ -142,6 +144,27 @@ def encode_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> bytes:
         # Some argument is not ASCII: its length field must count UTF-8 bytes.
         text = header + "".join([" %08X:%s" % (len(arg.encode("utf-8")), arg) for arg in args])
     body = text.encode("utf-8")
+    return b"%08X" % len(body) + body
+
+
+def encode_args(args: Sequence[str]) -> bytes:
+    """The encoded argument part of a frame (each argument with its length), for callers that
+    assemble frames from pieces (:func:`assemble_frame`).  Lengths count UTF-8 bytes."""
+    prefixes = _ARG_PREFIXES
+    limit = len(prefixes)
+    text = "".join([(prefixes[len(arg)] if len(arg) < limit else " %08X:" % len(arg)) + arg for arg in args])
+    if not text.isascii():
+        text = "".join([" %08X:%s" % (len(arg.encode("utf-8")), arg) for arg in args])
+    return text.encode("utf-8")
+
+
+def assemble_frame(msg_id: int, tid: int, nargs: int, args: bytes) -> bytes:
+    """A whole frame from its encoded arguments (:func:`encode_args`) and their count."""
+    if not 0 <= msg_id <= 0xFFFF:
+        raise ValueError(f"message id {msg_id} does not fit in 4 hex digits")
+    if not 0 <= tid <= 0xFFFFFFFF:
+        raise ValueError(f"TID {tid} does not fit in 8 hex digits")
+    body = b" %04X:%08X:%08X" % (msg_id, tid, nargs) + args
     return b"%08X" % len(body) + body
 
 

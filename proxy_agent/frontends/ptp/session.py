@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import List, Optional
+from typing import Optional
 
 import attrs
 import trio
@@ -30,6 +30,7 @@ from ...protocol.messages import (
     Error,
     ErrorCode,
     Event,
+    EventId,
     Message,
     MessageLevel,
     Ok,
@@ -82,13 +83,10 @@ class PtpSession:
         self.quit_requested = False
         self.authenticated = config.token is None
         self._out = bytearray()
-        # replies held back until the initial model is out (see emit)
-        self._deferred: List[bytes] = []
         self._wake = trio.Event()
         self._snapshot_started = False
         # While above zero, model changes wait (a submission's OK goes out before its NEW_JOB).
         self._hold = 0
-        self._snapshot = None
         self._closing = False
         self._writer_done = trio.Event()
         self._nursery: Optional[trio.Nursery] = None
@@ -108,14 +106,6 @@ class PtpSession:
             return False
         if log.isEnabledFor(logging.DEBUG):
             log.debug("sending %s", event)
-        if self._snapshot is not None and self.session.events_flowing:
-            # Anything said after START_EVENTS follows the whole initial model, so a
-            # client can use any later reply as a fence ("the initial model is in").
-            self._deferred.append(event.encode())
-            self._poke()
-            return True
-        if self._deferred:
-            self._release_deferred()
         self._out += event.encode()
         self._poke()
         return True
@@ -130,7 +120,7 @@ class PtpSession:
             and view is not None
             and self._snapshot_started
             and self.session.events_flowing
-            and (self._snapshot is not None or view.has_pending)
+            and view.has_pending
         )
 
     def _model_changed(self) -> None:
@@ -138,36 +128,21 @@ class PtpSession:
 
         Sending each mutation (or batch of mutations) as it happens keeps every state a job
         passes through visible to the client; changes coalesce only while events are
-        stopped, while the initial model is still streaming, or while the client is not
-        keeping up with what was already queued.
+        stopped, or while the client is not keeping up with what was already queued.
         """
-        if self._snapshot is None and len(self._out) < _WRITE_HIGH_WATER and self._has_model_work():
+        if len(self._out) < _WRITE_HIGH_WATER and self._has_model_work():
             self._emit_model()
         self._poke()
 
     def _emit_model(self) -> None:
-        """Queue the next chunk of the initial model, or else the pending changes."""
+        """Queue the pending changes."""
         tid = self.session.events_tid
         assert self.view is not None and tid is not None
-        if self._snapshot is not None:
-            chunk = next(self._snapshot, None)
-            if chunk is None:
-                self._snapshot = None
-                log.debug("initial model sent: %d elements", len(self.service.model))
-                self._release_deferred()
-                return
-        else:
-            chunk = self.view.drain()
         check = self.session.check
         out = self._out
-        for event_id, args in chunk:
+        for event_id, args in self.view.drain():
             check(event_id, tid)
             out += encode_frame(event_id, tid, args)
-
-    def _release_deferred(self) -> None:
-        for data in self._deferred:
-            self._out += data
-        self._deferred.clear()
 
     async def _writer(self) -> None:
         stream = self.stream
@@ -177,8 +152,6 @@ class PtpSession:
                 self._wake = trio.Event()
             if self._has_model_work() and len(self._out) < _WRITE_HIGH_WATER:
                 self._emit_model()
-            elif self._deferred and not (self._snapshot is not None and self.session.events_flowing):
-                self._release_deferred()  # the snapshot was paused by STOP_EVENTS
             if self._out:
                 data = bytes(self._out)
                 self._out.clear()
@@ -320,11 +293,16 @@ class PtpSession:
     async def _start_events(self, command: Command) -> None:
         if not await self._service_ready(command):
             return
-        if not self._snapshot_started and self.view is not None:
-            # Streamed by the writer chunk by chunk, ahead of any change.
-            self._snapshot = self.view.subscribe()
+        if not self._snapshot_started and self.view is not None and self.session.events_flowing:
+            # The whole model, at this instant, ahead of anything said later: a client can use
+            # the reply to any later command as a fence ("the initial model is in").
+            tid = command.tid
+            self.session.check(EventId.NEW_MACHINE, tid)
+            for chunk in self.view.subscribe_frames(tid):
+                self._out += chunk
             self._snapshot_started = True
             self._remove_listener = self.service.add_listener(self._notice)
+            log.debug("initial model queued: %d elements", len(self.service.model))
         self._poke()
 
     def _notice(self, level: str, text: str) -> None:

@@ -1,11 +1,14 @@
 """One PTP client's view of the service model: what it has seen, what it has yet to see.
 
 A :class:`ModelView` subscribes to the :class:`~proxy_agent.service.model.ServiceModel` when
-its client starts events, streams the whole model to it (:meth:`ModelView.snapshot_chunks`),
-and from then on keeps, per element, what the client has not been told yet
-(:meth:`ModelView.drain`).  It renders both into PTP wire events (event id, arguments) with
-the client's own ids: element id = the client's base id + the service key; a process is
-named by its rank within its job.
+its client starts events.  At that instant the whole model is rendered into NEW events (the
+*snapshot*) and from then on the view keeps, per element, what the client has not been told
+yet (:meth:`ModelView.drain`).  Both are PTP wire events with the client's own ids: element
+id = the client's base id + the service key; a process is named by its rank within its job.
+
+The snapshot is rendered once for every client that subscribes while the model is unchanged
+(:class:`SnapshotPlan`, shared): only the ids, which depend on each client's base id, are
+filled in per client, and clients with the same base id and TID share the bytes too.
 
 Between two drains every element carries at most one pending record, so the memory held for
 changes is bounded by the size of the model however long events stay stopped: a later value
@@ -20,21 +23,24 @@ entering RUNNING together become one PROCESS_CHANGE with one range.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ...protocol.messages import ElementKind, EventId
 from ...protocol.rangeset import RangeSet
+from ...protocol.wire import assemble_frame, encode_args
 from ...service.model import CREATE_ORDER, REFERENCES, ChangeSink, Element, Kind, ServiceModel
 from . import mapping
 
-__all__ = ["HELD_OUTPUT_LIMIT", "MAX_GROUPS_PER_EVENT", "ModelView", "RenderRules", "WireEvent"]
+__all__ = ["HELD_OUTPUT_LIMIT", "MAX_GROUPS_PER_EVENT", "ModelView", "RenderRules", "SnapshotPlan", "WireEvent"]
 
 #: An event before encoding: (event id, arguments in the documented layout).
 WireEvent = Tuple[int, List[str]]
 
-#: Elements per chunk of a streamed snapshot.
-SNAPSHOT_CHUNK = 5000
+#: Bytes per chunk of snapshot frames handed to a session's writer.
+SNAPSHOT_CHUNK_BYTES = 1 << 20
 #: Bytes of output held per process while the client is not being sent events.
 HELD_OUTPUT_LIMIT = 1 << 20
 #: Range groups per NEW/CHANGE event, so no frame grows without bound.
@@ -81,12 +87,27 @@ class RenderRules:
 NATIVE_RULES = RenderRules()
 
 
+class _Ref:
+    """A reference attribute in a shared snapshot: ``prefix`` + the id of service key ``key``,
+    filled in per client."""
+
+    __slots__ = ("prefix", "key")
+
+    def __init__(self, prefix: str, key: int) -> None:
+        self.prefix = prefix
+        self.key = key
+
+
 class _Renderer:
-    """Renders value rows of one element kind into ``key=value`` arguments (per client)."""
+    """Renders value rows of one element kind into ``key=value`` arguments.
+
+    With a ``base`` the references become ids of that client; without one (a renderer shared
+    by several clients) they stay :class:`_Ref` markers.
+    """
 
     __slots__ = ("kind", "schema", "rules", "base", "plan", "version")
 
-    def __init__(self, kind: Kind, schema, rules: RenderRules, base: int) -> None:
+    def __init__(self, kind: Kind, schema, rules: RenderRules, base: Optional[int]) -> None:
         self.kind = kind
         self.schema = schema
         self.rules = rules
@@ -115,6 +136,8 @@ class _Renderer:
         prefix = ptp_id + "="
         if name in REFERENCES:
             base = self.base
+            if base is None:
+                return lambda value: [_Ref(prefix, value)] if value.__class__ is int else [prefix + str(value)]
             return lambda value: [prefix + str(base + value)] if value.__class__ is int else [prefix + str(value)]
         bounds = rules.integer_range if ptp_id in rules.integer_ids else None
         arrays = rules.arrays
@@ -144,11 +167,11 @@ class _Renderer:
 
         return general
 
-    def args(self, values: Sequence) -> List[str]:
-        """``key=value`` arguments of a value row."""
+    def args(self, values: Sequence) -> list:
+        """``key=value`` arguments of a value row (and :class:`_Ref` markers when shared)."""
         if self.version != self.schema.version:
             self._refresh()
-        out: List[str] = []
+        out: list = []
         for value, entry in zip(values, self.plan):
             if value is None or entry is None:
                 continue
@@ -160,6 +183,189 @@ class _Renderer:
             else:
                 out.extend(entry(value))  # type: ignore[operator]
         return out
+
+
+class _Ranges:
+    """Element ids of a group in a shared snapshot, as (first, last) key pairs."""
+
+    __slots__ = ("pairs",)
+
+    def __init__(self, keys: List[int]) -> None:
+        pairs = []
+        first = last = keys[0]
+        for key in keys[1:]:
+            if key == last + 1:
+                last = key
+            else:
+                pairs.append((first, last))
+                first = last = key
+        pairs.append((first, last))
+        self.pairs = pairs
+
+    def text(self, base: int) -> str:
+        return ",".join(str(a + base) if a == b else f"{a + base}-{b + base}" for a, b in self.pairs)
+
+
+def _encode_parts(items: list) -> list:
+    """Arguments (texts, :class:`_Ref`, :class:`_Ranges`, ints for ids) as constant bytes
+    where they do not depend on the client, markers where they do."""
+    parts: list = []
+    run: List[str] = []
+    for item in items:
+        if item.__class__ is str:
+            run.append(item)
+            continue
+        if run:
+            parts.append(encode_args(run))
+            run = []
+        parts.append(item)
+    if run:
+        parts.append(encode_args(run))
+    return parts
+
+
+class SnapshotPlan:
+    """The whole model as NEW events whose ids are not yet a client's (see module docs)."""
+
+    def __init__(self, version: int, events: List[Tuple[int, int, list]]) -> None:
+        self.version = version
+        #: (event id, argument count, parts)
+        self.events = events
+        self._frames: Dict[Tuple[int, int], List[bytes]] = {}
+
+    def frames(self, base: int, tid: int) -> List[bytes]:
+        """The snapshot's frames for a client, in chunks of about SNAPSHOT_CHUNK_BYTES."""
+        cached = self._frames.get((base, tid))
+        if cached is not None:
+            return cached
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            chunks = self._render(base, tid)
+        finally:
+            if enabled:
+                gc.enable()
+        if len(self._frames) >= 4:
+            self._frames.clear()
+        self._frames[(base, tid)] = chunks
+        return chunks
+
+    def _render(self, base: int, tid: int) -> List[bytes]:
+        chunks: List[bytes] = []
+        current: List[bytes] = []
+        size = 0
+        for event_id, nargs, parts in self.events:
+            pieces = []
+            for part in parts:
+                cls = part.__class__
+                if cls is bytes:
+                    pieces.append(part)
+                elif cls is int:
+                    text = str(base + part).encode()
+                    pieces.append(b" %08X:%s" % (len(text), text))
+                elif cls is _Ranges:
+                    text = part.text(base).encode()
+                    pieces.append(b" %08X:%s" % (len(text), text))
+                else:  # _Ref
+                    text = (part.prefix + str(base + part.key)).encode()
+                    pieces.append(b" %08X:%s" % (len(text), text))
+            frame = assemble_frame(event_id, tid, nargs, b"".join(pieces))
+            current.append(frame)
+            size += len(frame)
+            if size >= SNAPSHOT_CHUNK_BYTES:
+                chunks.append(b"".join(current))
+                current, size = [], 0
+        if current:
+            chunks.append(b"".join(current))
+        return chunks
+
+    def wire_events(self, base: int) -> List[WireEvent]:
+        """The snapshot as (event id, arguments) for a client (tests and tools)."""
+        from ...protocol.wire import Decoder
+
+        decoder = Decoder()
+        for chunk in self.frames(base, 0):
+            decoder.feed(chunk)
+        return [(frame.msg_id, list(frame.args)) for frame in decoder]
+
+
+#: The latest snapshot plan of each model, per rules: model -> {rules: plan}
+_PLANS: "weakref.WeakKeyDictionary[ServiceModel, Dict[int, SnapshotPlan]]" = weakref.WeakKeyDictionary()
+
+
+def snapshot_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
+    """The snapshot of the model as it is now, rendered with ``rules`` (shared while the model
+    does not change)."""
+    plans = _PLANS.get(model)
+    if plans is None:
+        plans = _PLANS[model] = {}
+    plan = plans.get(id(rules))
+    if plan is not None and plan.version == model.version:
+        return plan
+    enabled = gc.isenabled()
+    gc.disable()  # hundreds of thousands of new objects, none of them garbage: no collections
+    try:
+        plan = _build_plan(model, rules)
+    finally:
+        if enabled:
+            gc.enable()
+    plans.clear()  # an older version is of no use to anyone subscribing from now on
+    plans[id(rules)] = plan
+    return plan
+
+
+def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
+    elements = model._elements  # read directly: this is the hot path of a big snapshot
+    events: List[Tuple[int, int, list]] = []
+    ascending = model.ascending()
+    for kind in CREATE_ORDER:
+        keys = model.keys(kind)
+        if not ascending:
+            keys.sort()
+        if not keys:
+            continue
+        renderer = _Renderer(kind, model.schema(kind), rules, None)
+        args_of = renderer.args
+        event_id = _PTP_KIND[kind].new_event
+        by_parent: Dict[int, List[Element]] = {}
+        for key in keys:
+            element = elements[key]
+            group = by_parent.get(element.parent)
+            if group is None:
+                by_parent[element.parent] = [element]
+            else:
+                group.append(element)
+        process = kind is Kind.PROCESS
+        for parent, members in by_parent.items():
+            if len(members) == 1:
+                element = members[0]
+                args = args_of(element.values)
+                ref = str(element.rank) if process else _Ranges([element.key])
+                items = [parent, "1", ref, str(len(args)), *args]
+                events.append((event_id, len(items), _encode_parts(items)))
+                continue
+            same: Dict[tuple, List[Element]] = {}
+            for element in members:
+                row = tuple(element.values)
+                bucket = same.get(row)
+                if bucket is None:
+                    same[row] = [element]
+                else:
+                    bucket.append(element)
+            groups = list(same.items())
+            for start in range(0, len(groups), MAX_GROUPS_PER_EVENT):
+                part = groups[start:start + MAX_GROUPS_PER_EVENT]
+                items: list = [parent, str(len(part))]
+                for row, bucket in part:
+                    args = args_of(row)
+                    if process:
+                        items.append(_ids_text([e.rank for e in bucket]))
+                    else:
+                        items.append(_Ranges([e.key for e in bucket]))
+                    items.append(str(len(args)))
+                    items.extend(args)
+                events.append((event_id, len(items), _encode_parts(items)))
+    return SnapshotPlan(model.version, events)
 
 
 class ModelView(ChangeSink):
@@ -185,12 +391,6 @@ class ModelView(ChangeSink):
         self._output_dropped: Dict[int, int] = {}
         #: bytes of output held in all (for flow control)
         self.held_output = 0
-        # snapshot progress: kinds done, the kind being sent and the last key sent of it
-        self._snap_kind_index = len(CREATE_ORDER)
-        self._snap_last = 0
-        # elements created while the snapshot is being sent (they are not in it)
-        self._late: Set[int] = set()
-        self._snapshot_active = False
 
     # ------------------------------------------------------------------ ids
 
@@ -202,80 +402,42 @@ class ModelView(ChangeSink):
 
     # ------------------------------------------------------------------ subscription
 
-    def subscribe(self) -> Iterator[List[WireEvent]]:
-        """Start following the model; returns the snapshot as chunks of NEW events.
-
-        The chunks may be consumed while the model keeps changing: the elements in the
-        snapshot are fixed now; one removed before its chunk is skipped, one changed before
-        its chunk goes with its current values, one created meanwhile is pending NEW for the
-        first drain.  Drain only after the snapshot is exhausted.
-        """
+    def subscribe_plan(self) -> SnapshotPlan:
+        """Start following the model; returns the snapshot of this instant (its elements now
+        count as known to the client: queue its frames before anything drained later)."""
         model = self.model
+        plan = snapshot_plan(model, self.rules)
         model.subscribe(self)
         self.subscribed = True
-        order = []
-        ascending = model.ascending()
-        for kind in CREATE_ORDER:
-            keys = model.keys(kind)
-            if not ascending:
-                keys.sort()
-            order.append(keys)
-        self._snap_kind_index = 0
-        self._snap_last = 0
-        self._snapshot_active = True
         for job, backlog in model.take_backlog().items():
             for process, stream, text in backlog.lines:
                 self._hold_output(process, stream, text)
             for process, count in backlog.dropped.items():
                 self._output_dropped[process] = self._output_dropped.get(process, 0) + count
-        return self._snapshot_chunks(order)
+        return plan
+
+    def subscribe(self) -> Iterator[List[WireEvent]]:
+        """:meth:`subscribe_plan` with the snapshot as one chunk of wire events."""
+        plan = self.subscribe_plan()
+        return iter([plan.wire_events(self.base)])
+
+    def subscribe_frames(self, tid: int) -> List[bytes]:
+        """:meth:`subscribe_plan` with the snapshot as encoded frames for ``tid``."""
+        return self.subscribe_plan().frames(self.base, tid)
 
     def unsubscribe(self) -> None:
         if self.subscribed:
             self.model.unsubscribe(self)
             self.subscribed = False
 
-    def _snapshot_chunks(self, order: List[List[int]]) -> Iterator[List[WireEvent]]:
-        elements = self.model._elements  # the view reads the model's table directly: hot path
-        try:
-            for index, (kind, keys) in enumerate(zip(CREATE_ORDER, order)):
-                self._snap_kind_index = index
-                self._snap_last = 0
-                for start in range(0, len(keys), SNAPSHOT_CHUNK):
-                    part = []
-                    for key in keys[start:start + SNAPSHOT_CHUNK]:
-                        element = elements.get(key)
-                        # Pending NEW: reissued after a move; the first drain sends it.
-                        if element is not None and self._pending.get(key) is not _NEW:
-                            part.append(element)
-                    if part:
-                        self._snap_last = part[-1].key
-                        yield self._new_events(kind, part)
-                    elif keys[start:start + SNAPSHOT_CHUNK]:
-                        self._snap_last = keys[min(start + SNAPSHOT_CHUNK, len(keys)) - 1]
-        finally:
-            self._snap_kind_index = len(CREATE_ORDER)
-            self._snapshot_active = False
-            self._late.clear()
-
     def _known(self, element: Element) -> bool:
         """Has the client been told of this element (and not of its removal)?"""
-        key = element.key
-        if self._pending.get(key) is _NEW:
-            return False
-        if not self._snapshot_active or key in self._late:
-            return True
-        index = CREATE_ORDER.index(element.kind)
-        if index != self._snap_kind_index:
-            return index < self._snap_kind_index
-        return key <= self._snap_last
+        return self._pending.get(element.key) is not _NEW
 
     # ------------------------------------------------------------------ ChangeSink
 
     def created(self, element: Element) -> None:
         self._pending[element.key] = _NEW
-        if self._snapshot_active:
-            self._late.add(element.key)
 
     def changed(self, element: Element, slots: Iterable[int]) -> None:
         key = element.key
@@ -283,8 +445,6 @@ class ModelView(ChangeSink):
         if record is _NEW:
             return
         if record is None:
-            if not self._known(element):
-                return  # still to come in the snapshot, with its current values
             self._pending[key] = set(slots)
         else:
             record.update(slots)  # type: ignore[union-attr]
@@ -293,7 +453,6 @@ class ModelView(ChangeSink):
         key = element.key
         known = self._known(element)
         self._pending.pop(key, None)
-        self._late.discard(key)
         held = self._output.pop(key, None)
         if held is not None:
             self.held_output -= self._output_bytes.pop(key, 0)
