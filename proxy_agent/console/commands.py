@@ -325,6 +325,8 @@ class Console:
         if traffic.frame is not None and not isinstance(traffic.frame, FrameError):
             self.frames_in += 1
         for violation in traffic.violations:
+            if self.frames_in == 0 and violation.rule == "framing":
+                continue  # garbage before the first frame: the fatal error explains it
             if self.json:
                 self.out.record({"type": "violation", "rule": violation.rule, "message": str(violation)})
             else:

@@ -84,8 +84,9 @@ async def _run(argv: List[str], timeout: float) -> subprocess.CompletedProcess:
 
 
 def _last_line(data: bytes) -> str:
-    lines = [line for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
-    return shown_bytes(lines[-1].encode()) if lines else "no message"
+    """What a failed ssh or scp said, as one line (its lines joined by '; ')."""
+    lines = [line.strip() for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
+    return shown_bytes("; ".join(lines[-4:]).encode(), limit=400) if lines else "no message"
 
 
 async def copy(target: SshTarget, local: str, remote: str) -> str:

@@ -107,7 +107,7 @@ class SshTarget:
 
     def scp(self, local: str, remote: str) -> List[str]:
         """``scp ... LOCAL DEST:REMOTE``, keeping the file's mode (it must stay executable)."""
-        return ["scp", "-q", "-p", *self._common("-P"), "--", local, f"{self.destination}:{remote}"]
+        return ["scp", "-p", *self._common("-P"), "--", local, f"{self.destination}:{remote}"]
 
 
 # --------------------------------------------------------------------------- the single file
