@@ -104,6 +104,9 @@ STATUS_NAMES = tuple(state.value for state in JobState) + (
     "PENDING", "HELD", "CANCELED", "CANCELLED", "COMPLETING", "ERROR", "TIMEOUT",
 )
 
+#: jobStatus values after which nothing follows.
+_FINAL_STATUSES = {"FINISHED", "FAILED", "KILLED", "DELETED", "COMPLETED", "CANCELED", "CANCELLED", "ERROR", "TIMEOUT"}
+
 #: CHANGE_JOB attributes per console command: candidates, in order of preference.
 _HOLD_ATTRIBUTES = ("hold", "jobHold")
 _SUSPEND_ATTRIBUTES = ("suspend", "jobSuspend")
@@ -754,7 +757,10 @@ class Console:
         def reached() -> bool:
             if state in (s.upper() for s in seen):
                 return True
-            if job.removed or job.state == "COMPLETED":
+            status = job.get("jobStatus")
+            # An agent may send the final status in the event after jobState COMPLETED.
+            ended = job.state == "COMPLETED" and isinstance(status, str) and status.upper() in _FINAL_STATUSES
+            if job.removed or ended:
                 went = " -> ".join(seen) or "no status"
                 raise CommandError(f"job {job.id} ended without reaching {state} (went {went})")
             return False
