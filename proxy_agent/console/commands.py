@@ -755,13 +755,15 @@ class Console:
             seen.append(current)
 
         def reached() -> bool:
-            if state in (s.upper() for s in seen):
-                return True
+            # The mirror may be ahead of the events shown so far (several came in one read):
+            # its current status counts as seen.
             status = job.get("jobStatus")
+            if state in (s.upper() for s in seen) or (isinstance(status, str) and status.upper() == state):
+                return True
             # An agent may send the final status in the event after jobState COMPLETED.
             ended = job.state == "COMPLETED" and isinstance(status, str) and status.upper() in _FINAL_STATUSES
             if job.removed or ended:
-                went = " -> ".join(seen) or "no status"
+                went = " -> ".join(seen + ([status] if status and (not seen or seen[-1] != status) else [])) or "no status"
                 raise CommandError(f"job {job.id} ended without reaching {state} (went {went})")
             return False
 
