@@ -16,7 +16,6 @@ import signal
 import subprocess
 import time
 
-import pytest
 import trio
 import trio.testing
 

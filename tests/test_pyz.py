@@ -14,12 +14,8 @@ import os
 import re
 import stat
 import subprocess
-import sys
-import textwrap
 import zipfile
 from pathlib import Path
-
-import pytest
 
 from proxy_agent.client import AgentClient
 from proxy_agent.console import launcher

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 from functools import lru_cache
 
 import pytest
