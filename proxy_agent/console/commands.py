@@ -9,6 +9,7 @@ that into one error line and a False result.  Errors that end the session
 
 from __future__ import annotations
 
+import difflib
 import re
 import shlex
 import signal
@@ -26,8 +27,11 @@ from ..client import (
     Traffic,
     UnknownElementError,
 )
-from ..client.state import OUTPUT_KEYS, PROTOCOL_VERSION
-from ..protocol.messages import CommandId, Error, Event, Ok, ProcessChange, Shutdown
+from ..client.state import OUTPUT_KEYS, PROTOCOL_VERSION, canonical_id
+from ..protocol.attributes import JOB_STATES, STANDARD_ATTRIBUTES
+from ..protocol.messages import CommandId, ElementChange, ElementKind, Error, Event, NewElements, Ok, ProcessChange, Shutdown
+from ..protocol.wire import FrameError
+from ..service.jobs import JobState
 from . import render
 from .terminal import Output
 
@@ -35,7 +39,15 @@ __all__ = ["Console", "CommandError", "split_commands", "COMMANDS"]
 
 
 class CommandError(Exception):
-    """A console command was misused or could not be carried out; the text says why."""
+    """A console command was misused or could not be carried out; the text says why.
+
+    ``fields`` go into the command's one ``result`` record under ``--json`` (what the
+    command found out before it failed, such as a failed job's output).
+    """
+
+    def __init__(self, message: str, **fields: Any) -> None:
+        super().__init__(message)
+        self.fields = fields
 
 
 @attrs.frozen
@@ -55,7 +67,9 @@ COMMANDS: Tuple[CommandSpec, ...] = (
     CommandSpec("machines", "machines", "list the machines"),
     CommandSpec("show", "show ID", "every attribute of an element (a job also by its jobSubId)"),
     CommandSpec("output", "output JOB", "print a job's output and follow it until the job ends (Ctrl-C stops)"),
-    CommandSpec("wait", "wait JOB [STATE] [-t SECONDS]", "wait until the job has reached STATE (default COMPLETED)"),
+    CommandSpec("wait", "wait JOB [STATE] [-t SECONDS]",
+                "wait until the job has reached STATE (default COMPLETED): a jobState (STARTING, RUNNING, SUSPENDED, "
+                "COMPLETED) or a jobStatus (QUEUING, HOLD, FINISHED, FAILED, KILLED...)"),
     CommandSpec("terminate", "terminate JOB", "terminate a job (TERMINATE_JOB)"),
     CommandSpec("hold", "hold JOB", "hold a job (CHANGE_JOB)"),
     CommandSpec("release", "release JOB", "release a held job (CHANGE_JOB)"),
@@ -82,6 +96,16 @@ _ALIASES = {"exit": "quit", "ls": "jobs", "kill": "terminate", "?": "help"}
 #: Job statuses that mean the job did not succeed.
 _FAILED_STATUSES = {"FAILED", "CANCELED", "CANCELLED", "ERROR", "KILLED", "TIMEOUT"}
 _ATTRIBUTE_ARG = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*=")
+
+#: The protocol's coarse job states (jobState): a wait for one of these follows jobState.
+PROTOCOL_JOB_STATES = tuple(JOB_STATES)
+#: The detailed states (jobStatus): the service's vocabulary, and the words agents used before it.
+STATUS_NAMES = tuple(state.value for state in JobState) + (
+    "PENDING", "HELD", "CANCELED", "CANCELLED", "COMPLETING", "ERROR", "TIMEOUT",
+)
+
+#: jobStatus values after which nothing follows.
+_FINAL_STATUSES = {"FINISHED", "FAILED", "KILLED", "DELETED", "COMPLETED", "CANCELED", "CANCELLED", "ERROR", "TIMEOUT"}
 
 #: CHANGE_JOB attributes per console command: candidates, in order of preference.
 _HOLD_ATTRIBUTES = ("hold", "jobHold")
@@ -204,6 +228,29 @@ def _seconds(text: str, what: str) -> float:
     return seconds
 
 
+def exit_numbers(client: AgentClient, job: Element) -> Tuple[List[int], List[str]]:
+    """(exit statuses, signal names) of the job's ended processes, for JSON."""
+    numbers: List[int] = []
+    signals: List[str] = []
+    for code in exit_codes(client, job):
+        if code.lstrip("-").isascii() and code.lstrip("-").isdigit():
+            numbers.append(int(code))
+        else:
+            signals.append(code)
+    return numbers, signals
+
+
+def nearest(name: str, known: Iterable[str]) -> Optional[str]:
+    """The known name closest to a misspelt one (case is ignored), or None."""
+    by_lower: Dict[str, str] = {}
+    for candidate in known:
+        by_lower.setdefault(candidate.lower(), candidate)
+    if name.lower() in by_lower:
+        return by_lower[name.lower()]
+    found = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[found[0]] if found else None
+
+
 def exit_codes(client: AgentClient, job: Element) -> List[str]:
     codes = []
     for process in client.children(job, "process"):
@@ -252,8 +299,16 @@ class Console:
         self.interactive = interactive
         self.finished = False
         self.last_job: Optional[str] = None
+        #: well-formed frames received from the agent so far
+        self.frames_in = 0
+        #: the bytes of the first frame (or of what arrived instead of one)
+        self.first_bytes: Optional[bytes] = None
+        #: every jobStatus each job was seen in, in order (the client keeps only jobState)
+        self.statuses: Dict[str, List[str]] = {}
         self._followed: set = set()
+        # per job: output lines printed, and lines delivered by the events shown so far
         self._printed: Dict[str, int] = {}
+        self._delivered: Dict[str, int] = {}
         self._command_scope: Optional[trio.CancelScope] = None
         client.add_listener(self._on_traffic)
 
@@ -268,7 +323,13 @@ class Console:
                     self.out.note(text)
         if traffic.direction != "in":
             return
+        if self.first_bytes is None:
+            self.first_bytes = traffic.raw
+        if traffic.frame is not None and not isinstance(traffic.frame, FrameError):
+            self.frames_in += 1
         for violation in traffic.violations:
+            if self.frames_in == 0 and violation.rule == "framing":
+                continue  # garbage before the first frame: the fatal error explains it
             if self.json:
                 self.out.record({"type": "violation", "rule": violation.rule, "message": str(violation)})
             else:
@@ -276,25 +337,47 @@ class Console:
         event = traffic.message
         if not isinstance(event, Event) or isinstance(event, (Ok, Error, Shutdown)):
             return
+        self._note_statuses(event)
         if self.json:
             if not self.quiet:
                 self.out.record(render.event_record(event, self.client.state))
         elif not self.quiet:
             self.out.lines(render.event_lines(self.client.state, event))
-        if isinstance(event, ProcessChange) and any(k in OUTPUT_KEYS for g in event.groups for k, _ in g.attributes):
-            self._flush_output(event.job_id)
+        if isinstance(event, ProcessChange):
+            delivered = _output_lines_in(event)
+            if delivered:
+                job_id = canonical_id(event.job_id)
+                self._delivered[job_id] = self._delivered.get(job_id, 0) + delivered
+                self._flush_output(job_id)
+
+    def _note_statuses(self, event: Event) -> None:
+        if not isinstance(event, (NewElements, ElementChange)) or isinstance(event, ProcessChange):
+            return
+        if event.kind is not ElementKind.JOB:
+            return
+        for group in event.groups:
+            status = next((v for k, v in group.attributes if k == "jobStatus"), None)
+            if status is None:
+                continue
+            for job_id in ([canonical_id(group.ids)] if isinstance(group.ids, str) else [str(i) for i in group.ids]):
+                seen = self.statuses.setdefault(job_id, [])
+                if not seen or seen[-1] != status:
+                    seen.append(status)
 
     def _flush_output(self, job_id: str) -> None:
-        """Print the job's output lines not printed yet (text mode, unless quiet and not followed)."""
+        """Print the job's output lines not printed yet, up to those the events shown so far
+        delivered (text mode, unless quiet and not followed): lines print where their event
+        came, not where the mirror is by the time the listener runs."""
         if self.json:
             return
         job = self.client.find_job(job_id)
         if job is None or (self.quiet and job.id not in self._followed):
             return
         start = self._printed.get(job.id, 0)
-        for line in job.output[start:]:
+        end = min(self._delivered.get(job.id, len(job.output)), len(job.output))
+        for line in job.output[start:end]:
             self.out.line(render.output_line(self.client.state, line))
-        self._printed[job.id] = len(job.output)
+        self._printed[job.id] = max(start, end)
 
     # ------------------------------------------------------------------ results
 
@@ -304,12 +387,18 @@ class Console:
         else:
             self.out.lines(text_lines)
 
-    def failure(self, words: Sequence[str], message: str, index: Optional[int] = None) -> None:
+    def failure(self, words: Sequence[str], message: str, index: Optional[int] = None, **fields: Any) -> None:
         where = f"command {index} " if index is not None else ""
         text = f"{where}failed: {command_text(words)}: {message}" if index is not None else f"error: {message}"
         if self.json:
-            self.out.record({"type": "result", "command": words[0] if words else "", "ok": False, "error": message, "line": command_text(words)})
+            record = {"type": "result", "command": words[0] if words else "", "ok": False, "error": message, "line": command_text(words)}
+            record.update(fields)
+            self.out.record(record)
         self.out.note(f"proxy-console: {text}" if index is not None else text)
+
+    def warning(self, text: str) -> None:
+        """A warning line on stderr (also under --json, where stdout holds only records)."""
+        self.out.note(f"warning: {text}")
 
     # ------------------------------------------------------------------ running commands
 
@@ -332,12 +421,17 @@ class Console:
                 self._command_scope = scope
                 await handler(list(words[1:]))
             if scope.cancelled_caught:
+                if self.json:
+                    self.out.record({"type": "result", "command": words[0], "ok": False, "error": "interrupted", "line": command_text(words)})
                 self.out.note("interrupted")
                 return False
             return True
         except (ProtocolViolationError, ConnectionClosed):
             raise
-        except (CommandError, ClientError) as exc:
+        except CommandError as exc:
+            self.failure(words, str(exc), index, **exc.fields)
+            return False
+        except ClientError as exc:
             self.failure(words, str(exc), index)
             return False
         finally:
@@ -461,9 +555,26 @@ class Console:
                 lines.append(f"  {'':{width}}  {summary}")
         self.result("help", lines, commands=[{"usage": s.usage, "summary": s.summary} for s in COMMANDS])
 
+    def _unknown_attributes(self, keys: Iterable[str]) -> List[str]:
+        """Warnings for job attributes no definition names, each with the nearest known name."""
+        known = list(self.client.attr_defs) or [d.id for d in STANDARD_ATTRIBUTES]
+        known_set = set(known)
+        warnings = []
+        for key in keys:
+            if key in known_set:
+                continue
+            guess = nearest(key, known)
+            hint = f" (did you mean {guess!r}?)" if guess else ""
+            warnings.append(f"submit: unknown job attribute {key!r}{hint}; sent as given")
+        return warnings
+
     async def cmd_submit(self, args: List[str]) -> None:
         request = parse_submit(args)
         client = self.client
+        warnings = self._unknown_attributes(request.attributes)
+        for text in warnings:
+            self.warning(text)
+        extra: Dict[str, Any] = {"warnings": warnings} if warnings else {}
         kwargs = dict(
             count=request.count,
             env=request.env or None,
@@ -474,7 +585,7 @@ class Console:
         )
         if not client.events_started:
             sub_id = await client.submit_nowait(request.executable, request.args, **kwargs)
-            self.result("submit", [f"submitted {sub_id}; events are stopped, its job id arrives with 'start'"], sub_id=sub_id)
+            self.result("submit", [f"submitted {sub_id}; events are stopped, its job id arrives with 'start'"], sub_id=sub_id, **extra)
             if request.wait:
                 raise CommandError("cannot wait for a job while events are stopped")
             return
@@ -482,31 +593,35 @@ class Console:
         job = client.job(job_id)
         self.last_job = job.id
         if not request.wait:
-            self.result("submit", [f"submitted job {job.id} ({job.sub_id})"], job=job.id, sub_id=job.sub_id)
+            self.result("submit", [f"submitted job {job.id} ({job.sub_id})"], job=render.element_id_value(job.id), sub_id=job.sub_id, **extra)
             return
         if not self.json:
             self.out.line(f"submitted job {job.id} ({job.sub_id}), waiting for it to end")
         await self._follow(job, self._wait_timeout(request.timeout))
         failed = job_failed(client, job)
-        self.result(
-            "submit",
-            [self._job_end_line(job)],
-            job=job.id,
+        numbers, signals = exit_numbers(client, job)
+        fields = dict(
+            job=render.element_id_value(job.id),
             sub_id=job.sub_id,
             state=job.state,
             status=job.get("jobStatus"),
-            exit_codes=exit_codes(client, job),
+            exit_codes=numbers,
+            signals=signals,
             stdout=job.text("stdout"),
             stderr=job.text("stderr"),
             failed=failed,
+            **extra,
         )
         if failed:
-            raise CommandError(f"job {job.id} did not succeed: {self._job_end_line(job)}")
+            if not self.json:
+                self.out.line(self._job_end_line(job))
+            raise CommandError(f"job {job.id} did not succeed: {self._job_end_line(job)}", **fields)
+        self.result("submit", [self._job_end_line(job)], **fields)
 
     def _listing(self, command: str, kind: str, headers: Sequence[str], row: Callable[[Element], Sequence[Any]]) -> None:
         elements = render.sorted_elements(self.client.state.by_kind[kind].values())
         lines = render.table(headers, (row(e) for e in elements)) if elements else [f"no {command}"]
-        self.result(command, lines, **{command: [render.element_record(e) for e in elements]})
+        self.result(command, lines, **{command: [render.element_record(e, self.client.state) for e in elements]})
 
     async def cmd_jobs(self, args: List[str]) -> None:
         client = self.client
@@ -572,8 +687,8 @@ class Console:
         if element.output:
             out = sum(1 for line in element.output if line.stream == "stdout")
             lines.append(f"  output: {out} stdout lines, {len(element.output) - out} stderr lines (see 'output {element.id}')")
-        record = render.element_record(element)
-        record["children"] = [c.id for c in children]
+        record = render.element_record(element, client.state)
+        record["children"] = [render.element_id_value(c.id) for c in children]
         self.result("show", lines, element=record)
 
     async def cmd_output(self, args: List[str]) -> None:
@@ -581,7 +696,7 @@ class Console:
         if self.json:
             if job.state != "COMPLETED":
                 await self._follow(job, self.timeout)
-            self.result("output", job=job.id, stdout=job.text("stdout"), stderr=job.text("stderr"))
+            self.result("output", job=render.element_id_value(job.id), stdout=job.text("stdout"), stderr=job.text("stderr"))
             return
         for line in job.output:
             self.out.line(render.output_line(self.client.state, line))
@@ -603,15 +718,61 @@ class Console:
             i += 1
         if not 1 <= len(words) <= 2:
             raise CommandError(f"usage: {_SPECS['wait'].usage}")
+        state = self._wait_state(words[1]) if len(words) == 2 else "COMPLETED"
         job = self._job(words[0])
-        state = words[1].upper() if len(words) == 2 else "COMPLETED"
-        await self.client.wait_job_state(job, state, self._wait_timeout(timeout))
-        self.result("wait", [f"job {job.id} reached {state}"], job=job.id, state=state, current=job.state)
+        await self._wait_job(job, state, self._wait_timeout(timeout))
+        self.result("wait", [f"job {job.id} reached {state}"], job=render.element_id_value(job.id), state=state,
+                    current=job.state, status=job.get("jobStatus"))
+
+    def _known_states(self) -> List[str]:
+        names = list(PROTOCOL_JOB_STATES) + list(STATUS_NAMES)
+        for key in ("jobState", "jobStatus"):
+            definition = self.client.attr_defs.get(key)
+            names.extend(getattr(definition, "values", ()) or ())
+        return list(dict.fromkeys(n.upper() for n in names))
+
+    def _wait_state(self, text: str) -> str:
+        """The state a ``wait`` names, checked before anything is awaited."""
+        state = text.upper()
+        known = self._known_states()
+        if state in known:
+            return state
+        guess = nearest(state, known)
+        hint = f" (did you mean {guess}?)" if guess else ""
+        raise CommandError(
+            f"wait: unknown state {text!r}{hint}; jobState is one of {', '.join(PROTOCOL_JOB_STATES)}, "
+            f"jobStatus one of {', '.join(s for s in known if s not in PROTOCOL_JOB_STATES)}"
+        )
+
+    async def _wait_job(self, job: Element, state: str, timeout: Optional[float]) -> None:
+        """Until the job has been in ``state``: its jobState for the protocol's four, else its jobStatus."""
+        if state in PROTOCOL_JOB_STATES:
+            await self.client.wait_job_state(job, state, timeout)
+            return
+        seen = self.statuses.setdefault(job.id, [])
+        current = job.get("jobStatus")
+        if isinstance(current, str) and current not in seen:
+            seen.append(current)
+
+        def reached() -> bool:
+            # The mirror may be ahead of the events shown so far (several came in one read):
+            # its current status counts as seen.
+            status = job.get("jobStatus")
+            if state in (s.upper() for s in seen) or (isinstance(status, str) and status.upper() == state):
+                return True
+            # An agent may send the final status in the event after jobState COMPLETED.
+            ended = job.state == "COMPLETED" and isinstance(status, str) and status.upper() in _FINAL_STATUSES
+            if job.removed or ended:
+                went = " -> ".join(seen + ([status] if status and (not seen or seen[-1] != status) else [])) or "no status"
+                raise CommandError(f"job {job.id} ended without reaching {state} (went {went})")
+            return False
+
+        await self.client.wait_for(reached, timeout, description=f"job {job.id} to reach {state} (now {job.get('jobStatus')})")
 
     async def cmd_terminate(self, args: List[str]) -> None:
         job = self._job_ref(self._one_arg("terminate", args))
         await self.client.terminate(job)
-        self.result("terminate", [f"terminate job {job}: OK"], job=job)
+        self.result("terminate", [f"terminate job {job}: OK"], job=render.element_id_value(job))
 
     def _change_attribute(self, candidates: Sequence[str]) -> str:
         defs = self.client.attr_defs
@@ -627,7 +788,7 @@ class Console:
         job = self._job_ref(self._one_arg(name, args))
         key = self._change_attribute(candidates)
         await self.client.change_job(job, **{key: value})
-        self.result(name, [f"{name} job {job}: OK"], job=job, attribute=key, value=value)
+        self.result(name, [f"{name} job {job}: OK"], job=render.element_id_value(job), attribute=key, value=value)
 
     async def cmd_hold(self, args: List[str]) -> None:
         await self._change("hold", args, _HOLD_ATTRIBUTES, "true")
@@ -651,14 +812,14 @@ class Console:
             previous = attributes.get(key)
             attributes[key] = value if previous is None else (previous if isinstance(previous, list) else [previous]) + [value]
         await self.client.change_job(job, **attributes)
-        self.result("change", [f"change job {job}: OK"], job=job)
+        self.result("change", [f"change job {job}: OK"], job=render.element_id_value(job))
 
     async def cmd_move(self, args: List[str]) -> None:
         if len(args) != 2:
             raise CommandError(f"usage: {_SPECS['move'].usage}")
         job = self._job_ref(args[0])
         await self.client.move_job(job, args[1])
-        self.result("move", [f"move job {job} to {args[1]}: OK"], job=job, queue=args[1])
+        self.result("move", [f"move job {job} to {args[1]}: OK"], job=render.element_id_value(job), queue=args[1])
 
     async def cmd_stop(self, args: List[str]) -> None:
         await self.client.stop_events()
@@ -797,3 +958,13 @@ def _def_record(d: Any) -> Dict[str, Any]:
         "minimum": d.minimum,
         "maximum": d.maximum,
     }
+
+
+def _output_lines_in(event: ProcessChange) -> int:
+    """How many output lines one PROCESS_CHANGE adds to its job (as the mirror splits them)."""
+    count = 0
+    for group in event.groups:
+        lines = sum(value.count("\n") + 1 for key, value in group.attributes if key in OUTPUT_KEYS)
+        if lines:
+            count += lines * (1 if isinstance(group.ids, str) else len(group.ids))
+    return count

@@ -6,9 +6,14 @@ mirrored model, which is read, never changed).
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import unicodedata
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Union
 
-from ..client.state import OUTPUT_KEYS, ClientState, Element, OutputLine, Traffic, canonical_id
+from ..client.state import OUTPUT_KEYS, STATE_KEYS, ClientState, Element, OutputLine, Traffic, canonical_id
+from ..protocol.attributes import STANDARD_ATTRIBUTES, AttrType
 from ..protocol.messages import (
     AttrDef,
     Command,
@@ -36,7 +41,57 @@ _PLURAL = {"machine": "machines", "node": "nodes", "queue": "queues", "job": "jo
 _QUIET_KEYS = {"name", "id", "jobSubId", "jobStatus", "processStatus", "processIndex"}
 
 
-# --------------------------------------------------------------------------- small helpers
+# --------------------------------------------------------------------------- text from the agent
+
+#: Characters shown escaped: controls (C0, DEL, C1), format characters (bidi overrides,
+#: zero-width), line and paragraph separators, surrogates from undecodable bytes.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs"})
+_NAMED_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def _escape_char(char: str) -> str:
+    named = _NAMED_ESCAPES.get(char)
+    if named is not None:
+        return named
+    code = ord(char)
+    if code < 0x100:
+        return f"\\x{code:02x}"
+    if code < 0x10000:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
+def visible(text: str, keep_tab: bool = False) -> str:
+    """``text`` with every control or format character shown as an escape (``\\x1b``, ``\\n``).
+
+    Whatever the agent sends (a job name, a message, another user's job output) can then
+    neither move the cursor, recolour the terminal, nor forge a line of a table.
+    """
+    if text.isprintable():
+        return text
+    return "".join(
+        _escape_char(c) if unicodedata.category(c) in _HIDDEN_CATEGORIES and not (keep_tab and c == "\t") else c
+        for c in text
+    )
+
+
+def json_text(record: Dict[str, Any]) -> str:
+    """One JSON line; characters a terminal could act on are written as ``\\uXXXX`` escapes."""
+    text = json.dumps(record, ensure_ascii=False, default=str)
+    if text.isprintable():
+        return text
+    out = []
+    for char in text:
+        if unicodedata.category(char) in _HIDDEN_CATEGORIES:
+            code = ord(char)
+            if code >= 0x10000:  # JSON escapes astral characters as a surrogate pair
+                code -= 0x10000
+                out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+            else:
+                out.append(f"\\u{code:04x}")
+        else:
+            out.append(char)
+    return "".join(out)
 
 
 def value_text(value: Union[str, List[str], None]) -> str:
@@ -44,13 +99,13 @@ def value_text(value: Union[str, List[str], None]) -> str:
         return ""
     if isinstance(value, list):
         return " ".join(_quote(v) for v in value)
-    return value
+    return visible(value)
 
 
 def _quote(text: str) -> str:
     if text and all(c.isprintable() and not c.isspace() and c not in "'\"\\" for c in text):
         return text
-    return repr(text)
+    return visible(repr(text))
 
 
 def process_label(state: ClientState, process: Element) -> str:
@@ -59,7 +114,7 @@ def process_label(state: ClientState, process: Element) -> str:
     job = process.parent or "?"
     if not isinstance(index, str):
         index = process.id.rpartition(":")[2]
-    return f"{job}.{index}"
+    return visible(f"{job}.{index}")
 
 
 def output_line(state: ClientState, line: OutputLine) -> str:
@@ -69,20 +124,35 @@ def output_line(state: ClientState, line: OutputLine) -> str:
     else:
         label = line.process
     marker = " err" if line.stream == "stderr" else ""
-    return f"[{label}{marker}] {line.text}"
+    return f"[{label}{marker}] {visible(line.text, keep_tab=True)}"
 
 
-def element_summary(element: Element) -> str:
-    """``job 1042 hello RUNNING``, ``node 1003 n17 DOWN``."""
-    parts = [element.kind, element.id]
-    if element.name:
-        parts.append(element.name)
-    if element.state:
-        parts.append(element.state)
-    status = element.get(f"{element.kind}Status")
-    if isinstance(status, str) and status and status != element.state:
-        parts.append(status)
+def element_summary(element: Element, values: Optional[Dict[str, List[str]]] = None) -> str:
+    """``job 1042 hello RUNNING``, ``node 1003 n17 DOWN``.
+
+    With ``values`` (the attributes one event carried) the state and status are those the
+    event set, not the element's current ones: an event shown late still says what it said.
+    """
+    parts = [element.kind, visible(element.id)]
+    name = _carried(values, "name") or element.name
+    if name:
+        parts.append(_quote(name) if " " in name else visible(name))
+    state = _carried(values, STATE_KEYS.get(element.kind, "")) or element.state
+    if state:
+        parts.append(visible(state))
+    status = _carried(values, f"{element.kind}Status")
+    if status is None:
+        current = element.get(f"{element.kind}Status")
+        status = current if isinstance(current, str) else None
+    if status and status != state:
+        parts.append(visible(status))
     return " ".join(parts)
+
+
+def _carried(values: Optional[Dict[str, List[str]]], key: str) -> Optional[str]:
+    if not values or key not in values:
+        return None
+    return " ".join(values[key])
 
 
 def _group_ids(group: ElementGroup) -> List[str]:
@@ -104,7 +174,9 @@ def _group_attrs(group: ElementGroup, skip: Iterable[str] = ()) -> Dict[str, Lis
 
 def _attrs_text(attrs: Dict[str, List[str]], skip: Iterable[str] = ()) -> str:
     skipped = set(skip)
-    return " ".join(f"{k}={_quote(' '.join(v)) if len(v) == 1 else value_text(v)}" for k, v in attrs.items() if k not in skipped)
+    return " ".join(
+        f"{visible(k)}={_quote(' '.join(v)) if len(v) == 1 else value_text(v)}" for k, v in attrs.items() if k not in skipped
+    )
 
 
 # --------------------------------------------------------------------------- events
@@ -134,11 +206,14 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                 element = state.elements.get(eid)
                 if element is None:
                     continue
+                carried = _group_attrs(group)
                 if element.kind == "process":
-                    lines.append(f"process {process_label(state, element)} {element.state or ''} new".replace("  ", " "))
+                    shown = _carried(carried, "processState") or element.state or ""
+                    lines.append(f"process {process_label(state, element)} {visible(shown)} new".replace("  ", " "))
                 else:
-                    extra = f" ({element.sub_id})" if element.sub_id else ""
-                    lines.append(f"{element_summary(element)} new{extra}")
+                    sub = _carried(carried, "jobSubId") or element.sub_id
+                    extra = f" ({visible(sub)})" if sub else ""
+                    lines.append(f"{element_summary(element, carried)} new{extra}")
         return lines
     if isinstance(event, ProcessChange):
         lines = []
@@ -156,12 +231,13 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                     continue
                 label = process_label(state, process)
                 if "processExitCode" in attrs:
-                    lines.append(f"process {label} exited with status {attrs['processExitCode'][0]}")
+                    lines.append(f"process {label} exited with status {visible(attrs['processExitCode'][0])}")
                 elif "processSignalName" in attrs:
-                    lines.append(f"process {label} killed by {attrs['processSignalName'][0]}")
+                    lines.append(f"process {label} killed by {visible(attrs['processSignalName'][0])}")
                 else:
                     rest = _attrs_text(attrs, ("processState",) + tuple(_QUIET_KEYS))
-                    text = f"process {label} {process.state or ''}".rstrip()
+                    shown = _carried(attrs, "processState") or process.state or ""
+                    text = f"process {label} {visible(shown)}".rstrip()
                     lines.append(f"{text} {rest}".rstrip())
         return lines
     if isinstance(event, ElementChange):
@@ -182,7 +258,7 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                     continue
                 state_key = f"{kind}State"
                 rest = _attrs_text(attrs, (state_key,) + tuple(_QUIET_KEYS))
-                lines.append(f"{element_summary(element)} {rest}".rstrip())
+                lines.append(f"{element_summary(element, attrs)} {rest}".rstrip())
         return lines
     if isinstance(event, RemoveProcesses):
         return [f"processes {event.ids} of job {event.job_id} removed"]
@@ -194,7 +270,7 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
     if isinstance(event, RemoveAll):
         return ["all elements removed (REMOVE_ALL)"]
     if isinstance(event, Message):
-        return [f"agent {event.level}: {event.text} (code {event.code})"]
+        return [f"agent {visible(str(event.level))}: {visible(event.text)} (code {event.code})"]
     return []
 
 
@@ -220,9 +296,9 @@ def _summary(state: ClientState, event: Event) -> Optional[str]:
     if isinstance(event, NewElements):
         parts[0] += f" under {event.parent_id}"
     if counts:
-        parts.append(", ".join(f"{n} {value}" for value, n in sorted(counts.items(), key=lambda item: -item[1])))
+        parts.append(", ".join(f"{n} {visible(value)}" for value, n in sorted(counts.items(), key=lambda item: -item[1])))
     if keys and not isinstance(event, NewElements):
-        parts.append("attributes " + " ".join(keys))
+        parts.append("attributes " + " ".join(visible(k) for k in keys))
     return ": ".join(parts)
 
 
@@ -282,29 +358,67 @@ def trace_record(traffic: Traffic) -> Dict[str, Any]:
 # --------------------------------------------------------------------------- JSON
 
 
+_STANDARD_TYPES = {d.id: d.type for d in STANDARD_ATTRIBUTES}
+_INTEGER = re.compile(r"-?[0-9]+\Z")
+
+
+def element_id_value(text: Optional[str]) -> Union[int, str, None]:
+    """An element id for JSON: a number when it is one (``"1042"`` -> 1042)."""
+    if text is None:
+        return None
+    return int(text) if text.isascii() and text.isdigit() else text
+
+
+def typed_value(key: str, value: str, state: Optional[ClientState] = None) -> Any:
+    """An attribute value for JSON: INTEGER, DOUBLE and BOOLEAN attributes (by the agent's
+    definitions, else the standard ones) become numbers and booleans; a value that does not
+    parse stays the string it was."""
+    definition = state.attr_defs.get(key) if state is not None else None
+    kind = getattr(definition, "type", None) or _STANDARD_TYPES.get(key)
+    if kind is AttrType.INTEGER and value.isascii() and _INTEGER.match(value):
+        return int(value)
+    if kind is AttrType.DOUBLE:
+        try:
+            number = float(value)
+        except ValueError:
+            return value
+        return number if math.isfinite(number) else value
+    if kind is AttrType.BOOLEAN and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    return value
+
+
+def attributes_record(attributes: Dict[str, Union[str, List[str]]], state: Optional[ClientState] = None) -> Dict[str, Any]:
+    return {
+        key: [typed_value(key, v, state) for v in value] if isinstance(value, list) else typed_value(key, value, state)
+        for key, value in attributes.items()
+    }
+
+
 def group_record(group: ElementGroup, state: Optional[ClientState] = None) -> Dict[str, Any]:
-    """``{"ids": "1003-1052", "attributes": {...}}``; ARRAY attributes as lists."""
+    """``{"ids": "1003-1052", "attributes": {...}}``; ARRAY attributes as lists, typed values."""
     attrs: Dict[str, Any] = {}
     for key, values in _group_attrs(group).items():
         array = len(values) > 1 or (state is not None and state.is_array(key))
-        attrs[key] = values if array else values[0]
+        typed = [typed_value(key, v, state) for v in values]
+        attrs[key] = typed if array else typed[0]
     return {"ids": str(group.ids), "attributes": attrs}
 
 
 def event_record(event: Event, state: Optional[ClientState] = None) -> Dict[str, Any]:
     record: Dict[str, Any] = {"type": "event", "event": event.event_id.name, "tid": event.tid}
     if isinstance(event, NewElements):
-        record["parent"] = event.parent_id
+        record["parent"] = element_id_value(event.parent_id)
         record["groups"] = [group_record(g, state) for g in event.groups]
     elif isinstance(event, ProcessChange):
-        record["job"] = event.job_id
+        record["job"] = element_id_value(event.job_id)
         record["groups"] = [group_record(g, state) for g in event.groups]
     elif isinstance(event, ElementChange):
         record["groups"] = [group_record(g, state) for g in event.groups]
     elif isinstance(event, AttrDef):
         record["definitions"] = [d.id for d in event.definitions]
     elif isinstance(event, RemoveProcesses):
-        record["job"] = event.job_id
+        record["job"] = element_id_value(event.job_id)
         record["ids"] = str(event.ids)
     elif isinstance(event, RemoveElements):
         record["ids"] = str(event.ids)
@@ -315,10 +429,10 @@ def event_record(event: Event, state: Optional[ClientState] = None) -> Dict[str,
 
 def element_record(element: Element, state: Optional[ClientState] = None) -> Dict[str, Any]:
     record: Dict[str, Any] = {
-        "id": element.id,
+        "id": element_id_value(element.id),
         "kind": element.kind,
-        "parent": element.parent,
-        "attributes": dict(element.attributes),
+        "parent": element_id_value(element.parent),
+        "attributes": attributes_record(element.attributes, state),
     }
     if element.kind in ("job", "process"):
         record["states"] = list(element.states)
@@ -330,7 +444,7 @@ def element_record(element: Element, state: Optional[ClientState] = None) -> Dic
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[Any]]) -> List[str]:
     """Columns padded to their widest cell; the last column is not padded."""
-    cells = [[str(h) for h in headers]] + [["" if c is None else str(c) for c in row] for row in rows]
+    cells = [[str(h) for h in headers]] + [["" if c is None else visible(str(c)) for c in row] for row in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = []
     for row in cells:

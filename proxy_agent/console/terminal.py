@@ -8,11 +8,12 @@ far is drawn again below it.
 from __future__ import annotations
 
 import inspect
-import json
 import sys
 from typing import Any, Callable, Iterable, List, Optional, TextIO
 
 import trio
+
+from .render import json_text, visible
 
 try:  # line editing and history when the platform has it
     import readline as _readline
@@ -31,8 +32,21 @@ async def in_thread(fn: Callable[..., Any], *args: Any) -> Any:
     return await trio.to_thread.run_sync(fn, *args, **_ABANDON)
 
 
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
 class Output:
-    """Lines to stdout/stderr (or JSON records to stdout), safe to use under a live prompt."""
+    """Lines to stdout/stderr (or JSON records to stdout), safe to use under a live prompt.
+
+    Every line passes through :func:`~proxy_agent.console.render.visible` on its way out, so
+    no text from the agent reaches the terminal with a control character in it.  The prompt
+    and the escape sequences that redraw it go to :attr:`prompt_stream`: stdout when it is a
+    terminal, else stderr when that is one, else nowhere.
+    """
 
     def __init__(self, json_mode: bool = False, stdout: Optional[TextIO] = None, stderr: Optional[TextIO] = None) -> None:
         self.json_mode = json_mode
@@ -42,20 +56,28 @@ class Output:
         self.prompt: Optional[str] = None
         self._broken = False
 
+    @property
+    def prompt_stream(self) -> Optional[TextIO]:
+        if _is_terminal(self.stdout):
+            return self.stdout
+        if _is_terminal(self.stderr):
+            return self.stderr
+        return None
+
     def _write(self, stream: TextIO, text: str) -> None:
         if self._broken:
             return
         try:
-            redraw = self.prompt is not None
-            if redraw:
-                self.stdout.write("\r\x1b[K")
-                self.stdout.flush()
+            prompt_stream = self.prompt_stream if self.prompt is not None else None
+            if prompt_stream is not None:
+                prompt_stream.write("\r\x1b[K")
+                prompt_stream.flush()
             stream.write(text + "\n")
             stream.flush()
-            if redraw:
+            if prompt_stream is not None:
                 typed = _readline.get_line_buffer() if _readline is not None else ""
-                self.stdout.write(self.prompt + typed)  # type: ignore[operator]
-                self.stdout.flush()
+                prompt_stream.write(self.prompt + typed)  # type: ignore[operator]
+                prompt_stream.flush()
         except BrokenPipeError:
             self._broken = True
         except ValueError:  # stream closed during shutdown
@@ -63,7 +85,7 @@ class Output:
 
     def line(self, text: str = "") -> None:
         """A line of results or events (stdout)."""
-        self._write(self.stdout, text)
+        self._write(self.stdout, visible(text, keep_tab=True))
 
     def lines(self, texts: Iterable[str]) -> None:
         for text in texts:
@@ -71,11 +93,11 @@ class Output:
 
     def note(self, text: str) -> None:
         """Diagnostics and trace (stderr)."""
-        self._write(self.stderr, text)
+        self._write(self.stderr, visible(text, keep_tab=True))
 
     def record(self, record: dict) -> None:
         """One JSON line (stdout)."""
-        self._write(self.stdout, json.dumps(record, ensure_ascii=False, default=str))
+        self._write(self.stdout, json_text(record))
 
 
 class LineReader:
@@ -143,8 +165,16 @@ class TerminalReader(LineReader):
             return None
 
     def _input(self) -> Optional[str]:
+        # input() writes its prompt to stdout; when stdout is not a terminal (output sent to
+        # a file) the prompt goes to stderr if that is one, and otherwise nowhere.
+        stream = self.output.prompt_stream
         try:
-            return input(self.prompt)
+            if stream is sys.stdout:
+                return input(self.prompt)
+            if stream is not None:
+                stream.write(self.prompt)
+                stream.flush()
+            return input()
         except EOFError:
             return None
 
@@ -154,8 +184,9 @@ class TerminalReader(LineReader):
             line = await in_thread(self._input)
         finally:
             self.output.prompt = None
-        if line is None:
-            self.output.line()
+        if line is None and self.output.prompt_stream is not None:
+            self.output.prompt_stream.write("\n")  # end the prompt's line
+            self.output.prompt_stream.flush()
         return line
 
     def close(self) -> None:
