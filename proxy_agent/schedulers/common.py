@@ -8,7 +8,7 @@ from __future__ import annotations
 import getpass
 import os
 import signal
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from ..service.jobs import StateTable
 from ..service.model import K
@@ -89,6 +89,30 @@ class LineSplitter:
             pending = pending[cut:]
         self._pending = pending
         return lines
+
+    def feed_text(self, data: bytes) -> Optional[str]:
+        """:meth:`feed`, with the complete lines joined by ``\n`` into one text (None if none).
+
+        The common case (no ``\r``, nothing longer than ``max_bytes``) decodes the whole
+        block at once instead of line by line: a process writing short lines as fast as it
+        can (``yes``) yields tens of thousands of them per read.
+        """
+        pending = self._pending
+        block = pending + data if pending else data
+        if len(block) <= self.max_bytes and b"\r" not in block:
+            end = block.rfind(b"\n")
+            if end < 0:
+                self._pending = block
+                return None
+            self._pending = block[end + 1:]
+            return block[:end].decode("utf-8", "replace")
+        lines = self.feed(data)
+        return "\n".join(lines) if lines else None
+
+    def flush_text(self) -> Optional[str]:
+        """:meth:`flush` as one text (None if nothing was pending)."""
+        lines = self.flush()
+        return "\n".join(lines) if lines else None
 
     def flush(self) -> List[str]:
         pending, self._pending = self._pending, b""

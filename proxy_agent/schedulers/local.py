@@ -535,19 +535,27 @@ class LocalBackend(Backend):
                 pipes.cancel_scope.cancel()
 
     async def _pump(self, stream: trio.abc.ReceiveStream, eid: int, which: str) -> None:
-        """Read one pipe to EOF, handing its lines to the model."""
-        output = self.model.output
+        """Read one pipe to EOF, handing its lines to the model.
+
+        Before each read it waits for room (:meth:`ServiceModel.output_room`): while the
+        clients have enough output waiting, the pipe fills and the process's writes wait.
+        """
+        model = self.model
         splitter = LineSplitter()
         try:
             while True:
+                if not model.output_room_available():
+                    await model.output_room()
                 data = await stream.receive_some(_READ_SIZE)
                 if not data:
                     break
-                for line in splitter.feed(data):
-                    output(eid, which, line)
+                text = splitter.feed_text(data)
+                if text is not None:
+                    model.output(eid, which, text)
         finally:
-            for line in splitter.flush():
-                output(eid, which, line)
+            text = splitter.flush_text()
+            if text is not None and eid in model:
+                model.output(eid, which, text)
             stream.close()  # type: ignore[attr-defined]
 
     async def _wait_leader(self, record: _Job) -> int:

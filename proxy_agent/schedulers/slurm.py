@@ -1568,9 +1568,12 @@ class SlurmBackend(Backend):
                 inode = signature[:2]
             if data:
                 offset += len(data)
-                for line in splitter.feed(data):
-                    model.output(pid, stream, line)
+                text = splitter.feed_text(data)
+                if text is not None:
+                    model.output(pid, stream, text)
                 quiet_since = None
+                if not model.output_room_available():
+                    await model.output_room()
                 if len(data) == _READ_CHUNK:
                     continue
             if done:
@@ -1581,8 +1584,9 @@ class SlurmBackend(Backend):
                     break
             await trio.sleep(self.output_interval)
         if pid in model:
-            for line in splitter.flush():
-                model.output(pid, stream, line)
+            text = splitter.flush_text()
+            if text is not None:
+                model.output(pid, stream, text)
 
     # ------------------------------------------------------------------ job commands
 

@@ -31,9 +31,16 @@ client is not reading) is the subscriber's business.
 
 Output
 ------
-Process output goes to the subscribers.  While nobody is subscribed it is kept per job, up to
-:data:`BACKLOG_LIMIT` bytes (the oldest lines giving way, counted), and handed to the next
-subscriber that asks (:meth:`ServiceModel.take_backlog`).
+Process output goes to the subscribers, a text of one or more lines at a time (joined by
+``\n``).  While nobody is subscribed it is kept per job, up to :data:`BACKLOG_LIMIT` bytes
+(the oldest lines giving way, counted), and handed to the next subscriber that asks
+(:meth:`ServiceModel.take_backlog`).
+
+Output is held back from the jobs, as a terminal does, while a subscriber that is keeping up
+has :data:`OUTPUT_HIGH_WATER` bytes of it waiting: backends ``await``
+:meth:`ServiceModel.output_room` before they read more from a job.  A subscriber that is not
+reading (its client stopped events, or stopped reading) does not hold jobs back; it keeps a
+bounded amount and counts what it drops.
 """
 
 from __future__ import annotations
@@ -62,6 +69,8 @@ AttrValue = Union[str, Tuple[str, ...], int]
 ROOT = 0
 #: Output bytes kept per job while no client is subscribed.
 BACKLOG_LIMIT = 1 << 20
+#: Output bytes a reading subscriber may have waiting before the jobs' output is held back.
+OUTPUT_HIGH_WATER = 4 << 20
 
 
 class Kind(enum.Enum):
@@ -187,7 +196,16 @@ class Element:
 
 
 class ChangeSink:
-    """What a subscriber hears.  Every method is called synchronously, inside the mutation."""
+    """What a subscriber hears.  Every method is called synchronously, inside the mutation.
+
+    ``held_output`` is how many bytes of output it holds that its client has not taken yet;
+    while ``holds_back`` is true and that exceeds :data:`OUTPUT_HIGH_WATER`, the jobs' output
+    waits (see :meth:`ServiceModel.output_room`).  A subscriber calls
+    :meth:`ServiceModel.room_made` when either changes in the jobs' favour.
+    """
+
+    held_output = 0
+    holds_back = False
 
     def created(self, element: Element) -> None:
         """A new element (its children follow in their own calls)."""
@@ -233,6 +251,7 @@ class ServiceModel:
         self._quiet = 0
         self._missed = False
         self._backlog: Dict[int, OutputBacklog] = {}
+        self._room = None  # a trio.Event while backends wait for room for output
         #: bumped on every mutation: equal versions mean an unchanged model
         self.version = 0
         #: keys handed out in creation order stay ascending unless a caller chose keys
@@ -318,6 +337,32 @@ class ServiceModel:
             self._sinks.remove(sink)
         except ValueError:
             pass
+        self.room_made()
+
+    # ------------------------------------------------------------------ output flow
+
+    def output_room_available(self) -> bool:
+        """No subscriber that is keeping up has too much output waiting."""
+        for sink in self._sinks:
+            if sink.holds_back and sink.held_output >= OUTPUT_HIGH_WATER:
+                return False
+        return True
+
+    async def output_room(self) -> None:
+        """Wait until a job's output may be read on (see the module documentation)."""
+        import trio
+
+        while not self.output_room_available():
+            if self._room is None:
+                self._room = trio.Event()
+            await self._room.wait()
+
+    def room_made(self) -> None:
+        """A subscriber sent output on (or stopped holding jobs back): waiting jobs go on."""
+        room = self._room
+        if room is not None:
+            self._room = None
+            room.set()
 
     @property
     def subscribers(self) -> int:
@@ -520,7 +565,8 @@ class ServiceModel:
         self._notify()
 
     def output(self, process: int, stream: str, text: str) -> None:
-        """A process wrote one line (``stream`` is ``stdout`` or ``stderr``)."""
+        """A process wrote one or more lines (joined by ``\n``; ``stream`` is ``stdout`` or
+        ``stderr``)."""
         element = self.find(process, Kind.PROCESS)
         sinks = self._sinks
         if sinks:
@@ -533,10 +579,21 @@ class ServiceModel:
             backlog = self._backlog[element.parent] = OutputBacklog()
         backlog.lines.append((process, stream, text))
         backlog.size += len(text) + 1
-        while backlog.size > BACKLOG_LIMIT and len(backlog.lines) > 1:
-            old_process, _, old = backlog.lines.popleft()
+        while backlog.size > BACKLOG_LIMIT and backlog.lines:
+            old_process, old_stream, old = backlog.lines.popleft()
+            if not backlog.lines:
+                # one block alone is too big: keep its newest lines
+                keep = old[-BACKLOG_LIMIT:]
+                cut = keep.find("\n")
+                keep = keep[cut + 1:] if cut >= 0 else ""
+                kept_lines = keep.count("\n") + 1 if keep else 0
+                backlog.dropped[old_process] = backlog.dropped.get(old_process, 0) + old.count("\n") + 1 - kept_lines
+                backlog.size = len(keep) + 1 if keep else 0
+                if keep:
+                    backlog.lines.append((old_process, old_stream, keep))
+                break
             backlog.size -= len(old) + 1
-            backlog.dropped[old_process] = backlog.dropped.get(old_process, 0) + 1
+            backlog.dropped[old_process] = backlog.dropped.get(old_process, 0) + old.count("\n") + 1
 
     def _notify(self) -> None:
         if self._quiet:

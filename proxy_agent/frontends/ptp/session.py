@@ -43,7 +43,7 @@ from ...service.jobs import ErrorKind, JobError, ServiceError, SubmitError
 from ...service.model import Kind, UnknownElement
 from ...service.service import JobService, describe
 from . import mapping
-from .view import ModelView, NATIVE_RULES, RenderRules
+from .view import NATIVE_RULES, STALL_SECONDS, ModelView, RenderRules
 
 log = logging.getLogger("proxy_agent.frontends.ptp")
 
@@ -93,6 +93,10 @@ class PtpSession:
         self._remove_listener = None
         #: the client went away while the agent was writing to it
         self._gone = False
+        #: when the write in progress began (None: none in progress)
+        self._sending_since: Optional[float] = None
+        #: the client has not taken anything for STALL_SECONDS
+        self._stalled = False
 
     # ------------------------------------------------------------------ output
 
@@ -117,6 +121,7 @@ class PtpSession:
         view = self.view
         return (
             self._hold == 0
+            and not self.quit_requested
             and view is not None
             and self._snapshot_started
             and self.session.events_flowing
@@ -155,8 +160,15 @@ class PtpSession:
             if self._out:
                 data = bytes(self._out)
                 self._out.clear()
+                self._sending_since = trio.current_time()
                 try:
                     await stream.send_all(data)
+                    self._sending_since = None
+                    if self._stalled:
+                        self._stalled = False
+                        log.info("%s reads again", self.peer)
+                        if self.view is not None and self.session.events_flowing:
+                            self.view.set_reading(True)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     # The client is gone: this session ends, nothing else does.
                     log.info("%s went away while writing: %s", self.peer, exc)
@@ -178,6 +190,7 @@ class PtpSession:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 nursery.start_soon(self._writer)
+                nursery.start_soon(self._watch_stall)
                 await self._reader()
                 # Let the writer finish writing what is queued (SHUTDOWN after QUIT), bounded.
                 self._closing = True
@@ -188,6 +201,19 @@ class PtpSession:
         finally:
             self._detach()
         return self.quit_requested
+
+    async def _watch_stall(self) -> None:
+        """A client whose connection takes nothing for STALL_SECONDS no longer holds jobs back."""
+        while True:
+            await trio.sleep(1.0)
+            since = self._sending_since
+            if since is None or self._stalled or self.view is None:
+                continue
+            if trio.current_time() - since >= STALL_SECONDS:
+                self._stalled = True
+                log.warning("%s has not read anything for %g s; its output is now bounded and dropped lines counted",
+                            self.peer, STALL_SECONDS)
+                self.view.set_reading(False, f"the client did not read for {STALL_SECONDS:g} s")
 
     def _detach(self) -> None:
         if self.view is not None:
@@ -244,6 +270,8 @@ class PtpSession:
             await self._start_events(command)
         elif cid is CommandId.STOP_EVENTS:
             log.debug("events stopped (TID %d)", command.tid)
+            if self.view is not None:
+                self.view.set_reading(False, "events were stopped")
         elif cid is CommandId.LIST_FILTERS:
             self.emit(Ok(command.tid))
         elif cid is CommandId.SET_FILTERS:
@@ -303,6 +331,8 @@ class PtpSession:
             self._snapshot_started = True
             self._remove_listener = self.service.add_listener(self._notice)
             log.debug("initial model queued: %d elements", len(self.service.model))
+        elif self.view is not None and not self._stalled:
+            self.view.set_reading(True)
         self._poke()
 
     def _notice(self, level: str, text: str) -> None:

@@ -13,9 +13,15 @@ filled in per client, and clients with the same base id and TID share the bytes 
 Between two drains every element carries at most one pending record, so the memory held for
 changes is bounded by the size of the model however long events stay stopped: a later value
 replaces an earlier one, a NEW followed by a CHANGE is one NEW with the latest values, a NEW
-followed by its REMOVE vanishes, a CHANGE followed by a REMOVE is just the REMOVE.  Process
-output is the one stream that cannot be coalesced; it is held per process up to
-:data:`HELD_OUTPUT_LIMIT` bytes, the oldest lines giving way (with a note saying how many).
+followed by its REMOVE vanishes, a CHANGE followed by a REMOVE is just the REMOVE.
+
+Process output is the one stream that cannot be coalesced.  While the client keeps reading,
+nothing is dropped: the view holds what is waiting and the jobs' output is held back at the
+source once that passes :data:`~proxy_agent.service.model.OUTPUT_HIGH_WATER` bytes.  While
+the client does not read (it stopped events, or its connection has not taken anything for
+:data:`STALL_SECONDS`), jobs are not held back for it; it keeps at most
+:data:`HELD_OUTPUT_LIMIT` bytes per process and :data:`HELD_TOTAL_LIMIT` in all, the oldest
+lines giving way, and is told exactly how many lines it missed.
 
 Elements that share a change are sent in one event with one range set: 64 processes
 entering RUNNING together become one PROCESS_CHANGE with one range.
@@ -34,19 +40,21 @@ from ...protocol.wire import assemble_frame, encode_args
 from ...service.model import CREATE_ORDER, REFERENCES, ChangeSink, Element, Kind, ServiceModel
 from . import mapping
 
-__all__ = ["HELD_OUTPUT_LIMIT", "MAX_GROUPS_PER_EVENT", "ModelView", "RenderRules", "SnapshotPlan", "WireEvent"]
+__all__ = ["HELD_OUTPUT_LIMIT", "HELD_TOTAL_LIMIT", "STALL_SECONDS", "MAX_GROUPS_PER_EVENT", "ModelView", "RenderRules", "SnapshotPlan", "WireEvent"]
 
 #: An event before encoding: (event id, arguments in the documented layout).
 WireEvent = Tuple[int, List[str]]
 
 #: Bytes per chunk of snapshot frames handed to a session's writer.
 SNAPSHOT_CHUNK_BYTES = 1 << 20
-#: Bytes of output held per process while the client is not being sent events.
+#: Bytes of output held per process for a client that is not reading.
 HELD_OUTPUT_LIMIT = 1 << 20
+#: Bytes of output held in all for a client that is not reading.
+HELD_TOTAL_LIMIT = 32 << 20
+#: A client whose connection takes nothing for this long is not reading.
+STALL_SECONDS = 15.0
 #: Range groups per NEW/CHANGE event, so no frame grows without bound.
 MAX_GROUPS_PER_EVENT = 2000
-#: Output lines per process sent as separate events in one drain; more are joined.
-MAX_OUTPUT_EVENTS_PER_DRAIN = 64
 _OUTPUT_CHUNK = 64 * 1024
 
 _PTP_KIND = {
@@ -391,6 +399,22 @@ class ModelView(ChangeSink):
         self._output_dropped: Dict[int, int] = {}
         #: bytes of output held in all (for flow control)
         self.held_output = 0
+        #: the client is reading: the jobs' output is held back rather than dropped for it
+        self.holds_back = True
+        #: why it is not reading, for the note about dropped lines
+        self._not_reading = ""
+
+    # ------------------------------------------------------------------ flow
+
+    def set_reading(self, reading: bool, why: str = "") -> None:
+        """Whether the client is taking what it is sent (see the module documentation)."""
+        if reading == self.holds_back:
+            return
+        self.holds_back = reading
+        self._not_reading = "" if reading else why
+        if not reading:
+            self._trim_all()
+            self.model.room_made()
 
     # ------------------------------------------------------------------ ids
 
@@ -487,14 +511,51 @@ class ModelView(ChangeSink):
             self._output_bytes[process] = 0
         held.append((key, text))
         size = len(text) + 1
-        total = self._output_bytes[process] + size
+        self._output_bytes[process] += size
         self.held_output += size
-        while total > HELD_OUTPUT_LIMIT and len(held) > 1:
-            _, old = held.popleft()
-            total -= len(old) + 1
-            self.held_output -= len(old) + 1
-            self._output_dropped[process] = self._output_dropped.get(process, 0) + 1
+        if not self.holds_back:
+            self._trim(process)
+            if self.held_output > HELD_TOTAL_LIMIT:
+                self._trim_all()
+
+    def _trim(self, process: int, limit: int = HELD_OUTPUT_LIMIT) -> None:
+        """Keep at most ``limit`` bytes of a process's held output (its newest lines)."""
+        held = self._output.get(process)
+        if held is None:
+            return
+        total = self._output_bytes[process]
+        dropped = 0
+        while total > limit and held:
+            key, old = held.popleft()
+            size = len(old) + 1
+            if not held and size > limit:
+                # one block alone is too big: keep its newest whole lines
+                keep = old[len(old) - limit + 1:]
+                cut = keep.find("\n")
+                keep = keep[cut + 1:] if cut >= 0 else ""
+                kept_lines = keep.count("\n") + 1 if keep else 0
+                dropped += old.count("\n") + 1 - kept_lines
+                if keep:
+                    held.append((key, keep))
+                new_total = len(keep) + 1 if keep else 0
+                self.held_output -= total - new_total
+                total = new_total
+                break
+            total -= size
+            self.held_output -= size
+            dropped += old.count("\n") + 1
         self._output_bytes[process] = total
+        if dropped:
+            self._output_dropped[process] = self._output_dropped.get(process, 0) + dropped
+
+    def _trim_all(self) -> None:
+        """Bound what a client that is not reading holds: per process, then in all."""
+        for process in list(self._output):
+            self._trim(process)
+        if self.held_output > HELD_TOTAL_LIMIT:
+            share = max(1024, HELD_TOTAL_LIMIT // max(1, len(self._output)))
+            for process in list(self._output):
+                self._trim(process, share)
 
     def flush(self) -> None:
         if self.on_change is not None:
@@ -660,20 +721,21 @@ class ModelView(ChangeSink):
         elements = self.model._elements
         escape = self.rules.text
         base = self.base
-        for process, lines in output.items():
+        for process, blocks in output.items():
             element = elements.get(process)
             if element is None:
                 continue
             job = str(base + element.parent)
             rank = str(element.rank)
             if process in dropped:
-                note = (f"[proxy-agent: {dropped[process]} earlier lines of output were dropped: "
-                        f"more than {HELD_OUTPUT_LIMIT} bytes were waiting to be sent]")
-                lines.appendleft(("processStderr", note))
-            for key, text in _batch_lines(lines):
+                why = self._not_reading or "the client was not reading"
+                note = f"[proxy-agent: {dropped[process]} earlier lines of output were dropped ({why})]"
+                blocks.appendleft(("processStderr", note))
+            for key, text in _joined(blocks):
                 if escape is not None:
                     text = escape(text)
                 events.append((EventId.PROCESS_CHANGE, [job, "1", rank, "1", f"{key}={text}"]))
+        self.model.room_made()
         return events
 
 
@@ -687,19 +749,32 @@ def _ids_text(members: List[int]) -> str:
     return str(RangeSet.from_ids(members))
 
 
-def _batch_lines(lines: Deque[Tuple[str, str]]) -> Iterator[Tuple[str, str]]:
-    """Lines as (key, text) values: one per line when few, joined when many."""
-    if len(lines) <= MAX_OUTPUT_EVENTS_PER_DRAIN:
-        yield from lines
-        return
+def _joined(blocks: Deque[Tuple[str, str]]) -> Iterator[Tuple[str, str]]:
+    """Held output as (key, text) values: consecutive blocks of one stream joined into texts
+    of about :data:`_OUTPUT_CHUNK` characters, a bigger block cut at its line ends."""
     key = None
     buf: List[str] = []
     size = 0
-    for k, text in lines:
+    for k, text in blocks:
         if buf and (k != key or size + len(text) > _OUTPUT_CHUNK):
             yield key, "\n".join(buf)  # type: ignore[misc]
             buf, size = [], 0
         key = k
+        while len(text) > _OUTPUT_CHUNK:
+            cut = text.rfind("\n", 0, _OUTPUT_CHUNK)
+            if cut <= 0:
+                cut = _OUTPUT_CHUNK  # one line longer than a chunk stays whole up to here
+                piece, text = text[:cut], text[cut:]
+                if buf:
+                    yield key, "\n".join(buf)  # type: ignore[misc]
+                    buf, size = [], 0
+                yield key, piece  # type: ignore[misc]
+                continue
+            if buf:
+                yield key, "\n".join(buf)  # type: ignore[misc]
+                buf, size = [], 0
+            yield key, text[:cut]  # type: ignore[misc]
+            text = text[cut + 1:]
         buf.append(text)
         size += len(text) + 1
     if buf:
