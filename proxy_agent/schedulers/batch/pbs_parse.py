@@ -544,6 +544,9 @@ def load_pbs_json(text: str, what: str = "PBS JSON output") -> Dict[str, Any]:
     try:
         document = _json_loads(text)
     except ValueError:
+        if not text.lstrip().startswith("{"):
+            shown = text.strip().splitlines()[0][:120]
+            raise PbsParseError(f"{what} is not readable JSON: {shown!r}") from None
         repaired = _repair_json(text)
         try:
             document = _json_loads(repaired)
