@@ -718,3 +718,59 @@ def test_parse_submit():
     with pytest.raises(ServiceError) as caught:
         TORQUE.parse_submit("")
     assert caught.value.kind is ErrorKind.SUBMIT_FAILED
+
+
+def test_unicode_escapes_and_missing_fields():
+    text = (
+        '{"pbs_version":"23.06.06","Jobs":{'
+        '"5.s":{"Job_Name":"\\u00c9t\\u00e9 \\ud83d\\ude80","job_state":"Q","Job_Owner":"u@h"},'
+        '"6.s":{"job_state":"R"},'
+        '"7.s":{}}}'
+    )
+    jobs = by_id(P.parse_openpbs_jobs(text))
+    assert jobs["5.s"].name == "Été 🚀"
+    bare = jobs["6.s"]
+    assert (bare.name, bare.user, bare.hosts, bare.num_procs, bare.time_limit, bare.submit_time) == (
+        "", "", (), None, None, "")
+    assert OPENPBS.state_table.map(jobs["7.s"].native_state) is JobState.OTHER
+    (node,) = P.parse_openpbs_nodes('{"nodes":{"n1":{}}}', node_state)
+    assert (node.name, node.state, node.cpus, node.memory_mb) == ("n1", "UNKNOWN", None, None)
+    (queue,) = P.parse_openpbs_queues('{"Queue":{"q":{}}}', None, queue_state)
+    assert (queue.state, queue.waiting, queue.max_time) == ("STOPPED", None, None)
+    (torque_job,) = P.parse_torque_jobs("<Data><Job><Job_Id>8.h</Job_Id></Job></Data>")
+    assert torque_job.job_id == "8.h" and torque_job.native_state == ""
+    assert P.parse_torque_jobs("<Data><Job><Job_Name>x</Job_Name></Job></Data>") == []  # no id: skipped
+
+
+_PARSERS = [
+    P.parse_openpbs_jobs, P.parse_openpbs_nodes, P.parse_openpbs_queues, P.parse_openpbs_server,
+    P.parse_torque_jobs, P.parse_torque_nodes, P.parse_torque_queues, P.parse_torque_server,
+    P.parse_full_text, P.parse_qsub_output, lambda t: P.parse_tracejob(t, "openpbs"),
+    lambda t: P.detect_family(t, t, t),
+]
+
+
+def _mangled(name: str):
+    """Recordings cut, spliced and sprinkled with odd characters."""
+    text = read(name)
+    return st.tuples(st.integers(0, len(text)), st.integers(0, len(text)), st.text(max_size=8)).map(
+        lambda t: text[: t[0]] + t[2] + text[t[1]:]
+    )
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.one_of(
+    st.text(max_size=200),
+    _mangled("openpbs-20.0.1/qstat-f-t.json"),
+    _mangled("openpbs-quirks/qstat-f-t.json"),
+    _mangled("torque-6.1.3/qstat-f-x-t.xml"),
+    _mangled("torque-6.1.3/pbsnodes-x.xml"),
+    _mangled("torque-6.1.3/qstat-Q-f-1.txt"),
+    _mangled("openpbs-20.0.1/tracejob-finished.txt"),
+))
+def test_parsers_fail_only_with_their_own_error(text):
+    for parse in _PARSERS:
+        try:
+            parse(text)
+        except P.PbsParseError:
+            pass
