@@ -337,3 +337,29 @@ def test_walltime_format():
     assert format_walltime(0) == "00:00:00"
     assert format_walltime(3599) == "00:59:59"
     assert format_walltime(360000) == "100:00:00"
+
+
+_TEXT = st.text(max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    family=st.sampled_from(["openpbs", "torque"]),
+    fields=st.fixed_dictionaries({}, optional={
+        "name": _TEXT, "queue": _TEXT, "account": _TEXT, "constraint": _TEXT, "gres": _TEXT,
+        "array": _TEXT, "begin_time": _TEXT, "stdout_path": _TEXT, "stderr_path": _TEXT,
+        "working_dir": _TEXT, "qos": _TEXT,
+        "native_options": st.lists(_TEXT, max_size=4), "prologue": st.lists(_TEXT, max_size=2),
+        "num_procs": st.integers(-2, 64), "nodes": st.integers(-1, 8), "memory": st.integers(-1, 10 ** 7),
+        "gpus": st.integers(-1, 8), "wall_time": st.integers(-1, 10 ** 7), "cpus_per_task": st.integers(-1, 8),
+    }),
+)
+def test_any_job_description_gives_argv_or_a_clear_refusal(family, fields):
+    try:
+        argv = qsub_argv(JobSpec(executable="/bin/true", **fields), family, submit_host="login1")
+    except BatchScriptError as error:
+        assert str(error)
+        return
+    assert argv[0] == "qsub" and all(isinstance(a, str) and "\0" not in a for a in argv)
+    name = argv[argv.index("-N") + 1]
+    assert name[:1].isalpha() and name.isascii()
