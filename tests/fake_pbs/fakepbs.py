@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 from contextlib import contextmanager
-from typing import Dict, List, Optional
+from typing import Dict, List, NoReturn, Optional
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 FAMILY = os.environ.get("FAKE_PBS_FAMILY", "openpbs")
@@ -46,7 +46,7 @@ OPTIONS = {
 }
 
 
-def fail(message: str, code: int = 1) -> "NoReturn":  # noqa: F821
+def fail(message: str, code: int = 1) -> NoReturn:
     sys.stderr.write(message + "\n")
     sys.exit(code)
 
@@ -497,12 +497,11 @@ def qhold(argv: List[str], release: bool = False) -> None:
 
 
 def qsig(argv: List[str]) -> None:
-    options, operands = [], list(argv)
+    operands = list(argv)
     name = "SIGTERM"
     if operands and operands[0].startswith("-s"):
         name = operands[0][2:] or operands[1]
         operands = operands[1:] if operands[0][2:] else operands[2:]
-    del options
     with server() as (root, state):
         for job_id in operands:
             job = find(state, job_id, "qsig", history=False)

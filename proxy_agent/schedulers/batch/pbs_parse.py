@@ -41,7 +41,6 @@ the batch system's own code, kept in ``exit_code`` with its meaning in ``reason`
 
 from __future__ import annotations
 
-import calendar
 import json
 import re
 import time as _time

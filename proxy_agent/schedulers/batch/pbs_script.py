@@ -402,7 +402,6 @@ def qsub_argv(
     else:
         argv += _torque_resources(spec)
     if spec.wall_time is not None:
-        _check_counts(spec)
         argv += ["-l", f"walltime={format_walltime(spec.wall_time)}"]
     if spec.array is not None:
         argv += _array(spec.array, family)
