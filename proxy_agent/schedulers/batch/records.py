@@ -25,6 +25,9 @@ class NativeJob:
     like ``"1-9"``.  Times are the local time as ``YYYY-MM-DDTHH:MM:SS``; durations seconds.
     ``exit_code`` is the program's exit status; ``signal`` the name or number of the signal
     that ended it, when one did.  ``reason`` is why it waits or why it failed.
+    ``cancelled`` is set when the system's own record says the job was deleted or cancelled
+    (by its owner, an administrator or the system), so a final state can tell a job that
+    was killed from one that failed.
     """
 
     job_id: str
@@ -50,6 +53,7 @@ class NativeJob:
     array_id: str = ""
     array_index: str = ""
     priority: Optional[int] = None
+    cancelled: bool = False
 
 
 @attrs.frozen
