@@ -14,7 +14,7 @@ import trio
 from . import __version__
 from .frontends.ptp import PtpConfig
 from .schedulers.base import BACKENDS, backend_class
-from .server import ServerLimits, serve_listeners, serve_stream
+from .server import ServerLimits, Sessions, serve_listeners, serve_stream
 from .service.service import JobService
 from .transport import (
     connect_tcp,
@@ -121,10 +121,12 @@ def build_service(args: argparse.Namespace, names: Sequence[str]) -> JobService:
     return service
 
 
-async def _watch_signals(scope: trio.CancelScope) -> None:
+async def _watch_signals(scope: trio.CancelScope, sessions: Sessions) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
-            log.info("received %s, shutting down", signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            log.info("received %s, shutting down", name)
+            await sessions.farewell(f"the agent received {name} and is shutting down")
             scope.cancel()
             return
 
@@ -181,17 +183,18 @@ async def amain(args: argparse.Namespace, service: JobService) -> int:
         print(f"proxy-agent: {exc}", file=sys.stderr)
         return 2
     limits = ServerLimits(auth_timeout=args.auth_timeout)
+    sessions = Sessions()
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_watch_signals, scope)
+            nursery.start_soon(_watch_signals, scope, sessions)
             await nursery.start(service.run)
             if kind == "connect":
-                await serve_stream(transport, service, config, args.connect or f"{args.host}:{args.port}")
+                await serve_stream(transport, service, config, args.connect or f"{args.host}:{args.port}", sessions)
             elif kind == "stdio":
-                await serve_stream(transport, service, config, "stdio client")
+                await serve_stream(transport, service, config, "stdio client", sessions)
             else:
                 try:
-                    await serve_listeners(transport, service, config, limits)
+                    await serve_listeners(transport, service, config, limits, sessions)
                     await trio.sleep_forever()
                 finally:
                     if kind == "unix":

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import List
+from typing import List, Optional
 
 import attrs
 import trio
@@ -26,7 +26,23 @@ from .service.service import JobService
 
 log = logging.getLogger("proxy_agent.server")
 
-__all__ = ["ServerLimits", "peer_name", "serve_listeners", "serve_stream"]
+__all__ = ["ServerLimits", "Sessions", "peer_name", "serve_listeners", "serve_stream"]
+
+
+class Sessions:
+    """The sessions being served, so that the agent can say goodbye to each when it stops."""
+
+    def __init__(self) -> None:
+        self.live: "set[PtpSession]" = set()
+
+    async def farewell(self, text: str, bound: float = 1.5) -> None:
+        """Tell every client the agent is stopping, and let that be written (bounded)."""
+        sessions = list(self.live)
+        for session in sessions:
+            session.farewell(text)
+        with trio.move_on_after(bound):
+            for session in sessions:
+                await session.written()
 
 
 @attrs.frozen
@@ -48,12 +64,17 @@ async def _close(stream: trio.abc.Stream) -> None:
             pass
 
 
-async def serve_stream(stream: trio.abc.Stream, service: JobService, config: PtpConfig, peer: str) -> bool:
+async def serve_stream(stream: trio.abc.Stream, service: JobService, config: PtpConfig, peer: str,
+                       sessions: Optional[Sessions] = None) -> bool:
     """Serve one session on ``stream``; returns True if the client sent QUIT."""
     session = PtpSession(stream, service, config, peer)
+    if sessions is not None:
+        sessions.live.add(session)
     try:
         return await session.run()
     finally:
+        if sessions is not None:
+            sessions.live.discard(session)
         await _close(stream)
 
 
@@ -86,6 +107,7 @@ async def serve_listeners(
     service: JobService,
     config: PtpConfig,
     limits: ServerLimits = ServerLimits(),
+    sessions: Optional[Sessions] = None,
     *,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -101,6 +123,8 @@ async def serve_listeners(
         with trio.CancelScope() as scope:
             ticket = admission.admit(scope)
             session = PtpSession(stream, service, config, peer)
+            if sessions is not None:
+                sessions.live.add(session)
             counted = False
             try:
                 async with trio.open_nursery() as nursery:
@@ -124,6 +148,8 @@ async def serve_listeners(
                     nursery.cancel_scope.cancel()
                 log.info("session with %s ended", peer)
             finally:
+                if sessions is not None:
+                    sessions.live.discard(session)
                 admission.left(ticket)
                 if counted:
                     admission.sessions -= 1

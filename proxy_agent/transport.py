@@ -144,12 +144,29 @@ def load_or_create_token(token_file: Optional[str], given: Optional[str] = None)
         return given, None
     path = token_file or os.path.join(os.path.expanduser("~"), ".proxy-agent", "token")
     directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+        raise ValueError(
+            f"refusing to write the token into {directory}: others can write to that directory "
+            "(choose a private one with --token-file)"
+        )
     token = secrets.token_urlsafe(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    # Written to a new file of our own and renamed into place: a symlink or file planted at
+    # the path is replaced, never followed or written through.
+    temporary = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(6)}")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
-        os.fchmod(fd, 0o600)
-        os.write(fd, (token + "\n").encode())
-    finally:
-        os.close(fd)
+        try:
+            os.write(fd, (token + "\n").encode())
+        finally:
+            os.close(fd)
+        os.replace(temporary, path)
+    except OSError:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass
+        raise
     return token, path

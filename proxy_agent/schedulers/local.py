@@ -68,6 +68,7 @@ from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, S
 from ..service.model import K, Kind, ServiceModel, UnknownElement
 from .base import Backend, BackendContext
 from .common import LineSplitter, MAX_LINE_BYTES, current_user, signal_name, state_attrs
+from .reaper import MARKER, OrphanReaper
 
 __all__ = ["LineSplitter", "LocalBackend", "LocalOptions", "MAX_PROCS", "MAX_LINE_BYTES", "QUEUE_NAME", "STATE_TABLE"]
 
@@ -112,6 +113,8 @@ _SHUTDOWN_BOUND = 1.5
 _POLL_INTERVAL = 0.01
 #: How long a suspension may take to reach every process before it is reported anyway.
 _STOP_WAIT = 1.0
+#: Seconds between two looks for processes that escaped their jobs.
+_ORPHAN_SWEEP = 1.0
 #: Processes being forked at the same time (each fork/exec takes one of trio's worker threads).
 _SPAWN_CONCURRENCY = 4
 
@@ -198,6 +201,8 @@ class LocalBackend(Backend):
         self._closing = False
         self._shutdown_done: Optional[trio.Event] = None
         self._spawn_limiter = trio.CapacityLimiter(_SPAWN_CONCURRENCY)
+        #: the agent adopts processes that escaped their job's group and ends them with it
+        self._reaper = OrphanReaper()
         try:
             self._default_cwd = os.getcwd()
         except OSError:
@@ -247,7 +252,7 @@ class LocalBackend(Backend):
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
                 task_status.started()
-                await trio.sleep_forever()
+                await self._watch_orphans()
         finally:
             self._nursery = None
             self._closing = True
@@ -481,6 +486,7 @@ class LocalBackend(Backend):
             env["PROXY_AGENT_PROCESS_INDEX"] = str(index)
             env["PROXY_AGENT_NUM_PROCS"] = str(launch.num_procs)
             env["PROXY_AGENT_JOB_KEY"] = str(record.id)
+            env[MARKER] = self._reaper.mark(record.id)
             proc = await trio.lowlevel.open_process(
                 launch.argv,
                 stdin=DEVNULL,
@@ -593,6 +599,22 @@ class LocalBackend(Backend):
             self._complete_job(record)
         self._jobs.pop(record.id, None)
         record.done.set()
+        self._sweep()
+
+    # ------------------------------------------------------------------ orphans
+
+    def _known_pids(self):
+        return [proc.pid for record in self._jobs.values() for proc in record.procs]
+
+    def _sweep(self) -> None:
+        """End what ended jobs left behind outside their process groups."""
+        if self._reaper.adopted or self._reaper.enabled:
+            self._reaper.sweep(self._known_pids(), lambda job: job.isdigit() and int(job) in self._jobs)
+
+    async def _watch_orphans(self) -> None:
+        while True:
+            await trio.sleep(_ORPHAN_SWEEP)
+            self._sweep()
 
     def _complete_job(self, record: _Job) -> None:
         for index in range(len(record.process_ids)):
@@ -666,6 +688,8 @@ class LocalBackend(Backend):
             self._shutdown_done = trio.Event()
             try:
                 await self._kill_all()
+                # and whatever the jobs left behind outside their groups
+                self._reaper.end_all(self._known_pids(), bound=0.5)
             finally:
                 self._shutdown_done.set()
 

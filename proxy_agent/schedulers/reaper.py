@@ -104,11 +104,12 @@ class OrphanReaper:
                 if pid in self.adopted or now - first >= _ZOMBIE_GRACE:
                     self._reap(pid)
                 continue
-            mark = self.adopted.get(pid) or _marker(pid)
-            if mark is None or not mark.startswith(prefix):
-                continue  # not a job's: some command's child; leave it alone
-            job = mark[len(prefix):]
-            self.adopted[pid] = job
+            job = self.adopted.get(pid)
+            if job is None:
+                mark = _marker(pid)
+                if mark is None or not mark.startswith(prefix):
+                    continue  # not a job's: some command's child; leave it alone
+                job = self.adopted[pid] = mark[len(prefix):]
             if not alive_jobs(job):
                 log.info("ending process %d, left behind by job %s", pid, job)
                 _kill(pid)

@@ -34,6 +34,7 @@ from ...protocol.messages import (
     Message,
     MessageLevel,
     Ok,
+    Shutdown,
     SubmitJobError,
     TerminateJobError,
 )
@@ -215,6 +216,26 @@ class PtpSession:
                             self.peer, STALL_SECONDS)
                 self.view.set_reading(False, f"the client did not read for {STALL_SECONDS:g} s")
 
+    def farewell(self, text: str) -> None:
+        """The agent is stopping: tell the client (MESSAGE, then SHUTDOWN under an open TID)
+        and end the session once that is written (see :meth:`written`)."""
+        if self._closing or self.quit_requested:
+            return
+        session = self.session
+        tid = session.events_tid if session.events_tid is not None else session.stop_tid
+        if tid is None and session.open:
+            tid = next(iter(session.open))
+        if tid is not None:
+            self.emit(Message(tid, MessageLevel.WARNING, ErrorCode.SHUTTING_DOWN, text))
+            self.emit(Shutdown(tid))
+        self.quit_requested = True
+        self._closing = True
+        self._poke()
+
+    async def written(self) -> None:
+        """Until what is queued has been written (after :meth:`farewell` or QUIT)."""
+        await self._writer_done.wait()
+
     def _detach(self) -> None:
         if self.view is not None:
             self.view.unsubscribe()
@@ -241,7 +262,7 @@ class PtpSession:
             decoder.feed(data)
             for item in decoder:
                 if debug:
-                    log.debug("received %s", item)
+                    log.debug("received %s", _redacted(item))
                 received = self.session.receive(item)
                 if received.log:
                     log.warning("%s", received.log)
@@ -435,6 +456,18 @@ class PtpSession:
             self.emit(TerminateJobError(command.tid, attrs_.get("jobId") or "", code, message))
         else:
             self.emit(Error(command.tid, code, message))
+
+
+def _redacted(item) -> object:
+    """A received frame for the log, with the value of a ``token=`` argument masked."""
+    args = getattr(item, "args", None)
+    if not args or not any(isinstance(a, str) and a.startswith("token=") for a in args):
+        return item
+    masked = tuple("token=********" if isinstance(a, str) and a.startswith("token=") else a for a in args)
+    try:
+        return attrs.evolve(item, args=masked)
+    except (TypeError, ValueError):
+        return f"{type(item).__name__} (arguments not shown: they hold a token)"
 
 
 async def refuse_busy(stream: trio.abc.Stream, peer: str, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
