@@ -379,7 +379,7 @@ class MultiJob:
             failed=self.failure is not None,
             cancelled=self.cancellation is not None,
             reason=self.failure if self.failure is not None else self.cancellation,
-            cancel_parts=tuple(part.id for part in self._parts.values() if not part.ended),
+            cancel_parts=tuple(part.id for part in self._parts.values() if part.end_state is None),
         )
 
     # ------------------------------------------------------------------ service: parts
