@@ -606,3 +606,57 @@ async def test_a_unix_socket_left_behind_is_replaced_but_a_file_is_not(nursery, 
     with pytest.raises(OSError, match="not a socket"):
         await nursery.start(RuntimeServer(unix_path=str(regular)).run)
     assert regular.read_text() == "keep me"
+
+
+# --------------------------------------------------------------------------- the documented example
+
+EXAMPLES = ROOT / "docs" / "examples" / "coalloc"
+
+
+@pytest.mark.parametrize("description_file", ["mesh.json", "hello.rsl"])
+async def test_the_documented_example_runs_as_the_local_scheduler_would_run_it(
+    server, nursery, tmp_path, description_file
+):
+    """Set up as docs/coallocation.md says (the example and a copy of the runtime in one
+    directory), then start each part's processes the way the local scheduler does."""
+    from proxy_agent.service.coalloc.description import parse_description
+    import shutil
+
+    demo = tmp_path / "coalloc-demo"
+    shutil.copytree(EXAMPLES, demo)
+    (demo / "proxy_agent").mkdir()
+    shutil.copy(ROOT / "proxy_agent" / "__init__.py", demo / "proxy_agent")
+    shutil.copytree(ROOT / "proxy_agent" / "runtime", demo / "proxy_agent" / "runtime")
+    text = (demo / description_file).read_text().replace("/tmp/coalloc-demo", str(demo))
+    description = parse_description(text)
+    job = server.register_job(description)
+    runs = Runs(nursery)
+    for part_id, part in enumerate(description.parts):
+        assert part.queue == "local:default"
+        for rank in range(part.count):
+            env = process_env(server, job, part_id, rank)
+            del env["PYTHONPATH"]  # the copied runtime is all the processes have
+            env.update(part.environment)
+            env["MESH_HOST"] = "127.0.0.1"
+            runs.start(f"{part_id}/{rank}", [part.executable, *part.arguments], env)
+    results = await runs.wait()
+    lines = {}
+    for name, result in results.items():
+        assert result.returncode == 0, (name, result.stdout.decode(), result.stderr.decode())
+        lines[name] = result.stdout.decode()
+    if description_file == "mesh.json":
+        for name, out in lines.items():
+            part, rank = name.split("/")
+            assert out.startswith(f"part {part} rank {rank} at 127.0.0.1:")
+            assert out.rstrip().endswith("connected to 5 peers, heard from 5")
+    else:
+        for name, out in lines.items():
+            part, rank = name.split("/")
+            header, *seen = out.splitlines()
+            assert header == f"part {part} rank {rank} sees:"
+            assert [line.split(" is ")[1] for line in seen] == [
+                "rank 0 of part 0 (of 2)",
+                "rank 1 of part 0 (of 2)",
+                "rank 0 of part 1 (of 2)",
+                "rank 1 of part 1 (of 2)",
+            ]
