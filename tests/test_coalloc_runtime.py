@@ -660,3 +660,43 @@ async def test_the_documented_example_runs_as_the_local_scheduler_would_run_it(
                 "rank 0 of part 1 (of 2)",
                 "rank 1 of part 1 (of 2)",
             ]
+
+
+# --------------------------------------------------------------------------- the service's API
+
+
+async def test_explicit_release_and_watching_the_job_through_the_service_api(server, nursery):
+    job = server.register_job(MultiJobDescription(parts=[Part("/bin/a")], barrier_release="explicit"))
+    waiting = await RawClient.unix(server)
+    await waiting.send(wire.encode_frame(request(server, job, op="barrier")))
+    await wait_until(lambda: server.job(job).barrier_waiting_for() == [])
+    version = server.job(job).version
+    changes = []
+
+    async def watch() -> None:
+        changes.append(await server.wait_changed(job, version, timeout=TIMEOUT))
+
+    nursery.start_soon(watch)
+    await trio.sleep(0.05)
+    assert changes == [] and server.job(job).state is JobState.PREPARING
+    assert server.release_barrier(job) is True
+    reply = await waiting.reply()
+    assert reply["ok"] and (reply["part_index"], reply["parts"], reply["final"]) == (0, 1, True)
+    await wait_until(lambda: changes)
+    assert changes[0] > version and server.job(job).state is JobState.RUNNING
+
+
+async def test_a_part_that_cannot_be_submitted_fails_the_job_and_its_waiting_processes(server):
+    job = server.register_job(MultiJobDescription(parts=[Part("/bin/a", count=2), Part("/bin/b")]))
+    receiver = await RawClient.tcp(server)
+    await receiver.send(wire.encode_frame(request(server, job, op="receive", tag="t")))
+    await trio.sleep(0.05)
+    verdict = server.fail(job, "part 1 could not be submitted: no queue 'nowhere'")
+    assert verdict.failed and verdict.cancel_parts == (0, 1)
+    reply = await receiver.reply()
+    assert reply["error"] == {
+        "kind": "job-ended",
+        "message": "the multi-part job failed: part 1 could not be submitted: no queue 'nowhere'",
+    }
+    with pytest.raises(Exception, match="no multi-part job"):
+        server.part_ended("mj-unknown", 0)

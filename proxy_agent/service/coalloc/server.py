@@ -270,7 +270,8 @@ class RuntimeServer:
             reply = await self._answer(stream, decoder, request)
             if reply is None:
                 return  # the client went away (or spoke out of turn) while it waited
-            await self._send(stream, reply)
+            if not await self._send(stream, reply):
+                return
             if not reply["ok"] and reply["error"]["kind"] in ("protocol", "unauthorized"):
                 return
 
@@ -297,13 +298,18 @@ class RuntimeServer:
             log.info("runtime server: a client stalled inside a frame; connection closed")
         return None
 
-    async def _send(self, stream: trio.SocketStream, reply: Dict[str, Any]) -> None:
+    async def _send(self, stream: trio.SocketStream, reply: Dict[str, Any]) -> bool:
+        """Send a reply; False if the client did not take it in time (the connection is
+        then half-way through a frame and must end)."""
         try:
             frame = wire.encode_frame(reply)
         except wire.WireError as error:
             frame = wire.encode_frame(wire.error_reply(reply.get("id"), "limit", str(error)))
         with trio.move_on_after(self.send_timeout):
             await stream.send_all(frame)
+            return True
+        log.info("runtime server: a client did not read its reply; connection closed")
+        return False
 
     # ------------------------------------------------------------------ one request
 
