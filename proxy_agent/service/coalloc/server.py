@@ -1,0 +1,647 @@
+"""The runtime server: what the processes of co-allocated jobs talk to.
+
+One :class:`RuntimeServer` serves any number of multi-part jobs over a Unix socket (for
+processes on the agent's host) and/or TCP (for compute nodes), speaking the protocol of
+``docs/runtime.md``: length-prefixed JSON frames, every request carrying its job's secret
+and naming its job, part and rank.  Each job's coordination is a
+:class:`~proxy_agent.service.coalloc.state.MultiJob`; the server only reads requests,
+asks the state machine, waits for the job to change when the answer is "not yet", and
+replies.
+
+The job service drives it through a small synchronous API (call it from trio code):
+:meth:`RuntimeServer.register_job`, :meth:`~RuntimeServer.environment`,
+:meth:`~RuntimeServer.add_part`, :meth:`~RuntimeServer.delete_part`,
+:meth:`~RuntimeServer.release_barrier`, :meth:`~RuntimeServer.process_ended`,
+:meth:`~RuntimeServer.part_ended`, :meth:`~RuntimeServer.fail`,
+:meth:`~RuntimeServer.cancel`, :meth:`~RuntimeServer.forget`; and it can wait for a job to
+change with :meth:`~RuntimeServer.wait_changed`.
+
+Nothing a client sends can stop the server: malformed frames, wrong secrets, huge
+lengths, stalls and dropped connections end that one connection, and a request that fails
+inside is answered with an ``internal`` error.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import math
+import os
+import re
+import secrets
+import socket
+import stat
+import struct
+from typing import Any, Awaitable, Callable, Dict, List, Optional, Tuple, TypeVar, Union
+
+import trio
+
+from ...runtime import wire
+from ..jobs import JobState
+from .description import MultiJobDescription, Part
+from .state import (
+    CoordinationError,
+    JobEnded,
+    Limits,
+    MultiJob,
+    Refused,
+    Verdict,
+)
+
+__all__ = ["RuntimeServer", "UnknownJob"]
+
+log = logging.getLogger(__name__)
+
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
+_T = TypeVar("_T")
+
+
+class UnknownJob(Refused):
+    """The runtime server has no multi-part job by that id."""
+
+
+class _ProtocolViolation(Exception):
+    """The client broke the protocol; the reply says how and the connection ends."""
+
+
+class _Unauthorized(Exception):
+    pass
+
+
+class _Job:
+    """One multi-part job as the server holds it."""
+
+    __slots__ = ("state", "secret", "changed", "seen_version", "forgotten")
+
+    def __init__(self, state: MultiJob, secret: str) -> None:
+        self.state = state
+        self.secret = secret
+        self.changed = trio.Event()
+        self.seen_version = state.version
+        self.forgotten = False
+
+
+# --------------------------------------------------------------------------- request fields
+
+
+def _field(request: Dict[str, Any], key: str, kind: type, what: str, default: Any = ...) -> Any:
+    if key not in request:
+        if default is ...:
+            raise Refused(f"the request lacks {key!r} ({what})")
+        return default
+    value = request[key]
+    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise Refused(f"{key!r} must be a whole number ({what}), not {value!r}"[:300])
+    if kind is not int and not isinstance(value, kind):
+        raise Refused(f"{key!r} must be {kind.__name__} ({what})"[:300])
+    return value
+
+
+def _bytes_field(request: Dict[str, Any], key: str, what: str) -> bytes:
+    try:
+        return wire.from_b64(_field(request, key, str, what), key)
+    except ValueError as error:
+        raise Refused(str(error)) from None
+
+
+# --------------------------------------------------------------------------- the server
+
+
+class RuntimeServer:
+    """Serves the runtime protocol for every multi-part job registered with it.
+
+    ``unix_path``: listen on a Unix socket there (its directory should be private: the
+    socket is made owner-only and peers of other users are refused).  ``tcp_host``: listen
+    on TCP there too (``"0.0.0.0"`` for every interface; port ``tcp_port``, 0 for any),
+    advertised to compute nodes as ``advertise_host`` (default: this host's name when
+    listening on every interface).  ``frame_timeout`` bounds how long a started frame may
+    take to arrive, ``idle_timeout`` how long a connection may sit without a request;
+    ``max_connections`` bounds connections at once.
+    """
+
+    def __init__(
+        self,
+        *,
+        unix_path: Optional[str] = None,
+        tcp_host: Optional[str] = None,
+        tcp_port: int = 0,
+        advertise_host: Optional[str] = None,
+        max_frame: int = wire.MAX_FRAME,
+        frame_timeout: float = 30.0,
+        idle_timeout: float = 600.0,
+        send_timeout: float = 30.0,
+        max_connections: int = 512,
+        limits: Limits = Limits(),
+    ) -> None:
+        if unix_path is None and tcp_host is None:
+            raise ValueError("the runtime server needs a Unix socket path, a TCP host, or both")
+        if unix_path is not None and ("?" in unix_path or not os.path.isabs(unix_path)):
+            raise ValueError(f"the Unix socket path must be absolute and free of '?': {unix_path!r}")
+        self.unix_path = unix_path
+        self.tcp_host = tcp_host
+        self.tcp_port = tcp_port
+        self.advertise_host = advertise_host
+        self.max_frame = max_frame
+        self.frame_timeout = frame_timeout
+        self.idle_timeout = idle_timeout
+        self.send_timeout = send_timeout
+        self.max_connections = max_connections
+        self.limits = limits
+        self.unix_contact: Optional[str] = None
+        self.tcp_contact: Optional[str] = None
+        self._jobs: Dict[str, _Job] = {}
+        self._connections = 0
+        #: connections refused or ended for breaking the protocol (for tests and logs)
+        self.violations = 0
+        self._started = trio.Event()
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        """Listen and serve until cancelled; ``task_status.started`` once listening."""
+        listeners: List[trio.SocketListener] = []
+        try:
+            if self.unix_path is not None:
+                listeners.append(await self._unix_listener(self.unix_path))
+                self.unix_contact = wire.format_contact("unix", self.unix_path)
+            if self.tcp_host is not None:
+                tcp = await trio.open_tcp_listeners(self.tcp_port, host=self.tcp_host or None)
+                listeners.extend(tcp)
+                port = tcp[0].socket.getsockname()[1]
+                self.tcp_contact = wire.format_contact("tcp", (self._advertised_host(), port))
+            async with trio.open_nursery() as nursery:
+                for listener in listeners:
+                    nursery.start_soon(self._accept_loop, listener, nursery)
+                self._started.set()
+                task_status.started(self)
+        finally:
+            for listener in listeners:
+                with trio.CancelScope(shield=True):
+                    await listener.aclose()
+            if self.unix_path is not None and self.unix_contact is not None:
+                try:
+                    os.unlink(self.unix_path)
+                except OSError:
+                    pass
+
+    def _advertised_host(self) -> str:
+        if self.advertise_host:
+            return self.advertise_host
+        if self.tcp_host in ("", "0.0.0.0", "::"):
+            return socket.getfqdn()
+        return str(self.tcp_host)
+
+    async def _unix_listener(self, path: str) -> trio.SocketListener:
+        try:
+            existing = os.lstat(path)
+        except FileNotFoundError:
+            pass
+        else:
+            if not stat.S_ISSOCK(existing.st_mode):
+                raise OSError(f"{path} exists and is not a socket; not replacing it")
+            os.unlink(path)  # a socket left by an earlier agent
+        sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            await sock.bind(path)
+            os.chmod(path, 0o600)
+            sock.listen(128)
+        except BaseException:
+            sock.close()
+            raise
+        return trio.SocketListener(sock)
+
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+        while True:
+            try:
+                stream = await listener.accept()
+            except OSError as error:
+                # Out of file descriptors and the like: wait a little, then go on serving.
+                log.warning("runtime server: accept failed: %s", error)
+                await trio.sleep(0.1)
+                continue
+            if self._connections >= self.max_connections:
+                self.violations += 1
+                log.warning("runtime server: %d connections already; refusing one more", self._connections)
+                await trio.aclose_forcefully(stream)
+                continue
+            self._connections += 1
+            nursery.start_soon(self._serve_connection, stream)
+
+    # ------------------------------------------------------------------ one connection
+
+    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+        try:
+            if stream.socket.family == socket.AF_UNIX and not self._same_user(stream.socket):
+                self.violations += 1
+                log.warning("runtime server: refused a Unix-socket peer of another user")
+                return
+            await self._converse(stream)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            pass
+        except Exception:  # noqa: BLE001 - one connection must never take the server down
+            log.exception("runtime server: a connection failed")
+        finally:
+            self._connections -= 1
+            await trio.aclose_forcefully(stream)
+
+    @staticmethod
+    def _same_user(sock: Any) -> bool:
+        peercred = getattr(socket, "SO_PEERCRED", None)
+        if peercred is None:
+            return True  # no way to ask: the socket's mode keeps others out
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, peercred, struct.calcsize("3i"))
+        except OSError:
+            return False
+        _pid, uid, _gid = struct.unpack("3i", raw)
+        return uid == os.geteuid()
+
+    async def _converse(self, stream: trio.SocketStream) -> None:
+        decoder = wire.FrameDecoder(self.max_frame)
+        while True:
+            try:
+                request = await self._read_request(stream, decoder)
+            except wire.WireError as error:
+                self.violations += 1
+                await self._send(stream, wire.error_reply(None, "protocol", str(error)))
+                return
+            if request is None:
+                return
+            reply = await self._answer(stream, decoder, request)
+            if reply is None:
+                return  # the client went away (or spoke out of turn) while it waited
+            if not await self._send(stream, reply):
+                return
+            if not reply["ok"] and reply["error"]["kind"] in ("protocol", "unauthorized"):
+                return
+
+    async def _read_request(self, stream: trio.SocketStream, decoder: wire.FrameDecoder) -> Optional[Dict[str, Any]]:
+        """The next request; ``None`` at a clean end or when the client idles or stalls."""
+        with trio.move_on_after(self.idle_timeout) as scope:
+            frame_deadline_set = False
+            while True:
+                message = decoder.next()
+                if message is not None:
+                    return message
+                if decoder.inside_frame and not frame_deadline_set:
+                    scope.deadline = min(scope.deadline, trio.current_time() + self.frame_timeout)
+                    frame_deadline_set = True
+                data = await stream.receive_some(65536)
+                if not data:
+                    if decoder.inside_frame:
+                        self.violations += 1
+                        log.info("runtime server: a client closed its connection inside a frame")
+                    return None
+                decoder.feed(data)
+        if decoder.inside_frame:
+            self.violations += 1
+            log.info("runtime server: a client stalled inside a frame; connection closed")
+        return None
+
+    async def _send(self, stream: trio.SocketStream, reply: Dict[str, Any]) -> bool:
+        """Send a reply; False if the client did not take it in time (the connection is
+        then half-way through a frame and must end)."""
+        try:
+            frame = wire.encode_frame(reply)
+        except wire.WireError as error:
+            frame = wire.encode_frame(wire.error_reply(reply.get("id"), "limit", str(error)))
+        with trio.move_on_after(self.send_timeout):
+            await stream.send_all(frame)
+            return True
+        log.info("runtime server: a client did not read its reply; connection closed")
+        return False
+
+    # ------------------------------------------------------------------ one request
+
+    async def _answer(
+        self, stream: trio.SocketStream, decoder: wire.FrameDecoder, request: Dict[str, Any]
+    ) -> Optional[Dict[str, Any]]:
+        request_id = request.get("id")
+        if isinstance(request_id, bool) or not isinstance(request_id, (int, str, type(None))):
+            request_id = None
+        try:
+            op, job, part, rank = self._envelope(request)
+        except _ProtocolViolation as error:
+            self.violations += 1
+            return wire.error_reply(request_id, "protocol", str(error))
+        except _Unauthorized as error:
+            self.violations += 1
+            return wire.error_reply(request_id, "unauthorized", str(error))
+        handler = self._handlers[op]
+        try:
+            if op in self._blocking:
+                results = await self._watching(stream, decoder, handler(self, job, part, rank, request))
+                if results is None:
+                    return None
+            else:
+                results = await handler(self, job, part, rank, request)
+        except CoordinationError as error:
+            return wire.error_reply(request_id, error.kind, error.message)
+        except Exception as error:  # noqa: BLE001 - answered, logged, and the server goes on
+            log.exception("runtime server: %s request failed", op)
+            return wire.error_reply(request_id, "internal", f"the agent failed to carry out {op}: {error}")
+        finally:
+            self._note(job)
+        return wire.ok_reply(request_id, **results)
+
+    def _envelope(self, request: Dict[str, Any]) -> Tuple[str, _Job, int, int]:
+        if request.get("v") != wire.PROTOCOL_VERSION:
+            raise _ProtocolViolation(f"this agent speaks runtime protocol version {wire.PROTOCOL_VERSION}")
+        op = request.get("op")
+        if not isinstance(op, str) or op not in self._handlers:
+            raise _ProtocolViolation(f"unknown operation {op!r}"[:200])
+        job_id, secret = request.get("job"), request.get("secret")
+        if not isinstance(job_id, str) or not isinstance(secret, str):
+            raise _ProtocolViolation("a request names its 'job' and carries its 'secret' (texts)")
+        job = self._jobs.get(job_id)
+        # Unknown job and wrong secret get the same answer: a guesser learns nothing.
+        expected = job.secret if job is not None else "x" * 64
+        if not hmac.compare_digest(expected.encode(), secret.encode("utf-8", "replace")) or job is None:
+            raise _Unauthorized("the job's secret does not match (or there is no such job)")
+        part, rank = request.get("part"), request.get("rank")
+        for key, value in (("part", part), ("rank", rank)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _ProtocolViolation(f"a request names its {key!r} as a whole number")
+        return op, job, part, rank
+
+    async def _watching(
+        self, stream: trio.SocketStream, decoder: wire.FrameDecoder, work: Awaitable[Dict[str, Any]]
+    ) -> Optional[Dict[str, Any]]:
+        """Run a request that may wait, while watching the connection: a client that goes
+        away (or sends more before its answer) abandons its request."""
+        outcome: Dict[str, Any] = {}
+
+        async def run(cancel_scope: trio.CancelScope) -> None:
+            try:
+                outcome["result"] = await work
+            except BaseException as error:  # carried out of the nursery below
+                if isinstance(error, trio.Cancelled):
+                    raise
+                outcome["error"] = error
+            cancel_scope.cancel()
+
+        async def watch(cancel_scope: trio.CancelScope) -> None:
+            data = await stream.receive_some(65536)
+            if data:
+                self.violations += 1
+                log.info("runtime server: a client sent more while its request waited; connection closed")
+            outcome["gone"] = True
+            cancel_scope.cancel()
+
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(run, nursery.cancel_scope)
+                nursery.start_soon(watch, nursery.cancel_scope)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            outcome["gone"] = True
+        if "error" in outcome:
+            raise outcome["error"]
+        if "result" in outcome:
+            return outcome["result"]
+        if hasattr(work, "close"):
+            work.close()  # type: ignore[union-attr]
+        return None
+
+    # ------------------------------------------------------------------ waiting for a job
+
+    def _note(self, job: _Job) -> None:
+        """Wake everyone waiting on ``job`` if it changed."""
+        if job.state.version != job.seen_version or job.forgotten:
+            job.seen_version = job.state.version
+            job.changed.set()
+            job.changed = trio.Event()
+
+    async def _wait_for(self, job: _Job, poll: Callable[[], Optional[_T]]) -> _T:
+        while True:
+            if job.forgotten:
+                raise JobEnded("the multi-part job is no longer known to the agent")
+            result = poll()
+            self._note(job)
+            if result is not None:
+                return result
+            await job.changed.wait()
+
+    # ------------------------------------------------------------------ the operations
+
+    async def _op_hello(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        view = job.state.view(part, rank)
+        return {
+            "job": view.job_id,
+            "part": view.part_id,
+            "part_index": view.part_index,
+            "parts": view.parts,
+            "label": view.label,
+            "rank": view.rank,
+            "size": view.size,
+            "start_type": view.start_type.value,
+            "comms_type": view.comms_type.value,
+            "released": view.released,
+        }
+
+    async def _op_barrier(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        job.state.check_in(part, rank)
+        self._note(job)
+        passed = await self._wait_for(job, lambda: job.state.barrier_passed(part, rank))
+        return {"part_index": passed.part_index, "parts": passed.parts, "final": passed.final}
+
+    async def _op_send(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        dest = _field(request, "dest", int, "the destination rank")
+        tag = _field(request, "tag", str, "the message tag")
+        job.state.send(part, rank, dest, tag, _bytes_field(request, "data", "the message, base64"))
+        return {}
+
+    async def _op_receive(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        tag = _field(request, "tag", str, "the message tag")
+        message = await self._wait_for(job, lambda: job.state.take_message(part, rank, tag))
+        return {"source": message.source, "tag": message.tag, "data": wire.b64(message.data)}
+
+    async def _op_structure(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        job.state.join(part, rank)
+        self._note(job)
+        structure = await self._wait_for(job, lambda: job.state.structure(part, rank))
+        return {
+            "part_index": structure.part_index,
+            "parts": [
+                {"index": layout.index, "label": layout.label, "size": layout.size, "in_group": layout.in_group}
+                for layout in structure.parts
+            ],
+        }
+
+    async def _op_part_send(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        dest = _field(request, "dest", int, "the destination part's index")
+        tag = _field(request, "tag", str, "the message tag")
+        data = _bytes_field(request, "data", "the message, base64")
+        job.state.join(part, rank)
+        self._note(job)
+        await self._wait_for(job, lambda: job.state.structure(part, rank))
+        job.state.part_send(part, rank, dest, tag, data)
+        return {}
+
+    async def _op_part_receive(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        tag = _field(request, "tag", str, "the message tag")
+        job.state.join(part, rank)
+        self._note(job)
+        message = await self._wait_for(job, lambda: job.state.take_part_message(part, rank, tag))
+        return {"source": message.source, "tag": message.tag, "data": wire.b64(message.data)}
+
+    async def _op_exchange(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        text = _field(request, "text", str, "this part's text")
+        round_number = job.state.contribute(part, rank, text)
+        self._note(job)
+        result = await self._wait_for(job, lambda: job.state.exchange_result(part, rank, round_number))
+        return {"part_index": result.part_index, "indexes": list(result.indexes), "texts": list(result.texts)}
+
+    async def _op_register(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        level = _field(request, "level", int, "the rendezvous level", 1)
+        at_rank = _field(request, "at_rank", int, "the rendezvous rank, or -1", -1)
+        data = _bytes_field(request, "data", "the data to register, base64")
+        used = await self._wait_for(
+            job, lambda: job.state.register(part, rank, data, level=level, at_rank=at_rank)
+        )
+        return {"rank": used}
+
+    async def _op_forward(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        job.state.forward(part, rank)
+        return {}
+
+    async def _op_rendezvous(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
+        level = _field(request, "level", int, "the rendezvous level", 1)
+        wait = _field(request, "wait", bool, "whether to wait for completion", True)
+        if not wait:
+            data = job.state.rendezvous_result(part, rank, level)
+            return {"data": None if data is None else wire.b64(data)}
+        data = await self._wait_for(job, lambda: job.state.rendezvous_result(part, rank, level))
+        return {"data": wire.b64(data)}
+
+    _handlers: Dict[str, Callable[..., Awaitable[Dict[str, Any]]]] = {
+        "hello": _op_hello,
+        "barrier": _op_barrier,
+        "send": _op_send,
+        "receive": _op_receive,
+        "structure": _op_structure,
+        "part_send": _op_part_send,
+        "part_receive": _op_part_receive,
+        "exchange": _op_exchange,
+        "register": _op_register,
+        "forward": _op_forward,
+        "rendezvous": _op_rendezvous,
+    }
+    _blocking = frozenset(
+        {"barrier", "receive", "structure", "part_send", "part_receive", "exchange", "register", "rendezvous"}
+    )
+
+    # ------------------------------------------------------------------ the service's API
+
+    def _job(self, job_id: str) -> _Job:
+        job = self._jobs.get(job_id)
+        if job is None:
+            raise UnknownJob(f"the runtime server has no multi-part job {job_id!r}")
+        return job
+
+    def _changing(self, job: _Job, call: Callable[[], _T]) -> _T:
+        try:
+            return call()
+        finally:
+            self._note(job)
+
+    def register_job(self, description: MultiJobDescription, job_id: Optional[str] = None) -> str:
+        """Take on a multi-part job (before its parts are submitted); its id."""
+        if job_id is None:
+            job_id = "mj-" + secrets.token_hex(6)
+            while job_id in self._jobs:
+                job_id = "mj-" + secrets.token_hex(6)
+        elif not isinstance(job_id, str) or not _JOB_ID.match(job_id):
+            raise Refused(f"a multi-part job id is 1 to 64 letters, digits, '.', '_' or '-', not {job_id!r}")
+        elif job_id in self._jobs:
+            raise Refused(f"the runtime server already has a multi-part job {job_id!r}")
+        self._jobs[job_id] = _Job(MultiJob(job_id, description, limits=self.limits), secrets.token_hex(32))
+        return job_id
+
+    def job(self, job_id: str) -> MultiJob:
+        """The job's coordination state (to read: its state, reason, parts)."""
+        return self._job(job_id).state
+
+    def secret(self, job_id: str) -> str:
+        return self._job(job_id).secret
+
+    def environment(
+        self, job_id: str, part_id: int, *, remote: bool = False, rank: Optional[int] = None
+    ) -> Dict[str, str]:
+        """The variables every process of the part gets: the runtime's contact (the Unix
+        socket, or TCP when ``remote`` or there is no socket), the job's secret, the
+        handles, and the part's place.  ``rank`` adds the process's rank, for backends
+        that start each process on its own."""
+        job = self._job(job_id)
+        state = job.state
+        contact = self.tcp_contact if (remote or self.unix_contact is None) else self.unix_contact
+        if contact is None:
+            raise RuntimeError("the runtime server is not listening (yet) on what this part needs")
+        spec = state.part_spec(part_id)
+        index = state.index_of(part_id)
+        env = {
+            wire.ENV_CONTACT: contact,
+            wire.ENV_SECRET: job.secret,
+            wire.ENV_MULTIJOB: job_id,
+            wire.ENV_PART: str(part_id),
+            wire.ENV_PART_INDEX: str(index),
+            wire.ENV_PART_SIZE: str(spec.count),
+            wire.ENV_PARTS: str(len(state.part_ids)),
+            wire.ENV_GRAM_JOB_HANDLE: wire.handle(contact, job_id, part_id),
+            wire.ENV_GRAM_MULTIJOB_HANDLE: wire.handle(contact, job_id),
+            wire.ENV_GRAM_SUBJOB_RANK: str(index),
+        }
+        if spec.label is not None:
+            env[wire.ENV_PART_LABEL] = spec.label
+        if rank is not None:
+            env[wire.ENV_RANK] = str(rank)
+        return env
+
+    def add_part(self, job_id: str, part: Part) -> int:
+        """Add a part before the release; its id (then submit it with its environment)."""
+        job = self._job(job_id)
+        return self._changing(job, lambda: job.state.add_part(part))
+
+    def delete_part(self, job_id: str, part: Union[int, str]) -> int:
+        """Delete a part (by id, or by label) before the release; its id (then cancel it)."""
+        job = self._job(job_id)
+        part_id = job.state.part_by_label(part) if isinstance(part, str) else part
+        self._changing(job, lambda: job.state.delete_part(part_id))
+        return part_id
+
+    def release_barrier(self, job_id: str, wait_for_parts: bool = False) -> bool:
+        job = self._job(job_id)
+        return self._changing(job, lambda: job.state.release_barrier(wait_for_parts))
+
+    def process_ended(self, job_id: str, part_id: int, rank: int, failed: bool = False) -> Verdict:
+        job = self._job(job_id)
+        return self._changing(job, lambda: job.state.process_ended(part_id, rank, failed))
+
+    def part_ended(
+        self, job_id: str, part_id: int, state: JobState = JobState.FINISHED, reason: Optional[str] = None
+    ) -> Verdict:
+        job = self._job(job_id)
+        return self._changing(job, lambda: job.state.part_ended(part_id, state, reason))
+
+    def fail(self, job_id: str, reason: str) -> Verdict:
+        job = self._job(job_id)
+        return self._changing(job, lambda: job.state.fail(reason))
+
+    def cancel(self, job_id: str, reason: str = "cancelled by its owner") -> Verdict:
+        job = self._job(job_id)
+        return self._changing(job, lambda: job.state.cancel(reason))
+
+    def forget(self, job_id: str) -> None:
+        """Drop a job that is over; its processes' requests are refused from now on."""
+        job = self._jobs.pop(job_id, None)
+        if job is not None:
+            job.forgotten = True
+            self._note(job)
+
+    async def wait_changed(self, job_id: str, version: int, timeout: float = math.inf) -> int:
+        """Wait until the job's state version differs from ``version`` (or ``timeout``
+        passes); the version now."""
+        job = self._job(job_id)
+        with trio.move_on_after(timeout):
+            while job.state.version == version and not job.forgotten:
+                await job.changed.wait()
+        return job.state.version
