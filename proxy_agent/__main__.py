@@ -16,6 +16,7 @@ from .frontends.ptp import PtpConfig
 from .schedulers.base import BACKENDS, backend_class
 from .server import ServerLimits, Sessions, serve_listeners, serve_stream
 from .service.service import JobService
+from .service.store import JobStore, StateDirInUse, StateLock, StoreError, default_state_dir, open_store
 from .transport import (
     connect_tcp,
     load_or_create_token,
@@ -67,6 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"(available: {', '.join(BACKENDS)})",
     )
     parser.add_argument("--all-users", action="store_true", help="show every user's jobs, not only your own")
+    parser.add_argument(
+        "--state-dir", metavar="DIR",
+        help="where jobs are kept so that they outlive the agent (default: $XDG_STATE_HOME/proxy-agent, "
+        "that is ~/.local/state/proxy-agent); one agent per directory",
+    )
     parser.add_argument("--token-file", metavar="PATH",
                         help="where --listen writes its generated token (mode 0600; default ~/.proxy-agent/token)")
     parser.add_argument("--auth-timeout", type=float, default=10.0, metavar="SECONDS",
@@ -111,14 +117,61 @@ def _setup_logging(args: argparse.Namespace) -> None:
     root.setLevel(level)
 
 
-def build_service(args: argparse.Namespace, names: Sequence[str]) -> JobService:
+def build_service(args: argparse.Namespace, names: Sequence[str], state: "StateDir") -> JobService:
     """The service with its backends, options checked (ValueError naming a bad one)."""
-    service = JobService()
+    service = JobService(store=state.store)
     for name in names:
         cls = backend_class(name)
         options = cls.options_from_args(args)
-        service.add_backend(cls(service.model, options, service.context(all_users=args.all_users)))
+        context = service.context(all_users=args.all_users, state_dir=state.directory if state.usable else None)
+        service.add_backend(cls(service.model, options, context))
     return service
+
+
+class StateDir:
+    """The agent's state directory: its lock, its job store, and why it cannot be used."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.lock = StateLock(directory)
+        self.store: Optional[JobStore] = None
+        #: a problem to tell clients (the store cannot be used), or None
+        self.problem: Optional[str] = None
+        self.usable = False
+
+    def take(self) -> None:
+        """Lock the directory and open its store; StateDirInUse if another agent holds it.
+        Any other problem leaves the agent without a store (said in :attr:`problem`)."""
+        try:
+            self.lock.acquire({"pid": os.getpid()})
+        except StateDirInUse:
+            raise
+        except (StoreError, OSError) as exc:
+            self.problem = f"the state directory cannot be used ({_message(exc)}); jobs will not survive a restart"
+            return
+        self.usable = True
+        try:
+            self.store = open_store(self.directory)
+        except StoreError as exc:
+            self.problem = f"the job store cannot be used ({exc.message}); jobs will not survive a restart"
+            return
+        damaged = getattr(self.store, "damaged_copy", None)
+        if damaged:
+            self.problem = (f"the job store was damaged and has been kept as {damaged}; a new one was started, and "
+                            "the jobs the old one held are not followed")
+
+    def advertise(self, unix: Optional[str]) -> None:
+        about = {"pid": os.getpid()}
+        if unix:
+            about["unix"] = unix
+        try:
+            self.lock.update(about)
+        except OSError:
+            pass
+
+
+def _message(exc: BaseException) -> str:
+    return getattr(exc, "message", None) or getattr(exc, "strerror", None) or str(exc)
 
 
 async def _watch_signals(scope: trio.CancelScope, sessions: Sessions) -> None:
@@ -175,19 +228,32 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-async def amain(args: argparse.Namespace, service: JobService) -> int:
+async def amain(args: argparse.Namespace, service: JobService, state: "StateDir") -> int:
     config = PtpConfig()
     try:
         kind, transport, config = await _open_transport(args, config)
     except (OSError, ValueError) as exc:
         print(f"proxy-agent: {exc}", file=sys.stderr)
         return 2
+    local_listener = None
+    if state.usable:
+        # Tools on this host (the console, the Invoke Server) reach the agent here.
+        path = os.path.join(state.directory, "agent.sock")
+        try:
+            local_listener = await open_unix_listener(path)
+            state.advertise(path)
+        except OSError as exc:
+            log.warning("cannot listen on %s: %s", path, exc)
+    if state.problem:
+        service.tell_every_client("WARNING", state.problem)
     limits = ServerLimits(auth_timeout=args.auth_timeout)
     sessions = Sessions()
     with trio.CancelScope() as scope:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_signals, scope, sessions)
             await nursery.start(service.run)
+            if local_listener is not None:
+                nursery.start_soon(serve_listeners, [local_listener], service, PtpConfig(), limits, sessions)
             if kind == "connect":
                 await serve_stream(transport, service, config, args.connect or f"{args.host}:{args.port}", sessions)
             elif kind == "stdio":
@@ -203,10 +269,20 @@ async def amain(args: argparse.Namespace, service: JobService) -> int:
                         except OSError:
                             pass
             nursery.cancel_scope.cancel()
+    if local_listener is not None:
+        try:
+            os.unlink(os.path.join(state.directory, "agent.sock"))
+        except OSError:
+            pass
     return 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in ("jobs", "forget"):
+        from .joblist import main as joblist_main
+
+        return joblist_main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -216,13 +292,19 @@ def main(argv: Optional[List[str]] = None) -> int:
         if (args.host or args.port) and not args.proxy:
             raise ValueError("--host and --port go with --proxy=tcp")
         _setup_logging(args)
-        service = build_service(args, names)
+        state = StateDir(os.path.abspath(args.state_dir or default_state_dir()))
+        try:
+            state.take()
+        except StateDirInUse as exc:
+            print(f"proxy-agent: {exc.message}", file=sys.stderr)
+            return 2
+        service = build_service(args, names, state)
     except ValueError as exc:
         print(f"proxy-agent: {exc}", file=sys.stderr)
         return 2
     args.env_token = os.environ.pop(TOKEN_VARIABLE, None)
     try:
-        return trio.run(amain, args, service)
+        return trio.run(amain, args, service, state)
     except KeyboardInterrupt:
         return 0
     except (OSError, ValueError) as exc:  # set-up failures not caught above

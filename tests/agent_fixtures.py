@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
+import tempfile
 from collections import deque
 from pathlib import Path
 from typing import Deque, List, Sequence
@@ -53,6 +54,8 @@ def subprocess_env(**extra: str) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PROXY_AGENT_TOKEN", None)
+    # Every agent a test starts gets a state directory of its own (one agent per directory).
+    env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="proxy-agent-test-state-")
     env.update(extra)
     return env
 

@@ -550,7 +550,7 @@ class _BrokenBackend(LocalBackend):
 
     name = "broken"
 
-    async def submit(self, spec, queue):
+    async def submit(self, spec, queue, key=None):
         raise RuntimeError("disk on fire")
 
     async def terminate(self, job):

@@ -260,6 +260,8 @@ class ClientState:
         self._raw = bytearray()
         self._next_tid = 1
         self.open: Dict[int, OpenCommand] = {}
+        #: the agent ended the session on its own (SHUTDOWN not answering a QUIT)
+        self.agent_stopped = False
         self.base_id: Optional[str] = None
         self.initialized = False
         self.shutdown = False
@@ -474,12 +476,13 @@ class ClientState:
             if cid == CommandId.INIT:
                 self._initialized()
         elif eid is EventId.SHUTDOWN:
-            if cid != CommandId.QUIT:
-                problems.append(Violation("shutdown-tid", f"SHUTDOWN under TID {tid} of {command.name}, not QUIT", tid))
             left = [c for t, c in self.open.items() if t != tid]
-            if left:
+            if cid == CommandId.QUIT and left:
                 names = ", ".join(f"{c.name} (TID {c.tid})" for c in left)
                 problems.append(Violation("shutdown-open", f"SHUTDOWN while commands were still open: {names}", tid))
+            # Under another open command it is the agent stopping on its own (a signal): every
+            # command still open ends with it.
+            self.agent_stopped = cid != CommandId.QUIT
             for other in left:
                 other.done = True
                 other.failure = "the agent shut down without answering it"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 import argparse
 import importlib
-from typing import Any, Callable, ClassVar, Dict, List, Optional, Type
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Type
 
 import attrs
 import trio
@@ -24,6 +24,9 @@ import trio
 from ..service.attributes import AttrInfo
 from ..service.jobs import ErrorKind, JobError, JobSpec
 from ..service.model import ServiceModel
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..service.store import StoredJob
 
 __all__ = [
     "BACKENDS",
@@ -102,9 +105,26 @@ class Backend(abc.ABC):
     # ------------------------------------------------------------------ requests
 
     @abc.abstractmethod
-    async def submit(self, spec: JobSpec, queue: int) -> int:
+    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> int:
         """Start a job in ``queue`` (a queue of this backend); return its job key once it is in
-        the model.  Raise :class:`~proxy_agent.service.jobs.SubmitError` naming the problem."""
+        the model (``key`` when given: the service chose it and recorded the submission under
+        it).  Raise :class:`~proxy_agent.service.jobs.SubmitError` naming the problem."""
+
+    def adopt(self, stored: List["StoredJob"]) -> List[int]:
+        """Take back jobs an earlier agent submitted to this backend (their store records):
+        put them in the model under their keys and follow them.  Returns the keys adopted;
+        the others are not this backend's to follow (they stay in the store)."""
+        return []
+
+    def job_extra(self, job: int) -> Dict[str, Any]:
+        """What the backend needs, beside the job description, to adopt the job later
+        (output file paths, say); kept in the store."""
+        return {}
+
+    def native_id(self, job: int) -> Optional[str]:
+        """The scheduler's own id of a job this backend submitted (None if it has none yet)."""
+        value = self.model.attr(job, "nativeId")
+        return value if isinstance(value, str) else None
 
     @abc.abstractmethod
     async def terminate(self, job: int) -> None:

@@ -90,23 +90,40 @@ class LineSplitter:
         self._pending = pending
         return lines
 
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of an unfinished last line held back."""
+        return len(self._pending)
+
     def feed_text(self, data: bytes) -> Optional[str]:
         """:meth:`feed`, with the complete lines joined by ``\n`` into one text (None if none).
 
-        The common case (no ``\r``, nothing longer than ``max_bytes``) decodes the whole
+        The common case (no ``\r``, no line longer than ``max_bytes``) decodes the whole
         block at once instead of line by line: a process writing short lines as fast as it
-        can (``yes``) yields tens of thousands of them per read.
+        can (``yes``) yields tens of thousands of them per read.  Checking that no line is
+        too long takes one search per ``max_bytes`` of input, not one per line.
         """
         pending = self._pending
         block = pending + data if pending else data
-        if len(block) <= self.max_bytes and b"\r" not in block:
+        if b"\r" not in block:
+            limit = self.max_bytes
             end = block.rfind(b"\n")
             if end < 0:
-                self._pending = block
-                return None
-            self._pending = block[end + 1:]
-            return block[:end].decode("utf-8", "replace")
-        lines = self.feed(data)
+                if len(block) <= limit + 1:
+                    self._pending = block
+                    return None
+            elif len(block) - end - 1 <= limit + 1:
+                pos = 0
+                while end - pos > limit:
+                    newline = block.rfind(b"\n", pos, pos + limit + 1)
+                    if newline < 0:
+                        break  # a line longer than the limit: cut it the slow way
+                    pos = newline + 1
+                else:
+                    self._pending = block[end + 1:]
+                    return block[:end].decode("utf-8", "replace")
+        self._pending = b""
+        lines = self.feed(block)
         return "\n".join(lines) if lines else None
 
     def flush_text(self) -> Optional[str]:

@@ -1,50 +1,37 @@
-"""The local scheduler: jobs are processes on this host, started directly.
+"""The local scheduler: jobs are processes on this host, run by a keeper that outlives the agent.
 
-The model is one machine and one node (this host) and one queue,
-``default``.  A submitted job runs its program ``jobNumProcs`` times, each
-process with ``PROXY_AGENT_PROCESS_INDEX`` (its rank, 0..N-1), ``PROXY_AGENT_NUM_PROCS``
-and ``PROXY_AGENT_JOB_KEY`` (the job's service key) in its environment.
+The model is one machine and one node (this host) and one queue, ``default``.  A submitted
+job runs its program ``count`` times, each process with ``PROXY_AGENT_PROCESS_INDEX`` (its
+rank, 0..N-1), ``PROXY_AGENT_NUM_PROCS`` and ``PROXY_AGENT_JOB_KEY`` (the job's service key)
+in its environment.
+
+The processes are not the agent's children: the keeper of the state directory
+(:mod:`.keeper`, a small standard-library program in a session of its own) starts them,
+copies their output into files, records how they end, and goes on when the agent dies.  The
+agent reads the output files (:class:`_File`) as the keeper says they grow, and tells the
+keeper how far it has read: the keeper holds a process's output back, as a terminal does,
+when the agent falls behind.  A new agent on the same state directory finds the keeper's jobs
+again (:meth:`LocalBackend.adopt`): running ones are followed on, ended ones reported with
+their exit statuses, and their output is delivered from where delivery had stopped.
 
 How a job runs:
 
-* The program is executed directly from an argv list, never through a shell,
-  with stdin from ``/dev/null`` and stdout/stderr on pipes.
-* All processes of a job share one process group, led by process 0, so one
-  ``killpg`` reaches the whole job including anything its processes started
-  (unless that left the group on purpose, like a daemon calling setsid).
-* Process 0 is reaped only when the whole job has ended.  While it is an
-  unreaped zombie its pid cannot be reused, so the group id stays ours and
-  every signal the scheduler sends to the group is safe.
-* Output is read line by line (UTF-8, undecodable bytes replaced, ``\\r\\n``
-  accepted, lines over 64 KiB split, a last line without newline flushed at
-  EOF) and handed to :meth:`ServiceModel.output`.  A process is reported ended
-  only after its pipes have reached EOF, so its output always precedes its
-  end.  If something it started keeps the pipes open, the exit is
-  reported after a short grace anyway.
-* Like a batch system, when every process of a job has ended, whatever they
-  left running in the job's process group is killed.
-* States: the backend's own words (``nativeState``) and what they mean in the
-  service's vocabulary are in :data:`STATE_TABLE`: a job is PENDING (QUEUING)
-  until its processes are started, RUNNING, STOPPED (SUSPENDED) while
-  suspended, and ends EXITED (FINISHED: every process exited 0), FAILED (a
-  process exited non-zero or was killed by a signal), NOT_STARTED (FAILED:
-  the program could not be executed) or TERMINATED (KILLED: ended on request).
+* The program is executed directly from an argv list, never through a shell, with stdin
+  from ``/dev/null``; all processes of a job share one process group, led by process 0.
+* A process is reported ended only after its output has been read to the end, so its output
+  always precedes its end; when every process has ended, whatever they left running (in the
+  group, or having left it) is ended too.
+* States: the backend's own words (``nativeState``) and what they mean are in
+  :data:`STATE_TABLE`: a job is PENDING (QUEUING) until its processes are started, RUNNING,
+  STOPPED (SUSPENDED) while suspended, and ends EXITED (FINISHED: every process exited 0),
+  FAILED (a process exited non-zero or was killed by a signal), NOT_STARTED (FAILED: the
+  program could not be executed) or TERMINATED (KILLED: ended on request), or LOST (DELETED:
+  the keeper running it ended before it did).
 
-Terminate sends SIGTERM to the group and SIGKILL after ``kill_grace``
-seconds.  Suspend stops the group (SIGSTOP) and resume continues it (SIGCONT).
-:meth:`LocalBackend.aclose` (and cancellation of :meth:`run`) terminate
-every job and reap every process within about 1.5 seconds.
-
-:meth:`LocalBackend.submit` only checks the submission and adds the job
-and its processes to the model (PENDING); the job's task then starts the
-processes and reports them RUNNING.  A program that passes the checks but
-cannot be executed (say, a file in no executable format) makes the job
-FAILED with a ``message`` saying why.
-
-Cost per job: one task, which starts the processes (fork/exec on trio's
-worker threads, at most four jobs at a time, in submission order) and
-watches them, plus one task per process and per pipe.  No sleeping, no
-polling on the normal path.
+Terminate sends SIGTERM to the group and SIGKILL after ``kill_grace`` seconds.  Suspend stops
+the group (SIGSTOP) and resume continues it (SIGCONT).  When the agent ends, the jobs end with
+it (``--on-disconnect terminate``, the default) or run on for the next agent (``keep``); an
+agent that is killed cannot choose, and its jobs run on.
 """
 
 from __future__ import annotations
@@ -52,13 +39,11 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
+import shutil
 import socket
 import stat
-import sys
-from functools import partial
-from subprocess import DEVNULL, PIPE
-from typing import Dict, List, Optional
+import tempfile
+from typing import Dict, List, Optional, Tuple
 
 import attrs
 import trio
@@ -68,7 +53,7 @@ from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, S
 from ..service.model import K, Kind, ServiceModel, UnknownElement
 from .base import Backend, BackendContext
 from .common import LineSplitter, MAX_LINE_BYTES, current_user, signal_name, state_attrs
-from .reaper import MARKER, OrphanReaper
+from .keeper_link import KeeperError, KeeperLink, open_keeper
 
 __all__ = ["LineSplitter", "LocalBackend", "LocalOptions", "MAX_PROCS", "MAX_LINE_BYTES", "QUEUE_NAME", "STATE_TABLE"]
 
@@ -90,6 +75,7 @@ STATE_TABLE = StateTable(
         "FAILED": JobState.FAILED,
         "NOT_STARTED": JobState.FAILED,
         "TERMINATED": JobState.KILLED,
+        "LOST": JobState.DELETED,
     },
 )
 _PENDING = state_attrs(STATE_TABLE, "PENDING")
@@ -97,74 +83,85 @@ _RUNNING = state_attrs(STATE_TABLE, "RUNNING")
 _STOPPED = state_attrs(STATE_TABLE, "STOPPED")
 _ENDED = frozenset(native for native, state in STATE_TABLE if state.final)
 
+#: Bytes read from an output file at a time.
+_READ_CHUNK = 1 << 20
+#: How long a suspension may take to reach every process before it is reported anyway.
+_STOP_WAIT = 1.0
+#: How long ending the jobs may take when the agent ends.
+_SHUTDOWN_BOUND = 1.5
+
 
 @attrs.frozen
 class LocalOptions:
     #: seconds between SIGTERM and SIGKILL when a job is terminated
     kill_grace: float = 2.0
+    #: what happens to running jobs when the agent ends: "terminate" or "keep"
+    on_disconnect: str = "terminate"
 
-_READ_SIZE = 64 * 1024
-#: How long after a process exits its pipes may stay open before the exit is reported anyway.
-_EOF_GRACE = 0.5
-#: Shutdown: SIGTERM first, SIGKILL after at most this long...
-_SHUTDOWN_TERM_GRACE = 0.8
-#: ...and give up waiting for processes after this long in all.
-_SHUTDOWN_BOUND = 1.5
-_POLL_INTERVAL = 0.01
-#: How long a suspension may take to reach every process before it is reported anyway.
-_STOP_WAIT = 1.0
-#: Seconds between two looks for processes that escaped their jobs.
-_ORPHAN_SWEEP = 1.0
-#: Processes being forked at the same time (each fork/exec takes one of trio's worker threads).
-_SPAWN_CONCURRENCY = 4
+
+class _File:
+    """One process's output file, read as the keeper writes it."""
+
+    __slots__ = ("path", "fd", "offset", "splitter", "size")
+
+    def __init__(self, path: str, offset: int = 0) -> None:
+        self.path = path
+        self.fd: Optional[int] = None
+        #: bytes read so far (the lines before it are complete or held in the splitter)
+        self.offset = offset
+        self.splitter = LineSplitter()
+        #: what the keeper last said its size is
+        self.size = offset
+
+    @property
+    def consumed(self) -> int:
+        """Where the text handed on so far ends: what may count as delivered."""
+        return self.offset - self.splitter.pending_bytes
+
+    def read(self, limit: int) -> Optional[bytes]:
+        if self.fd is None:
+            try:
+                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                return None
+        data = os.pread(self.fd, limit, self.offset)
+        self.offset += len(data)
+        return data
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 class _Job:
-    """Book-keeping for one live local job (dropped once it has completed)."""
+    """A local job this agent follows (dropped once it has ended and its output is read)."""
 
-    __slots__ = (
-        "id",
-        "process_ids",
-        "procs",
-        "pgid",
-        "pidfd",
-        "leader_reaped",
-        "canceled",
-        "suspended",
-        "returncodes",
-        "reported",
-        "exited",
-        "all_exited",
-        "done",
-        "scope",
-        "task_done",
-        "started",
-        "start_error",
-    )
+    __slots__ = ("key", "process_keys", "files", "canceled", "suspended", "started", "pids", "codes",
+                 "reported", "done", "finished", "start_error", "spawned")
 
-    def __init__(self, job_id: int, process_ids: range) -> None:
-        self.id = job_id
-        self.process_ids = process_ids
-        self.procs: List[trio.Process] = []
-        #: process group id (the pid of process 0) once that process exists
-        self.pgid: Optional[int] = None
-        #: pidfd of process 0, to wait for its exit without reaping it
-        self.pidfd: Optional[int] = None
-        self.leader_reaped = False
+    def __init__(self, key: int, process_keys: List[int], directory: str) -> None:
+        self.key = key
+        self.process_keys = process_keys
+        count = len(process_keys)
+        #: (rank, stream) -> its output file
+        self.files: Dict[Tuple[int, str], _File] = {
+            (rank, stream): _File(os.path.join(directory, str(key), f"{rank}.{'out' if stream == 'stdout' else 'err'}"))
+            for rank in range(count) for stream in ("stdout", "stderr")
+        }
         self.canceled = False
         self.suspended = False
-        self.returncodes: List[Optional[int]] = [None] * len(process_ids)
-        self.reported = [False] * len(process_ids)
-        self.exited = 0
-        self.all_exited = trio.Event()
-        self.done = trio.Event()
-        self.scope = trio.CancelScope()
-        #: set when the job's task has ended
-        self.task_done = trio.Event()
-        #: every process that could be started has been
         self.started = False
-        #: why the processes could not all be started (the job then fails)
+        self.pids: List[int] = []
+        self.codes: List[Optional[int]] = [None] * count
+        self.reported = [False] * count
+        #: the keeper said every process has ended
+        self.done = False
+        #: set once the job's end is in the model
+        self.finished = trio.Event()
         self.start_error: Optional[str] = None
+        #: set when the keeper answered the spawn request
+        self.spawned = trio.Event()
 
 
 class _Launch:
@@ -182,7 +179,7 @@ class _Launch:
 
 
 class LocalBackend(Backend):
-    """Runs jobs as processes of this host."""
+    """Runs jobs as processes of this host, through the keeper."""
 
     name = "local"
     summary = "programs run directly on this machine as local processes"
@@ -197,12 +194,15 @@ class LocalBackend(Backend):
         self.node_id: Optional[int] = None
         self.queue_id: Optional[int] = None
         self._jobs: Dict[int, _Job] = {}
-        self._nursery: Optional[trio.Nursery] = None
+        self._keeper: Optional[KeeperLink] = None
+        self._keeper_jobs: Dict[int, dict] = {}
+        self._directory: Optional[str] = None
+        self._temporary = False
+        self._dirty: Dict[Tuple[int, int, str], None] = {}
+        self._wake_reader = trio.Event()
         self._closing = False
-        self._shutdown_done: Optional[trio.Event] = None
-        self._spawn_limiter = trio.CapacityLimiter(_SPAWN_CONCURRENCY)
-        #: the agent adopts processes that escaped their job's group and ends them with it
-        self._reaper = OrphanReaper()
+        self._shutting_down = False
+        self._closed = trio.Event()
         try:
             self._default_cwd = os.getcwd()
         except OSError:
@@ -221,13 +221,18 @@ class LocalBackend(Backend):
             "--local-kill-grace", type=float, default=2.0, metavar="SECONDS",
             help="seconds between SIGTERM and SIGKILL when a local job is terminated (default: %(default)s)",
         )
+        group.add_argument(
+            "--on-disconnect", choices=["terminate", "keep"], default="terminate",
+            help="when the agent ends (its only client went away, or a signal): end its running local jobs, "
+            "or keep them running for the next agent on the same state directory (default: %(default)s)",
+        )
 
     @classmethod
     def options_from_args(cls, args: argparse.Namespace) -> LocalOptions:
         grace = getattr(args, "local_kill_grace", 2.0)
         if not grace >= 0 or grace > 3600:
             raise ValueError(f"--local-kill-grace must be between 0 and 3600 seconds, got {grace:g}")
-        return LocalOptions(kill_grace=grace)
+        return LocalOptions(kill_grace=grace, on_disconnect=getattr(args, "on_disconnect", "terminate"))
 
     @classmethod
     def default_options(cls) -> LocalOptions:
@@ -245,27 +250,65 @@ class LocalBackend(Backend):
     def default_queue(self) -> Optional[int]:
         return self.queue_id
 
+    @property
+    def durable(self) -> bool:
+        """Jobs survive the agent (the keeper works in the state directory)."""
+        return not self._temporary
+
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
+        state_dir = self.context.state_dir
+        if state_dir is not None:
+            self._directory = os.path.join(state_dir, "local")
+        else:
+            self._directory = tempfile.mkdtemp(prefix="proxy-agent-local-")
+            self._temporary = True
+        try:
+            self._keeper = await open_keeper(self._directory)
+            await self._keeper.send({"op": "hello"})
+            reply = await self._keeper.receive()
+        except (KeeperError, OSError) as exc:
+            raise RuntimeError(f"cannot run local jobs: {exc}") from None
+        if reply is None or reply.get("op") != "jobs":
+            raise RuntimeError("cannot run local jobs: the keeper did not answer")
+        self._keeper_jobs = {int(job["key"]): job for job in reply.get("jobs", [])}
         if self.machine_id is None:
             self._populate()
         try:
             async with trio.open_nursery() as nursery:
-                self._nursery = nursery
+                nursery.start_soon(self._read_outputs)
                 task_status.started()
-                await self._watch_orphans()
+                await self._keeper.serve(self._notice)
+                if not self._closing:
+                    raise RuntimeError("the keeper of the local jobs stopped")
         finally:
-            self._nursery = None
             self._closing = True
-            await self._shutdown()
+            with trio.CancelScope(shield=True):
+                await self._shutdown()
 
-    async def submit(self, spec: JobSpec, queue: int) -> int:
+    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> int:
         if self._closing:
             raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
-        if self._nursery is None or self.queue_id is None:
+        if self._keeper is None or self.queue_id is None:
             raise SubmitError("the local scheduler is not running", ErrorKind.UNAVAILABLE)
         if queue != self.queue_id:
             raise SubmitError(f"the local scheduler has one queue, {QUEUE_NAME}", ErrorKind.NO_SUCH_QUEUE)
         launch = self._prepare(spec)
+        job_id = self._add_job(spec, launch.name, launch.path, launch.cwd, launch.num_procs, _PENDING, key)
+        record = self._jobs[job_id]
+        try:
+            await self._keeper.send({
+                "op": "spawn", "key": job_id, "argv": launch.argv, "env": launch.env, "cwd": launch.cwd,
+                "count": launch.num_procs,
+            })
+        except KeeperError as exc:
+            record.start_error = str(exc)
+            record.done = True
+            self._finish(record)
+            return job_id
+        return job_id
+
+    def _add_job(self, spec: JobSpec, name: str, path: str, cwd: str, count: int, state: Dict[str, str],
+                 key: Optional[int]) -> int:
         model = self.model
         with model.batch():
             job_id = model.add(
@@ -273,26 +316,23 @@ class LocalBackend(Backend):
                 self.queue_id,
                 {
                     K.CLIENT_REF: spec.client_ref,
-                    K.NAME: launch.name,
-                    **_PENDING,
+                    K.NAME: name,
+                    **state,
                     K.QUEUE: self.queue_id,
-                    K.NUM_PROCS: str(launch.num_procs),
-                    K.EXECUTABLE: launch.path,
-                    K.WORKING_DIR: launch.cwd,
-                    K.ARGUMENTS: tuple(launch.argv[1:]),
+                    K.NUM_PROCS: str(count),
+                    K.EXECUTABLE: path,
+                    K.WORKING_DIR: cwd,
+                    K.ARGUMENTS: tuple(spec.arguments),
                     K.USER: self.user,
                 },
                 owner=self.name,
+                key=key,
             )
-            process_ids = model.add_many(
-                Kind.PROCESS,
-                job_id,
-                [{**_PENDING, K.NODE: self.node_id} for _ in range(launch.num_procs)],
-                owner=self.name,
-            )
-        record = _Job(job_id, process_ids)
-        self._jobs[job_id] = record
-        self._nursery.start_soon(self._run_job, record, launch)
+            process_ids = list(model.add_many(
+                Kind.PROCESS, job_id, [{**state, K.NODE: self.node_id} for _ in range(count)], owner=self.name,
+            ))
+        assert self._directory is not None
+        self._jobs[job_id] = _Job(job_id, process_ids, os.path.join(self._directory, "jobs"))
         return job_id
 
     async def terminate(self, job: int) -> None:
@@ -300,38 +340,43 @@ class LocalBackend(Backend):
         if record.canceled:
             return  # already on its way out
         record.canceled = True
-        if record.started:
-            self._terminate(record)
-        # else its task is still starting the processes and terminates them when done
+        await self._signal(record, "terminate")
 
     async def suspend(self, job: int, suspended: bool) -> None:
         record = self._live(job)
         if record.canceled:
             raise JobError("the job is being terminated", ErrorKind.OPERATION_FAILED)
-        if not record.started or record.pgid is None:
+        if not record.started:
             raise JobError("the job is still starting", ErrorKind.OPERATION_FAILED)
         if suspended == record.suspended:
             return
         record.suspended = suspended
+        await self._signal(record, "suspend" if suspended else "resume")
         if suspended:
-            self._signal(record, signal.SIGSTOP)
             await self._wait_stopped(record)  # SIGSTOP takes effect asynchronously
-            if record.done.is_set() or record.suspended is not suspended:
+            if record.done or record.suspended is not suspended:
                 return
-        else:
-            self._signal(record, signal.SIGCONT)  # takes effect at once
         attrs_ = _STOPPED if suspended else _RUNNING
         with self.model.batch():
-            self.model.update(record.id, attrs_)
-            live = [pid for index, pid in enumerate(record.process_ids) if not record.reported[index]]
+            self.model.update(record.key, attrs_)
+            live = [pid for index, pid in enumerate(record.process_keys) if not record.reported[index]]
             self.model.update_many(live, attrs_)
+
+    async def _signal(self, record: _Job, action: str) -> None:
+        if self._keeper is None:
+            raise JobError("the local scheduler is not running", ErrorKind.UNAVAILABLE)
+        try:
+            await self._keeper.send({"op": "signal", "key": record.key, "action": action,
+                                     "grace": self.options.kill_grace})
+        except KeeperError as exc:
+            raise JobError(str(exc), ErrorKind.UNAVAILABLE) from None
 
     async def _wait_stopped(self, record: _Job) -> None:
         """Until every process of the job has stopped or exited (at most a second)."""
         with trio.move_on_after(_STOP_WAIT):
-            for index, proc in enumerate(record.procs):
-                while not record.reported[index] and not _stopped_or_exited(proc.pid):
-                    await trio.sleep(_POLL_INTERVAL / 10)
+            for index, pid in enumerate(record.pids):
+                while not record.reported[index] and not _stopped_or_exited(pid):
+                    await trio.sleep(0.001)
 
     async def move(self, job: int, queue: int) -> None:
         raise JobError(
@@ -342,6 +387,252 @@ class LocalBackend(Backend):
     async def aclose(self) -> None:
         self._closing = True
         await self._shutdown()
+
+    # ------------------------------------------------------------------ adoption
+
+    def adopt(self, stored) -> List[int]:
+        """Take back the jobs a previous agent submitted here (their store records), as the
+        keeper knows them: running ones are followed on, ended ones reported; their output is
+        delivered from where delivery had stopped.  Returns the keys adopted."""
+        adopted = []
+        for record in stored:
+            spec = record.job_spec
+            if spec is None:
+                continue
+            info = self._keeper_jobs.get(record.key)
+            pids = list(info.get("pids", [])) if info else []
+            count = len(pids) or spec.num_procs
+            path = spec.executable
+            cwd = spec.working_dir or self._default_cwd
+            if info is None or info.get("lost"):
+                self._add_job(spec, spec.display_name, path, cwd, count, state_attrs(STATE_TABLE, "LOST"), record.key)
+                job = self._jobs.pop(record.key)
+                self.model.update(job.key, {
+                    K.MESSAGE: "the job ended with the keeper that ran it; its end was not recorded"})
+                for process in job.process_keys:
+                    self.model.update(process, state_attrs(STATE_TABLE, "LOST"))
+                adopted.append(record.key)
+                continue
+            self._add_job(spec, spec.display_name, path, cwd, count, _RUNNING, record.key)
+            job = self._jobs[record.key]
+            job.started = True
+            job.pids = pids
+            job.spawned.set()
+            if record.native_state == "TERMINATED" or record.state == JobState.KILLED.value:
+                job.canceled = True
+            delivered = record.delivered_offsets
+            sizes = info.get("sizes", {})
+            for (rank, stream), file in job.files.items():
+                name = f"{rank}.{stream}"
+                file.offset = file.size = delivered.get(name, 0)
+                file.size = max(file.size, int(sizes.get(f"{rank}.{stream}", 0)))
+                if file.size > file.offset:
+                    self._mark(job.key, rank, stream)
+            with self.model.batch():
+                for index, pid in enumerate(pids):
+                    self.model.update(job.process_keys[index], {K.PID: str(pid)})
+            codes = info.get("codes", [])
+            if info.get("done"):
+                job.done = True
+                for rank, code in enumerate(codes):
+                    job.codes[rank] = code
+            else:
+                for rank, code in enumerate(codes):
+                    if code is not None:
+                        job.codes[rank] = code
+            self._settle(job)
+            adopted.append(record.key)
+        return adopted
+
+    # ------------------------------------------------------------------ the keeper's news
+
+    def _notice(self, message: dict) -> None:
+        op = message.get("op")
+        key = message.get("key")
+        record = self._jobs.get(key) if isinstance(key, int) else None
+        if op == "spawned" and record is not None:
+            record.pids = [int(p) for p in message.get("pids", [])]
+            record.started = True
+            record.spawned.set()
+            model = self.model
+            with model.batch():
+                for index, pid in enumerate(record.pids):
+                    model.update(record.process_keys[index], {K.PID: str(pid)})
+            with model.batch():
+                live = [p for i, p in enumerate(record.process_keys) if not record.reported[i]]
+                model.update_many(live, _RUNNING)
+                model.update(record.key, _RUNNING)
+            if record.canceled:  # terminated while its processes were being started
+                self._spawn_soon(self._signal(record, "terminate"))
+        elif op == "failed" and record is not None:
+            record.start_error = message.get("error") or "the processes could not be started"
+            record.spawned.set()
+            if not message.get("started"):
+                record.done = True
+                self._settle(record)
+        elif op == "output" and record is not None:
+            rank, stream = int(message["rank"]), message["stream"]
+            file = record.files.get((rank, stream))
+            if file is not None:
+                file.size = max(file.size, int(message.get("size", 0)))
+                self._mark(record.key, rank, stream)
+        elif op == "exit" and record is not None:
+            rank = int(message["rank"])
+            if 0 <= rank < len(record.codes):
+                record.codes[rank] = int(message["code"])
+                self._settle(record)
+        elif op == "done" and record is not None:
+            record.done = True
+            self._settle(record)
+        elif op == "error":
+            log.warning("the keeper refused a request: %s", message.get("error"))
+
+    def _spawn_soon(self, coroutine) -> None:
+        async def run() -> None:
+            try:
+                await coroutine
+            except Exception:  # noqa: BLE001 - best effort
+                log.exception("a request to the keeper failed")
+
+        if self._nursery_for_tasks is not None:
+            self._nursery_for_tasks.start_soon(run)
+
+    _nursery_for_tasks: Optional[trio.Nursery] = None
+
+    def _mark(self, key: int, rank: int, stream: str) -> None:
+        self._dirty[(key, rank, stream)] = None
+        self._wake_reader.set()
+
+    async def _read_outputs(self) -> None:
+        """Read the output files the keeper said grew, as far as the clients have room."""
+        model = self.model
+        async with trio.open_nursery() as nursery:
+            self._nursery_for_tasks = nursery
+            while True:
+                if not self._dirty:
+                    await self._wake_reader.wait()
+                    self._wake_reader = trio.Event()
+                    continue
+                if not model.output_room_available():
+                    await model.output_room()
+                key, rank, stream = next(iter(self._dirty))
+                del self._dirty[(key, rank, stream)]
+                record = self._jobs.get(key)
+                if record is None:
+                    continue
+                self._read(record, rank, stream, _READ_CHUNK)
+                await trio.lowlevel.checkpoint()
+
+    def _read(self, record: _Job, rank: int, stream: str, limit: int, final: bool = False) -> None:
+        """Read a file on (``limit`` bytes at most; to its end when ``final``) and hand its
+        complete lines to the model; tell the keeper how far it has been read."""
+        file = record.files[(rank, stream)]
+        process = record.process_keys[rank]
+        model = self.model
+        while True:
+            data = file.read(limit)
+            if data is None:
+                return
+            if data:
+                text = file.splitter.feed_text(data)
+                if text is not None and process in model:
+                    model.output(process, stream, text, file.consumed)
+            if not data or len(data) < limit or not final:
+                break
+        if final:
+            text = file.splitter.flush_text()
+            if text is not None and process in model:
+                model.output(process, stream, text, file.offset)
+        elif file.offset < file.size:
+            self._mark(record.key, rank, stream)
+        if self._keeper is not None and not self._keeper.closed and not self._closing:
+            self._spawn_soon(self._keeper_read(record.key, rank, stream, file.offset))
+
+    async def _keeper_read(self, key: int, rank: int, stream: str, offset: int) -> None:
+        if self._keeper is not None and not self._keeper.closed:
+            try:
+                await self._keeper.send({"op": "read", "key": key, "rank": rank, "stream": stream, "offset": offset})
+            except KeeperError:
+                pass
+
+    def _settle(self, record: _Job) -> None:
+        """Report what has ended: each process whose status is known (after reading its
+        output to the end), then the job once the keeper says all have ended."""
+        # While the agent ends, output stays in the files for the next agent to deliver.
+        read = not self._closing
+        for rank, code in enumerate(record.codes):
+            if code is None or record.reported[rank]:
+                continue
+            if read:
+                for stream in ("stdout", "stderr"):
+                    self._read(record, rank, stream, _READ_CHUNK, final=True)
+            self._report_process(record, rank)
+        if record.done and not record.finished.is_set():
+            for rank in range(len(record.codes)):
+                if not record.reported[rank]:
+                    if read:
+                        for stream in ("stdout", "stderr"):
+                            self._read(record, rank, stream, _READ_CHUNK, final=True)
+                    self._report_process(record, rank)
+            self._finish(record)
+
+    def _report_process(self, record: _Job, rank: int) -> None:
+        if record.reported[rank]:
+            return
+        record.reported[rank] = True
+        code = record.codes[rank]
+        process = record.process_keys[rank]
+        if code is None:  # never started
+            native = "TERMINATED" if record.canceled else "NOT_STARTED"
+            self.model.update(process, state_attrs(STATE_TABLE, native))
+            return
+        if record.canceled:
+            native = "TERMINATED"
+        else:
+            native = "EXITED" if code == 0 else "FAILED"
+        attrs_ = state_attrs(STATE_TABLE, native)
+        if code >= 0:
+            attrs_[K.EXIT_CODE] = str(code)
+        else:
+            attrs_[K.SIGNAL] = signal_name(-code)
+        self.model.update(process, attrs_)
+
+    def _finish(self, record: _Job) -> None:
+        with self.model.batch():
+            for rank in range(len(record.codes)):
+                self._report_process(record, rank)
+            self._complete_job(record)
+        self._jobs.pop(record.key, None)
+        for file in record.files.values():
+            file.close()
+        record.finished.set()
+
+    def _complete_job(self, record: _Job) -> None:
+        if record.key not in self.model:
+            return
+        if record.canceled:
+            attrs_ = state_attrs(STATE_TABLE, "TERMINATED")
+        elif record.start_error is not None:
+            attrs_ = state_attrs(STATE_TABLE, "NOT_STARTED")
+            attrs_[K.MESSAGE] = record.start_error
+        else:
+            failed = [(i, rc) for i, rc in enumerate(record.codes) if rc != 0]
+            if failed:
+                index, returncode = failed[0]
+                attrs_ = state_attrs(STATE_TABLE, "FAILED")
+                if returncode is None:
+                    why = f"process {index} was not started"
+                elif returncode > 0:
+                    why = f"process {index} exited with code {returncode}"
+                else:
+                    why = f"process {index} was killed by {signal_name(-returncode)}"
+                if len(failed) > 1:
+                    why += f" ({len(failed)} processes failed)"
+                attrs_[K.MESSAGE] = why
+            else:
+                attrs_ = state_attrs(STATE_TABLE, "EXITED")
+                attrs_[K.EXIT_CODE] = "0"
+        self.model.update(record.key, attrs_)
 
     # ------------------------------------------------------------------ model
 
@@ -436,369 +727,52 @@ class LocalBackend(Backend):
             raise SubmitError(f"working directory {path!r} is not accessible (permission denied)")
         return path
 
-    async def _run_job(self, record: _Job, launch: _Launch) -> None:
-        """The job's task: start its processes, watch them, reap the leader, end the job."""
-        try:
-            with record.scope:
-                await self._start(record, launch)
-                if record.procs:
-                    async with trio.open_nursery() as nursery:
-                        for index in range(1, len(record.procs)):
-                            nursery.start_soon(self._watch, record, index)
-                        await self._watch(record, 0)
-                    self._signal(record, signal.SIGKILL)  # whatever the job left behind in its group
-                    await record.procs[0].wait()
-                    record.leader_reaped = True
-                    self._close_pidfd(record)
-                self._finish_job(record)
-        finally:
-            _close_streams(record)
-            self._close_pidfd(record)
-            record.task_done.set()
-
-    async def _start(self, record: _Job, launch: _Launch) -> None:
-        """Start the processes (a few jobs at a time, in submission order)."""
-        try:
-            async with self._spawn_limiter:
-                if not record.canceled:
-                    await self._spawn(record, launch)
-        except OSError as exc:
-            record.start_error = f"cannot start {launch.path!r}: {exc.strerror or exc}"
-            self._signal(record, signal.SIGKILL)  # those that did start
-        record.started = True
-        if record.start_error is None:
-            model = self.model
-            # PIDs first, then the state in a batch of its own: the state change is the same
-            # for every process, so it travels as one group with one range of ids.
-            with model.batch():
-                for index, proc in enumerate(record.procs):
-                    model.update(record.process_ids[index], {K.PID: str(proc.pid)})
-            with model.batch():
-                model.update_many(record.process_ids[: len(record.procs)], _RUNNING)
-                model.update(record.id, _RUNNING)
-        if record.canceled:  # terminated while its processes were being started
-            self._terminate(record)
-
-    async def _spawn(self, record: _Job, launch: _Launch) -> None:
-        """Process 0 leads a new process group; the others join it."""
-        for index in range(launch.num_procs):
-            env = dict(launch.env)
-            env["PROXY_AGENT_PROCESS_INDEX"] = str(index)
-            env["PROXY_AGENT_NUM_PROCS"] = str(launch.num_procs)
-            env["PROXY_AGENT_JOB_KEY"] = str(record.id)
-            env[MARKER] = self._reaper.mark(record.id)
-            proc = await trio.lowlevel.open_process(
-                launch.argv,
-                stdin=DEVNULL,
-                stdout=PIPE,
-                stderr=PIPE,
-                cwd=launch.cwd,
-                env=env,
-                **_group_options(record.pgid or 0),
-            )
-            record.procs.append(proc)
-            if index == 0:
-                record.pgid = proc.pid
-                record.pidfd = _pidfd_open(proc.pid)
-
-    async def _watch(self, record: _Job, index: int) -> None:
-        """One process: pump both pipes, wait for its exit, report it after EOF."""
-        proc = record.procs[index]
-        eid = record.process_ids[index]
-        eof = trio.Event()
-        open_pipes = [2]
-
-        async def pump(stream, which: str) -> None:
-            try:
-                await self._pump(stream, eid, which)
-            finally:
-                open_pipes[0] -= 1
-                if not open_pipes[0]:
-                    eof.set()
-
-        async with trio.open_nursery() as pipes:
-            pipes.start_soon(pump, proc.stdout, "stdout")
-            pipes.start_soon(pump, proc.stderr, "stderr")
-            if index == 0:
-                returncode = await self._wait_leader(record)
-            else:
-                returncode = await proc.wait()
-            record.returncodes[index] = returncode
-            record.exited += 1
-            if record.exited == len(record.procs):
-                record.all_exited.set()
-            if not eof.is_set():
-                with trio.move_on_after(_EOF_GRACE):
-                    await eof.wait()
-            self._report_process(record, index)
-            if not eof.is_set():
-                # Something the process started still holds its pipes.  Keep reading
-                # until the job is over, then kill the group's leftovers.
-                await record.all_exited.wait()
-                self._signal(record, signal.SIGKILL)
-                with trio.move_on_after(_EOF_GRACE):
-                    await eof.wait()
-                pipes.cancel_scope.cancel()
-
-    async def _pump(self, stream: trio.abc.ReceiveStream, eid: int, which: str) -> None:
-        """Read one pipe to EOF, handing its lines to the model.
-
-        Before each read it waits for room (:meth:`ServiceModel.output_room`): while the
-        clients have enough output waiting, the pipe fills and the process's writes wait.
-        """
-        model = self.model
-        splitter = LineSplitter()
-        try:
-            while True:
-                if not model.output_room_available():
-                    await model.output_room()
-                data = await stream.receive_some(_READ_SIZE)
-                if not data:
-                    break
-                text = splitter.feed_text(data)
-                if text is not None:
-                    model.output(eid, which, text)
-        finally:
-            text = splitter.flush_text()
-            if text is not None and eid in model:
-                model.output(eid, which, text)
-            stream.close()  # type: ignore[attr-defined]
-
-    async def _wait_leader(self, record: _Job) -> int:
-        """Wait for process 0 to exit without reaping it (its pid keeps the group id ours)."""
-        if record.pidfd is not None:
-            await trio.lowlevel.wait_readable(record.pidfd)
-        while True:
-            returncode = _peek_exit(record)
-            if returncode is not None:
-                return returncode
-            await trio.sleep(_POLL_INTERVAL)  # only without pidfd (kernels before 5.3)
-
-    def _report_process(self, record: _Job, index: int) -> None:
-        if record.reported[index]:
-            return
-        record.reported[index] = True
-        returncode = record.returncodes[index]
-        if returncode is None:  # never started
-            native = "TERMINATED" if record.canceled else "NOT_STARTED"
-            self.model.update(record.process_ids[index], state_attrs(STATE_TABLE, native))
-            return
-        if record.canceled:
-            native = "TERMINATED"
-        else:
-            native = "EXITED" if returncode == 0 else "FAILED"
-        attrs_ = state_attrs(STATE_TABLE, native)
-        if returncode >= 0:
-            attrs_[K.EXIT_CODE] = str(returncode)
-        else:
-            attrs_[K.SIGNAL] = signal_name(-returncode)
-        self.model.update(record.process_ids[index], attrs_)
-
-    def _finish_job(self, record: _Job) -> None:
-        with self.model.batch():
-            self._complete_job(record)
-        self._jobs.pop(record.id, None)
-        record.done.set()
-        self._sweep()
-
-    # ------------------------------------------------------------------ orphans
-
-    def _known_pids(self):
-        return [proc.pid for record in self._jobs.values() for proc in record.procs]
-
-    def _sweep(self) -> None:
-        """End what ended jobs left behind outside their process groups."""
-        if self._reaper.adopted or self._reaper.enabled:
-            self._reaper.sweep(self._known_pids(), lambda job: job.isdigit() and int(job) in self._jobs)
-
-    async def _watch_orphans(self) -> None:
-        while True:
-            await trio.sleep(_ORPHAN_SWEEP)
-            self._sweep()
-
-    def _complete_job(self, record: _Job) -> None:
-        for index in range(len(record.process_ids)):
-            self._report_process(record, index)
-        if record.canceled:
-            attrs_ = state_attrs(STATE_TABLE, "TERMINATED")
-        elif record.start_error is not None:
-            attrs_ = state_attrs(STATE_TABLE, "NOT_STARTED")
-            attrs_[K.MESSAGE] = record.start_error
-        else:
-            failed = [(i, rc) for i, rc in enumerate(record.returncodes) if rc != 0]
-            if failed:
-                index, returncode = failed[0]
-                attrs_ = state_attrs(STATE_TABLE, "FAILED")
-                if returncode is None:
-                    why = f"process {index} was not started"
-                elif returncode > 0:
-                    why = f"process {index} exited with code {returncode}"
-                else:
-                    why = f"process {index} was killed by {signal_name(-returncode)}"
-                if len(failed) > 1:
-                    why += f" ({len(failed)} processes failed)"
-                attrs_[K.MESSAGE] = why
-            else:
-                attrs_ = state_attrs(STATE_TABLE, "EXITED")
-                codes = {rc for rc in record.returncodes}
-                if codes == {0}:
-                    attrs_[K.EXIT_CODE] = "0"
-        self.model.update(record.id, attrs_)
-
-    # ------------------------------------------------------------------ signals
-
-    def _signal(self, record: _Job, sig: int) -> None:
-        """Signal the job's process group, if it is still ours to signal."""
-        if record.pgid is None or record.leader_reaped:
-            return
-        try:
-            os.killpg(record.pgid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError as exc:  # e.g. a setuid program in the group
-            log.warning("cannot signal process group %d of job %d: %s", record.pgid, record.id, exc)
-
-    def _terminate(self, record: _Job) -> None:
-        self._signal(record, signal.SIGTERM)
-        self._signal(record, signal.SIGCONT)  # a suspended job must wake up to see SIGTERM
-        if self._nursery is not None:
-            self._nursery.start_soon(self._kill_after_grace, record)
-
-    async def _kill_after_grace(self, record: _Job) -> None:
-        with trio.move_on_after(self.options.kill_grace):
-            await record.done.wait()
-        if not record.done.is_set():
-            self._signal(record, signal.SIGKILL)
-
-    def _close_pidfd(self, record: _Job) -> None:
-        if record.pidfd is not None:
-            trio.lowlevel.notify_closing(record.pidfd)
-            os.close(record.pidfd)
-            record.pidfd = None
 
     # ------------------------------------------------------------------ shutdown
 
     async def _shutdown(self) -> None:
-        """Terminate every job and reap every process, bounded in time (idempotent)."""
-        with trio.CancelScope(shield=True):
-            if self._shutdown_done is not None:
-                with trio.move_on_after(_SHUTDOWN_BOUND):
-                    await self._shutdown_done.wait()
-                return
-            self._shutdown_done = trio.Event()
-            try:
-                await self._kill_all()
-                # and whatever the jobs left behind outside their groups
-                self._reaper.end_all(self._known_pids(), bound=0.5)
-            finally:
-                self._shutdown_done.set()
-
-    async def _kill_all(self) -> None:
-        records = list(self._jobs.values())
-        if not records:
+        """End the connection to the keeper; with ``terminate``, end every job first (its
+        end and output reported), bounded in time.  Idempotent."""
+        if self._shutting_down:
+            with trio.move_on_after(_SHUTDOWN_BOUND):
+                await self._closed.wait()
             return
-        # Stop the job tasks first: from here on this loop alone reaps and reports.
-        for record in records:
-            record.scope.cancel()
-        with trio.move_on_after(0.1):
-            for record in records:
-                await record.task_done.wait()
-        now = trio.current_time()
-        term_deadline = now + min(self.options.kill_grace, _SHUTDOWN_TERM_GRACE)
-        deadline = now + _SHUTDOWN_BOUND
-        pending = [r for r in records if not r.done.is_set()]
-        for record in pending:
-            record.canceled = True
-            self._signal(record, signal.SIGTERM)
-            self._signal(record, signal.SIGCONT)
-        killed = False
-        while True:
-            pending = [r for r in pending if not self._reap_now(r)]
-            if not pending:
-                return
-            now = trio.current_time()
-            if now >= deadline:
-                break
-            if not killed and now >= term_deadline:
-                for record in pending:
-                    self._signal(record, signal.SIGKILL)
-                killed = True
-            await trio.sleep(_POLL_INTERVAL)
-        for record in pending:
-            log.warning("job %d: processes did not exit after SIGKILL; giving up on them", record.id)
-
-    def _reap_now(self, record: _Job) -> bool:
-        """Reap whatever of the job has exited; complete it if all has.  Never blocks."""
-        complete = True
-        for index, proc in enumerate(record.procs):
-            if index == 0 or record.returncodes[index] is not None:
-                continue
-            returncode = proc.poll()
-            if returncode is None:
-                complete = False
-            else:
-                record.returncodes[index] = returncode
-        if record.procs and record.returncodes[0] is None:
-            record.returncodes[0] = _peek_exit(record)
-            if record.returncodes[0] is None:
-                complete = False
-        if not complete:
-            return False
-        if record.procs:
-            self._signal(record, signal.SIGKILL)  # leftovers, while the group id is still ours
-            record.procs[0].poll()
-        record.leader_reaped = True
-        _close_streams(record)
-        self._close_pidfd(record)
-        self._finish_job(record)
-        return True
+        self._shutting_down = True
+        keeper = self._keeper
+        self._closing = True
+        try:
+            if keeper is not None and not keeper.closed:
+                with trio.CancelScope(shield=True), trio.move_on_after(_SHUTDOWN_BOUND):
+                    terminate = self.options.on_disconnect == "terminate" or self._temporary
+                    try:
+                        await keeper.send({"op": "bye", "policy": "terminate" if terminate else "keep",
+                                           "remove": self._temporary})
+                    except KeeperError:
+                        pass
+                    if terminate:
+                        # the keeper reports every job's end before it closes the connection
+                        await keeper.serve(self._notice)
+                await keeper.aclose()
+        finally:
+            for record in list(self._jobs.values()):
+                for file in record.files.values():
+                    file.close()
+            if self._temporary and self._directory is not None and keeper is not None and keeper.closed:
+                shutil.rmtree(self._directory, ignore_errors=True)
+            self._closed.set()
 
 
 # --------------------------------------------------------------------------- helpers
 
 
-def _close_streams(record: _Job) -> None:
-    for proc in record.procs:
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()  # type: ignore[attr-defined]
-
-
-def _peek_exit(record: _Job) -> Optional[int]:
-    """Process 0's return code if it has exited, leaving it unreaped; None if running."""
-    assert record.pgid is not None
-    try:
-        info = os.waitid(os.P_PID, record.pgid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:  # already reaped
-        return record.procs[0].poll()
-    if info is None:
-        return None
-    if info.si_code == os.CLD_EXITED:
-        return info.si_status
-    return -info.si_status
-
-
 def _stopped_or_exited(pid: int) -> bool:
-    """Has this child stopped (or exited)?  Leaves its status to be waited for."""
+    """Has this process stopped (or exited)?  Read from /proc: it is the keeper's child."""
     try:
-        info = os.waitid(os.P_PID, pid, os.WSTOPPED | os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:  # reaped already
+        with open(f"/proc/{pid}/stat") as stat_file:
+            state = stat_file.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
         return True
-    return info is not None
-
-
-def _pidfd_open(pid: int) -> Optional[int]:
-    try:
-        return os.pidfd_open(pid)  # type: ignore[attr-defined]
-    except (AttributeError, OSError):
-        return None
-
-
-def _group_options(pgid: int) -> dict:
-    """Popen options putting the child in process group ``pgid`` (0: a new group it leads)."""
-    if sys.version_info >= (3, 11):
-        return {"process_group": pgid}
-    return {"preexec_fn": partial(os.setpgid, 0, pgid)}  # pragma: no cover
+    return state in ("T", "t", "Z", "X")
 
 
 def _find_executable(executable: str, cwd: str, search_path: str) -> str:

@@ -252,7 +252,7 @@ class SimBackend(Backend):
         task_status.started()
         await self._loop()
 
-    async def submit(self, spec: JobSpec, queue: int) -> int:
+    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> int:
         if self.machine_id is None:
             raise SubmitError("the simulated scheduler is not running", ErrorKind.UNAVAILABLE)
         num_procs = spec.num_procs
@@ -284,7 +284,7 @@ class SimBackend(Backend):
         }
         model = self.model
         with model.batch():
-            job_id = model.add(Kind.JOB, queue, attrs_, owner=self.name)
+            job_id = model.add(Kind.JOB, queue, attrs_, owner=self.name, key=key)
             model.add_many(Kind.PROCESS, job_id, [_state(native)] * num_procs, owner=self.name)
         record = _Submitted(name, pending_time, run_time, nodes)
         self._submitted[job_id] = record

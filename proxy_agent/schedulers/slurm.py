@@ -1391,7 +1391,7 @@ class SlurmBackend(Backend):
 
     # ------------------------------------------------------------------ submit
 
-    async def submit(self, spec: JobSpec, queue: int) -> int:
+    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> int:
         script_spec, follow, spool_files = self._script_spec(spec, queue)
         try:
             script = batch.render_script(script_spec).encode("utf-8")
@@ -1414,7 +1414,7 @@ class SlurmBackend(Backend):
         warnings = clean_message(result.stderr.decode("utf-8", "replace"))
         if warnings:
             log.info("sbatch for %s (SLURM job %s): %s", script_spec.job_name, slurm_id, warnings)
-        tracked = self._register_submitted(slurm_id, spec, script_spec, queue)
+        tracked = self._register_submitted(slurm_id, spec, script_spec, queue, key)
         tracked.spool_files = spool_files
         if self._nursery is not None:
             tracked.started = trio.Event()
@@ -1434,7 +1434,8 @@ class SlurmBackend(Backend):
         log.info("submitted %s as SLURM job %s (key %d)", script_spec.job_name, slurm_id, tracked.element)
         return tracked.element
 
-    def _register_submitted(self, slurm_id: str, spec: JobSpec, script_spec: batch.ScriptSpec, queue: int) -> _Job:
+    def _register_submitted(self, slurm_id: str, spec: JobSpec, script_spec: batch.ScriptSpec, queue: int,
+                            key: Optional[int] = None) -> _Job:
         model = self.model
         attrs_: Dict[str, Any] = {
             K.CLIENT_REF: spec.client_ref,
@@ -1457,7 +1458,7 @@ class SlurmBackend(Backend):
         state = JobState.HOLD if spec.hold else JobState.QUEUING
         attrs_.update({K.STATE: state.value, K.NATIVE_STATE: native, K.QUEUE: queue})
         with model.batch():
-            eid = model.add(Kind.JOB, queue, attrs_, owner=self.name)
+            eid = model.add(Kind.JOB, queue, attrs_, owner=self.name, key=key)
             pid = model.add(Kind.PROCESS, eid, {K.STATE: state.value, K.NATIVE_STATE: native}, owner=self.name)
         tracked = _Job(slurm_id, eid, pid, queue, spec.client_ref)
         self._jobs[slurm_id] = tracked

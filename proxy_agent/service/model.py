@@ -206,6 +206,8 @@ class ChangeSink:
 
     held_output = 0
     holds_back = False
+    #: hears output (a client's view); a sink that does not leaves output to the backlog
+    takes_output = True
 
     def created(self, element: Element) -> None:
         """A new element (its children follow in their own calls)."""
@@ -219,8 +221,9 @@ class ChangeSink:
     def moved(self, element: Element, old_parent: int) -> None:
         """The element now hangs from ``element.parent``, no longer from ``old_parent``."""
 
-    def output(self, element: Element, stream: str, text: str) -> None:
-        """A process wrote a line (``stream`` is ``stdout`` or ``stderr``)."""
+    def output(self, element: Element, stream: str, text: str, offset: Optional[int] = None) -> None:
+        """A process wrote lines (``stream`` is ``stdout`` or ``stderr``); ``offset``, when
+        the backend keeps the output in a file, is where this text ends in it."""
 
     def flush(self) -> None:
         """A batch of mutations is complete (called after every mutation outside a batch)."""
@@ -232,8 +235,8 @@ class OutputBacklog:
     __slots__ = ("lines", "size", "dropped")
 
     def __init__(self) -> None:
-        #: (process key, stream, text) in the order written
-        self.lines: Deque[Tuple[int, str, str]] = deque()
+        #: (process key, stream, text, end offset or None) in the order written
+        self.lines: Deque[Tuple[int, str, str, Optional[int]]] = deque()
         self.size = 0
         #: lines given up because the job wrote more than the limit: process key -> count
         self.dropped: Dict[int, int] = {}
@@ -248,6 +251,8 @@ class ServiceModel:
         self._by_kind: Dict[Kind, Dict[int, None]] = {kind: {} for kind in Kind}
         self._next_key = 1
         self._sinks: List[ChangeSink] = []
+        #: the subscribers that take output
+        self._readers: List[ChangeSink] = []
         self._quiet = 0
         self._missed = False
         self._backlog: Dict[int, OutputBacklog] = {}
@@ -331,12 +336,14 @@ class ServiceModel:
 
     def subscribe(self, sink: ChangeSink) -> None:
         self._sinks.append(sink)
+        self._readers = [s for s in self._sinks if s.takes_output]
 
     def unsubscribe(self, sink: ChangeSink) -> None:
         try:
             self._sinks.remove(sink)
         except ValueError:
             pass
+        self._readers = [s for s in self._sinks if s.takes_output]
         self.room_made()
 
     # ------------------------------------------------------------------ output flow
@@ -366,7 +373,8 @@ class ServiceModel:
 
     @property
     def subscribers(self) -> int:
-        return len(self._sinks)
+        """How many subscribers hear output (clients)."""
+        return len(self._readers)
 
     def take_backlog(self) -> Dict[int, OutputBacklog]:
         """Output kept while nobody listened, per job; the caller now owns it."""
@@ -564,23 +572,24 @@ class ServiceModel:
             sink.moved(element, old)
         self._notify()
 
-    def output(self, process: int, stream: str, text: str) -> None:
+    def output(self, process: int, stream: str, text: str, offset: Optional[int] = None) -> None:
         """A process wrote one or more lines (joined by ``\n``; ``stream`` is ``stdout`` or
-        ``stderr``)."""
+        ``stderr``).  ``offset``: where the text ends in the file the backend keeps the
+        output in, when it does (so that delivery can be recorded and resumed)."""
         element = self.find(process, Kind.PROCESS)
-        sinks = self._sinks
-        if sinks:
-            for sink in sinks:
-                sink.output(element, stream, text)
+        readers = self._readers
+        if readers:
+            for sink in readers:
+                sink.output(element, stream, text, offset)
             self._notify()
             return
         backlog = self._backlog.get(element.parent)
         if backlog is None:
             backlog = self._backlog[element.parent] = OutputBacklog()
-        backlog.lines.append((process, stream, text))
+        backlog.lines.append((process, stream, text, offset))
         backlog.size += len(text) + 1
         while backlog.size > BACKLOG_LIMIT and backlog.lines:
-            old_process, old_stream, old = backlog.lines.popleft()
+            old_process, old_stream, old, old_offset = backlog.lines.popleft()
             if not backlog.lines:
                 # one block alone is too big: keep its newest lines
                 keep = old[-BACKLOG_LIMIT:]
@@ -590,7 +599,7 @@ class ServiceModel:
                 backlog.dropped[old_process] = backlog.dropped.get(old_process, 0) + old.count("\n") + 1 - kept_lines
                 backlog.size = len(keep) + 1 if keep else 0
                 if keep:
-                    backlog.lines.append((old_process, old_stream, keep))
+                    backlog.lines.append((old_process, old_stream, keep, old_offset))
                 break
             backlog.size -= len(old) + 1
             backlog.dropped[old_process] = backlog.dropped.get(old_process, 0) + old.count("\n") + 1

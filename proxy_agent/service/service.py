@@ -1,7 +1,10 @@
 """The job service: several backends behind one model, requests routed by queue.
 
 The service lives as long as the agent, not as long as a connection: front-end sessions
-come and go and see the same model.  Each backend runs in the service's nursery; one that
+come and go and see the same model.  With a job store (:mod:`.store`) it records every
+submission before the scheduler is called, each job's state as it changes and how much of its
+output reached a client, and on start gives each backend back the jobs an earlier agent had
+submitted to it (:meth:`~proxy_agent.schedulers.base.Backend.adopt`).  Each backend runs in the service's nursery; one that
 fails to start is reported and left out while the others serve, and one that fails later is
 reported and the rest carry on.
 
@@ -13,14 +16,17 @@ goes to the first backend's default queue.
 from __future__ import annotations
 
 import logging
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+import sqlite3
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import trio
 
 from ..schedulers.base import Backend, BackendContext
 from .attributes import AttrInfo
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
-from .model import K, Kind, ServiceModel, UnknownElement
+from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement
+from .store import JobStore, StoredJob
+from .jobs import JobState
 
 log = logging.getLogger("proxy_agent.service")
 
@@ -31,19 +37,61 @@ Notice = Callable[[str, str], None]
 
 #: How long shutting the backends down may take in all.
 _CLOSE_BOUND = 1.8
+#: Seconds between two writes of noted state changes to the store.
+_STORE_FLUSH = 0.5
+
+
+class _StoreRecorder(ChangeSink):
+    """Notes the state changes of stored jobs for the store."""
+
+    takes_output = False
+
+    def __init__(self, service: "JobService") -> None:
+        self.service = service
+
+    def changed(self, element: Element, slots) -> None:
+        service = self.service
+        if element.kind is not Kind.JOB or element.key not in service.stored or service.store is None:
+            return
+        model = service.model
+        state = model.attr(element.key, K.STATE)
+        if not isinstance(state, str):
+            return
+        try:
+            final = JobState(state).final
+        except ValueError:
+            final = False
+        message = model.attr(element.key, K.MESSAGE)
+        native = model.attr(element.key, K.NATIVE_STATE)
+        service.store.note_state(element.key, state, native if isinstance(native, str) else "",
+                                 message if isinstance(message, str) else None, final)
 
 
 class JobService:
     """Owns the model and the backends (see the module documentation)."""
 
-    def __init__(self, model: Optional[ServiceModel] = None) -> None:
+    def __init__(self, model: Optional[ServiceModel] = None, store: Optional[JobStore] = None) -> None:
         self.model = model if model is not None else ServiceModel()
+        #: the job store (None: jobs do not outlive the agent)
+        self.store = store
+        #: keys of the jobs the store holds
+        self.stored: Set[int] = set()
+        self._stored_records: List[StoredJob] = []
+        if store is not None:
+            try:
+                self._stored_records = store.jobs()
+                self.model.reserve_keys(store.max_key())
+            except sqlite3.Error as exc:
+                self._store_failed(exc)
+            self.model.subscribe(_StoreRecorder(self))
         self.backends: List[Backend] = []
         self._by_name: Dict[str, Backend] = {}
         #: backends that could not start: name -> why
         self.failures: Dict[str, str] = {}
         self.ready = trio.Event()
         self._listeners: List[Notice] = []
+        #: notices every client is told when it starts listening: (level, text)
+        self.standing: List[Tuple[str, str]] = []
         self._closing = False
         self._nursery: Optional[trio.Nursery] = None
 
@@ -80,6 +128,12 @@ class JobService:
 
         return remove
 
+    def tell_every_client(self, level: str, text: str) -> None:
+        """A notice that stands: told now, and to every client that starts listening later
+        (see :attr:`standing`)."""
+        self.standing.append((level, text))
+        self.notify(level, text)
+
     def notify(self, level: str, text: str) -> None:
         log.log(logging.ERROR if level == "ERROR" else logging.WARNING if level == "WARNING" else logging.INFO,
                 "%s", text)
@@ -108,6 +162,8 @@ class JobService:
                     self.ready.set()
                 for backend in self.backends:
                     nursery.start_soon(self._run_backend, backend, one_done)
+                if self.store is not None:
+                    nursery.start_soon(self._flush_store)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -125,7 +181,7 @@ class JobService:
                     started()
 
         try:
-            await backend.run(task_status=_Status())
+            await backend.run(task_status=_AdoptingStatus(self, backend, _Status()))
         except Exception as exc:  # noqa: BLE001 - one backend's failure is contained
             why = describe(exc)
             if not done[0]:
@@ -143,6 +199,56 @@ class JobService:
                 done[0] = True
                 started()
 
+    def _adopt(self, backend: Backend) -> None:
+        """Give a backend that has just started the stored jobs an earlier agent submitted to it."""
+        records = [r for r in self._stored_records if r.backend == backend.name and r.key not in self.stored]
+        if not records:
+            return
+        try:
+            adopted = backend.adopt(records)
+        except Exception:  # noqa: BLE001 - a job that cannot be adopted must not stop the backend
+            log.exception("the %s scheduler could not adopt its stored jobs", backend.name)
+            return
+        self.stored.update(adopted)
+        if adopted:
+            log.info("the %s scheduler adopted %d stored jobs", backend.name, len(adopted))
+
+    async def _flush_store(self) -> None:
+        while True:
+            await trio.sleep(_STORE_FLUSH)
+            self._write_store()
+
+    def _write_store(self) -> None:
+        store = self.store
+        if store is None:
+            return
+        try:
+            store.flush()
+        except sqlite3.Error as exc:
+            self._store_failed(exc)
+
+    def _store_failed(self, exc: BaseException) -> None:
+        log.error("the job store failed: %s", exc)
+        self.store = None
+        self.tell_every_client("WARNING", f"the job store failed ({exc}); jobs will not survive a restart of the agent")
+
+    def delivered(self, offsets: Dict[Tuple[int, str], int]) -> None:
+        """Output reached a client: (process key, stream) -> where it ends in the backend's file."""
+        store = self.store
+        if store is None or not offsets:
+            return
+        by_job: Dict[int, Dict[str, int]] = {}
+        elements = self.model._elements
+        for (process, stream), offset in offsets.items():
+            element = elements.get(process)
+            if element is None or element.parent not in self.stored:
+                continue
+            by_job.setdefault(element.parent, {})[f"{element.rank}.{stream}"] = offset
+        try:
+            store.record_delivered(by_job)
+        except sqlite3.Error as exc:
+            self._store_failed(exc)
+
     @property
     def failure(self) -> Optional[str]:
         """Why the service cannot serve at all (every backend failed to start), else None."""
@@ -159,6 +265,7 @@ class JobService:
             async with trio.open_nursery() as nursery:
                 for backend in self.backends:
                     nursery.start_soon(self._close_backend, backend)
+        self._write_store()
 
     @staticmethod
     async def _close_backend(backend: Backend) -> None:
@@ -252,11 +359,40 @@ class JobService:
     # ------------------------------------------------------------------ requests
 
     async def submit(self, spec: JobSpec) -> int:
-        """Submit a job; returns its key once it is in the model."""
+        """Submit a job; returns its key once it is in the model.
+
+        With a store, the submission is written (committed) before the scheduler is called,
+        and completed with the scheduler's own id after; a refused one is removed again.
+        """
         if self._closing:
             raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
         backend, queue = self.route(spec)
-        return await backend.submit(spec, queue)
+        key = self.model.new_keys(1)[0]
+        store = self.store
+        if store is not None:
+            try:
+                store.record_submission(key, backend.name, self.queue_label(queue), spec)
+            except sqlite3.Error as exc:
+                self._store_failed(exc)
+                store = None
+        try:
+            actual = await backend.submit(spec, queue, key)
+        except BaseException:
+            if store is not None:
+                try:
+                    store.record_refused(key, "refused")
+                except sqlite3.Error as exc:
+                    self._store_failed(exc)
+            raise
+        if store is not None and self.store is store:
+            try:
+                if actual != key:
+                    store.rekey(key, actual)
+                store.record_native_id(actual, backend.native_id(actual) or "", backend.job_extra(actual))
+                self.stored.add(actual)
+            except sqlite3.Error as exc:
+                self._store_failed(exc)
+        return actual
 
     async def terminate(self, job: int) -> None:
         await self._job_owner(job).terminate(job)
@@ -276,6 +412,20 @@ class JobService:
                 ErrorKind.OPERATION_FAILED,
             )
         await backend.move(job, key)
+
+
+class _AdoptingStatus:
+    """A backend's task status that adopts its stored jobs the moment it has started, before
+    the service counts it as ready (so the first client already sees them)."""
+
+    def __init__(self, service: JobService, backend: Backend, inner) -> None:
+        self.service = service
+        self.backend = backend
+        self.inner = inner
+
+    def started(self, value=None) -> None:
+        self.service._adopt(self.backend)
+        self.inner.started(value)
 
 
 def describe(exc: BaseException) -> str:

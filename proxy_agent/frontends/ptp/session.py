@@ -161,10 +161,13 @@ class PtpSession:
             if self._out:
                 data = bytes(self._out)
                 self._out.clear()
+                delivered = self.view.take_delivered() if self.view is not None else None
                 self._sending_since = trio.current_time()
                 try:
                     await stream.send_all(data)
                     self._sending_since = None
+                    if delivered:
+                        self.service.delivered(delivered)
                     if self._stalled:
                         self._stalled = False
                         log.info("%s reads again", self.peer)
@@ -351,6 +354,8 @@ class PtpSession:
                 self._out += chunk
             self._snapshot_started = True
             self._remove_listener = self.service.add_listener(self._notice)
+            for level, text in self.service.standing:
+                self._notice(level, text)
             log.debug("initial model queued: %d elements", len(self.service.model))
         elif self.view is not None and not self._stalled:
             self.view.set_reading(True)

@@ -401,6 +401,10 @@ class ModelView(ChangeSink):
         self.held_output = 0
         #: the client is reading: the jobs' output is held back rather than dropped for it
         self.holds_back = True
+        # where the held output ends in the backends' files, and where drained output ends:
+        # (process key, stream) -> offset (see take_delivered)
+        self._held_offsets: Dict[Tuple[int, str], int] = {}
+        self._drained_offsets: Dict[Tuple[int, str], int] = {}
         #: why it is not reading, for the note about dropped lines
         self._not_reading = ""
 
@@ -434,8 +438,8 @@ class ModelView(ChangeSink):
         model.subscribe(self)
         self.subscribed = True
         for job, backlog in model.take_backlog().items():
-            for process, stream, text in backlog.lines:
-                self._hold_output(process, stream, text)
+            for process, stream, text, offset in backlog.lines:
+                self._hold_output(process, stream, text, offset)
             for process, count in backlog.dropped.items():
                 self._output_dropped[process] = self._output_dropped.get(process, 0) + count
         return plan
@@ -500,11 +504,15 @@ class ModelView(ChangeSink):
             self._reissued[element.kind].append((parent, ref))
         self._pending[element.key] = _NEW
 
-    def output(self, element: Element, stream: str, text: str) -> None:
-        self._hold_output(element.key, stream, text)
+    def output(self, element: Element, stream: str, text: str, offset: Optional[int] = None) -> None:
+        self._hold_output(element.key, stream, text, offset)
 
-    def _hold_output(self, process: int, stream: str, text: str) -> None:
+    def _hold_output(self, process: int, stream: str, text: str, offset: Optional[int] = None) -> None:
         key = "processStdout" if stream == "stdout" else "processStderr"
+        if offset is not None:
+            where = (process, stream)
+            if offset > self._held_offsets.get(where, -1):
+                self._held_offsets[where] = offset
         held = self._output.get(process)
         if held is None:
             held = self._output[process] = deque()
@@ -562,6 +570,12 @@ class ModelView(ChangeSink):
             self.on_change()
 
     # ------------------------------------------------------------------ draining
+
+    def take_delivered(self) -> Dict[Tuple[int, str], int]:
+        """Where the output drained so far ends in the backends' files, per (process key,
+        stream); cleared.  The session records it once those bytes are written out."""
+        drained, self._drained_offsets = self._drained_offsets, {}
+        return drained
 
     @property
     def has_pending(self) -> bool:
@@ -716,6 +730,9 @@ class ModelView(ChangeSink):
         self._output = {}
         self._output_bytes = {}
         self.held_output = 0
+        if self._held_offsets:
+            self._drained_offsets.update(self._held_offsets)
+            self._held_offsets = {}
         dropped = self._output_dropped
         self._output_dropped = {}
         elements = self.model._elements

@@ -1,0 +1,680 @@
+"""The keeper: runs the local scheduler's jobs so that they outlive the agent.
+
+One keeper per state directory, started by the agent when it first needs one and detached
+from it (its own session), so that an agent that dies, is killed or loses its terminal takes
+no job with it.  It is a plain standard-library program (no trio: it starts in a few tens of
+milliseconds) run as ``python -m proxy_agent.schedulers.keeper DIRECTORY``.
+
+What it does, for every job:
+
+* starts the job's processes (one process group, led by process 0; stdin ``/dev/null``;
+  stdout and stderr on pipes) with the environment, directory and arguments the agent gives;
+* copies each process's output into files, ``jobs/KEY/RANK.out`` and ``RANK.err``, which the
+  agent reads and a later agent can read again from where delivery stopped.  While an agent
+  is connected, a file may run at most :data:`AHEAD` bytes ahead of what the agent has read:
+  beyond that the keeper stops reading the pipe and the process's writes wait, as on a
+  terminal.  With no agent connected the limit is :data:`AHEAD_DETACHED`;
+* reaps the processes, and once a process has exited and its pipes are closed, records its
+  status; once every process of the job has, it ends whatever the job left running (its
+  process group, and processes that left it: the keeper is their child subreaper, see
+  :mod:`.reaper`) and writes ``jobs/KEY/status.json``;
+* signals jobs on request (terminate: SIGTERM, then SIGKILL after a grace period; suspend and
+  resume: SIGSTOP and SIGCONT).
+
+The agent talks to it over ``keeper.sock`` in the directory, one JSON object per line; see
+:data:`REQUESTS`.  The keeper leaves by itself once no agent has been connected and no job
+has been running for :data:`IDLE_EXIT` seconds.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Dict, List, Optional, Tuple
+
+try:  # the package's reaper when run from the package; nothing when run alone
+    from .reaper import OrphanReaper
+except ImportError:  # pragma: no cover
+    OrphanReaper = None  # type: ignore[assignment,misc]
+
+#: How far (bytes) an output file may run ahead of what the connected agent has read.
+AHEAD = 8 << 20
+#: The same while no agent is connected.
+AHEAD_DETACHED = 256 << 20
+#: Seconds without an agent and without jobs after which the keeper leaves.
+IDLE_EXIT = 30.0
+#: Seconds a process's pipes may stay open after it exited before it counts as ended anyway.
+EOF_GRACE = 0.5
+_READ = 1 << 16
+_MAX_LINE = 64 << 20
+
+#: What the agent may ask, and what the keeper sends back.
+REQUESTS = {
+    "hello": "-> jobs: every job the keeper knows, running or ended, with its processes",
+    "spawn": "key, argv, env, cwd, count -> spawned (pids) or failed (error)",
+    "signal": "key, action (terminate|suspend|resume|kill), grace -> nothing (its effect shows in exit/done)",
+    "read": "key, rank, stream, offset: the agent has read a file up to offset (flow control)",
+    "forget": "key: remove the job's files (it has ended and been delivered)",
+    "bye": "policy (terminate|keep): the agent is leaving; terminate ends every job now",
+}
+NOTICES = {
+    "output": "key, rank, stream, size: a file grew (one notice until the agent reads)",
+    "exit": "key, rank, code (negative: the signal): a process ended and its output is complete",
+    "done": "key: every process has ended; status.json is written",
+    "closing": "policy: the keeper is ending every job (after bye terminate)",
+}
+
+
+class _Process:
+    __slots__ = ("rank", "pid", "popen", "fds", "code", "exited_at", "reported")
+
+    def __init__(self, rank: int, popen: subprocess.Popen, fds: Dict[str, int]) -> None:
+        self.rank = rank
+        self.pid = popen.pid
+        self.popen = popen
+        #: stream -> read end of its pipe, while open
+        self.fds = fds
+        self.code: Optional[int] = None
+        self.exited_at: Optional[float] = None
+        self.reported = False
+
+
+class _Job:
+    __slots__ = ("key", "dir", "processes", "files", "sizes", "read", "notified", "pgid", "done",
+                 "kill_at", "started", "ended", "stopped")
+
+    def __init__(self, key: int, directory: str) -> None:
+        self.key = key
+        self.dir = directory
+        self.processes: List[_Process] = []
+        #: (rank, stream) -> write fd of its file
+        self.files: Dict[Tuple[int, str], int] = {}
+        self.sizes: Dict[Tuple[int, str], int] = {}
+        #: what the agent has read of each file
+        self.read: Dict[Tuple[int, str], int] = {}
+        #: files the agent has been told about and not read since
+        self.notified: set = set()
+        self.pgid: Optional[int] = None
+        self.done = False
+        self.kill_at: Optional[float] = None
+        self.started = time.time()
+        self.ended: Optional[float] = None
+        self.stopped = False
+
+
+class Keeper:
+    def __init__(self, directory: str) -> None:
+        self.dir = directory
+        self.jobs_dir = os.path.join(directory, "jobs")
+        os.makedirs(self.jobs_dir, mode=0o700, exist_ok=True)
+        self.selector = selectors.DefaultSelector()
+        self.jobs: Dict[int, _Job] = {}
+        self.by_pid: Dict[int, Tuple[_Job, _Process]] = {}
+        self.by_fd: Dict[int, Tuple[_Job, _Process, str]] = {}
+        self.paused: set = set()
+        self.agent: Optional[socket.socket] = None
+        self.inbox = b""
+        self.outbox = bytearray()
+        self.idle_since = time.monotonic()
+        self.closing = False
+        #: remove the directory when leaving (it was a temporary one)
+        self.remove_on_exit = False
+        self.reaper = OrphanReaper() if OrphanReaper is not None else None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        signal.set_wakeup_fd(self._wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self._on_signal)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        self.selector.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
+        self.listener = self._listen()
+
+    # ------------------------------------------------------------------ set-up
+
+    def _listen(self) -> socket.socket:
+        path = os.path.join(self.dir, "keeper.sock")
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(path)
+        finally:
+            os.umask(old)
+        sock.listen(4)
+        sock.setblocking(False)
+        self.selector.register(sock, selectors.EVENT_READ, ("listen", None))
+        return sock
+
+    def _on_signal(self, signum, frame) -> None:
+        self.closing = True
+
+    # ------------------------------------------------------------------ main loop
+
+    def run(self) -> None:
+        while True:
+            timeout = self._timeout()
+            for key, mask in self.selector.select(timeout):
+                kind, data = key.data
+                if kind == "wake":
+                    try:
+                        while os.read(self._wake_r, 4096):
+                            pass
+                    except BlockingIOError:
+                        pass
+                elif kind == "listen":
+                    self._accept()
+                elif kind == "agent":
+                    if mask & selectors.EVENT_READ:
+                        self._agent_readable()
+                    if mask & selectors.EVENT_WRITE and self.agent is not None:
+                        self._agent_writable()
+                elif kind == "pipe":
+                    self._pipe_readable(key.fd)
+            self._reap()
+            self._timers()
+            if self.closing:
+                self._terminate_all(grace=0.8)
+                if not any(not job.done for job in self.jobs.values()):
+                    self._flush_agent()
+                    return
+            if self.agent is None and not any(not j.done for j in self.jobs.values()):
+                if time.monotonic() - self.idle_since >= IDLE_EXIT:
+                    return
+
+    def _timeout(self) -> float:
+        now = time.monotonic()
+        deadlines = [1.0]
+        for job in self.jobs.values():
+            if job.kill_at is not None:
+                deadlines.append(max(0.0, job.kill_at - now))
+            for process in job.processes:
+                if process.exited_at is not None and not process.reported:
+                    deadlines.append(max(0.01, process.exited_at + EOF_GRACE - now))
+        return min(deadlines)
+
+    # ------------------------------------------------------------------ the agent
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except OSError:
+            return
+        if self.agent is not None:  # a new agent replaces one that is gone without saying so
+            self._drop_agent()
+        conn.setblocking(False)
+        self.agent = conn
+        self.inbox = b""
+        self.outbox = bytearray()
+        self.selector.register(conn, selectors.EVENT_READ, ("agent", None))
+        for job in self.jobs.values():
+            job.notified.clear()
+
+    def _drop_agent(self) -> None:
+        agent = self.agent
+        self.agent = None
+        if agent is not None:
+            try:
+                self.selector.unregister(agent)
+            except (KeyError, ValueError):
+                pass
+            agent.close()
+        self.idle_since = time.monotonic()
+        for fd in list(self.paused):  # the detached limit is higher: read on
+            self._maybe_resume(fd)
+
+    def _send(self, message: dict) -> None:
+        if self.agent is None:
+            return
+        self.outbox += json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        self._agent_writable()
+
+    def _agent_writable(self) -> None:
+        agent = self.agent
+        if agent is None:
+            return
+        while self.outbox:
+            try:
+                sent = agent.send(self.outbox)
+            except BlockingIOError:
+                break
+            except OSError:
+                self._drop_agent()
+                return
+            del self.outbox[:sent]
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.outbox else 0)
+        try:
+            self.selector.modify(agent, events, ("agent", None))
+        except (KeyError, ValueError):
+            pass
+
+    def _flush_agent(self) -> None:
+        deadline = time.monotonic() + 1.0
+        while self.outbox and self.agent is not None and time.monotonic() < deadline:
+            self._agent_writable()
+            if self.outbox:
+                time.sleep(0.01)
+
+    def _agent_readable(self) -> None:
+        agent = self.agent
+        assert agent is not None
+        try:
+            data = agent.recv(1 << 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._drop_agent()
+            return
+        self.inbox += data
+        if len(self.inbox) > _MAX_LINE:
+            self._drop_agent()
+            return
+        while b"\n" in self.inbox:
+            line, self.inbox = self.inbox.split(b"\n", 1)
+            try:
+                request = json.loads(line)
+                self._handle(request)
+            except (ValueError, KeyError, TypeError) as exc:
+                self._send({"op": "error", "error": f"bad request: {exc}"})
+
+    def _handle(self, request: dict) -> None:
+        op = request.get("op")
+        if op == "hello":
+            self._send({"op": "jobs", "jobs": [self._describe(job) for job in self.jobs.values()]
+                        + self._ended_on_disk()})
+        elif op == "spawn":
+            self._spawn(int(request["key"]), request["argv"], request["env"], request["cwd"], int(request["count"]))
+        elif op == "signal":
+            job = self.jobs.get(int(request["key"]))
+            if job is not None:
+                self._signal_job(job, request["action"], float(request.get("grace", 2.0)))
+        elif op == "read":
+            job = self.jobs.get(int(request["key"]))
+            if job is not None:
+                where = (int(request["rank"]), request["stream"])
+                job.read[where] = max(job.read.get(where, 0), int(request["offset"]))
+                job.notified.discard(where)
+                if job.sizes.get(where, 0) > job.read[where]:
+                    self._notify_output(job, where)
+                for process in job.processes:
+                    fd = process.fds.get(where[1]) if process.rank == where[0] else None
+                    if fd is not None and fd in self.paused:
+                        self._maybe_resume(fd)
+        elif op == "forget":
+            self._forget(int(request["key"]))
+        elif op == "bye":
+            self.remove_on_exit = bool(request.get("remove"))
+            if request.get("policy") == "terminate":
+                # end every job; the agent stays connected to hear each end, then the keeper leaves
+                self.closing = True
+                self._send({"op": "closing", "policy": "terminate"})
+            else:
+                self._flush_agent()
+                self._drop_agent()
+                self.idle_since = time.monotonic() - IDLE_EXIT + 1.0  # leave soon once no job runs
+        else:
+            self._send({"op": "error", "error": f"unknown request {op!r}"})
+
+    def _describe(self, job: _Job) -> dict:
+        return {
+            "key": job.key,
+            "done": job.done,
+            "pids": [p.pid for p in job.processes],
+            "codes": [p.code if p.reported else None for p in job.processes],
+            "sizes": {f"{r}.{s}": n for (r, s), n in job.sizes.items()},
+            "started": job.started,
+            "ended": job.ended,
+        }
+
+    def _ended_on_disk(self) -> List[dict]:
+        """Jobs ended under an earlier keeper (their status.json), not in memory now."""
+        found = []
+        try:
+            names = os.listdir(self.jobs_dir)
+        except OSError:
+            return found
+        for name in names:
+            if not name.isdigit() or int(name) in self.jobs:
+                continue
+            try:
+                with open(os.path.join(self.jobs_dir, name, "status.json")) as status:
+                    data = json.load(status)
+            except (OSError, ValueError):
+                # started but never finished here (the keeper itself was killed): lost
+                data = {"key": int(name), "done": True, "lost": True, "codes": [], "pids": []}
+            data["done"] = True
+            found.append(data)
+        return found
+
+    # ------------------------------------------------------------------ jobs
+
+    def _spawn(self, key: int, argv: List[str], env: Dict[str, str], cwd: str, count: int) -> None:
+        if key in self.jobs:
+            self._send({"op": "failed", "key": key, "error": "a job with this key is already running"})
+            return
+        directory = os.path.join(self.jobs_dir, str(key))
+        job = _Job(key, directory)
+        try:
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            for name in os.listdir(directory):  # an earlier job with this key, forgotten
+                os.unlink(os.path.join(directory, name))
+        except OSError as exc:
+            self._send({"op": "failed", "key": key, "error": f"cannot prepare {directory}: {exc.strerror or exc}"})
+            return
+        self.jobs[key] = job
+        try:
+            for rank in range(count):
+                self._start_process(job, rank, argv, env, cwd, count)
+        except OSError as exc:
+            _kill_group(job.pgid, signal.SIGKILL)  # those that did start: they end as the job fails
+            error = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
+            self._send({"op": "failed", "key": key, "error": error, "started": len(job.processes)})
+            if not job.processes:
+                self._close_files(job)
+                job.done = True
+                job.ended = time.time()
+                self._write_status(job, error)
+            return
+        self._send({"op": "spawned", "key": key, "pids": [p.pid for p in job.processes]})
+
+    def _start_process(self, job: _Job, rank: int, argv, env, cwd, count) -> None:
+        env = dict(env)
+        env["PROXY_AGENT_PROCESS_INDEX"] = str(rank)
+        env["PROXY_AGENT_NUM_PROCS"] = str(count)
+        if self.reaper is not None:
+            from .reaper import MARKER
+
+            env[MARKER] = self.reaper.mark(job.key)
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        try:
+            popen = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, cwd=cwd, env=env,
+                close_fds=True, **_group(job.pgid or 0),
+            )
+        except BaseException:
+            for fd in (out_r, out_w, err_r, err_w):
+                os.close(fd)
+            raise
+        os.close(out_w)
+        os.close(err_w)
+        if job.pgid is None:
+            job.pgid = popen.pid
+        process = _Process(rank, popen, {"stdout": out_r, "stderr": err_r})
+        job.processes.append(process)
+        self.by_pid[popen.pid] = (job, process)
+        for stream, fd in process.fds.items():
+            os.set_blocking(fd, False)
+            path = os.path.join(job.dir, f"{rank}.{'out' if stream == 'stdout' else 'err'}")
+            job.files[(rank, stream)] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            job.sizes[(rank, stream)] = 0
+            self.by_fd[fd] = (job, process, stream)
+            self.selector.register(fd, selectors.EVENT_READ, ("pipe", None))
+
+    def _pipe_readable(self, fd: int) -> None:
+        entry = self.by_fd.get(fd)
+        if entry is None:
+            return
+        job, process, stream = entry
+        where = (process.rank, stream)
+        try:
+            data = os.read(fd, _READ)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:
+            self._close_pipe(fd)
+            return
+        out = job.files[where]
+        view = memoryview(data)
+        while view:
+            written = os.write(out, view)
+            view = view[written:]
+        job.sizes[where] += len(data)
+        self._notify_output(job, where)
+        limit = AHEAD if self.agent is not None else AHEAD_DETACHED
+        if job.sizes[where] - job.read.get(where, 0) > limit:
+            self.selector.unregister(fd)
+            self.paused.add(fd)
+
+    def _maybe_resume(self, fd: int) -> None:
+        entry = self.by_fd.get(fd)
+        if entry is None:
+            self.paused.discard(fd)
+            return
+        job, process, stream = entry
+        where = (process.rank, stream)
+        limit = AHEAD if self.agent is not None else AHEAD_DETACHED
+        if job.sizes[where] - job.read.get(where, 0) <= limit:
+            self.paused.discard(fd)
+            self.selector.register(fd, selectors.EVENT_READ, ("pipe", None))
+
+    def _notify_output(self, job: _Job, where: Tuple[int, str]) -> None:
+        if self.agent is None or where in job.notified:
+            return
+        job.notified.add(where)
+        self._send({"op": "output", "key": job.key, "rank": where[0], "stream": where[1], "size": job.sizes[where]})
+
+    def _close_pipe(self, fd: int) -> None:
+        entry = self.by_fd.pop(fd, None)
+        if fd in self.paused:
+            self.paused.discard(fd)
+        else:
+            try:
+                self.selector.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+        os.close(fd)
+        if entry is not None:
+            job, process, stream = entry
+            process.fds.pop(stream, None)
+            self._check_process(job, process)
+
+    def _reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            entry = self.by_pid.pop(pid, None)
+            if entry is None:
+                continue  # an orphan a job left behind: reaped, nothing more
+            job, process = entry
+            process.code = os.waitstatus_to_exitcode(status)
+            process.popen.returncode = process.code
+            process.exited_at = time.monotonic()
+            self._check_process(job, process)
+
+    def _check_process(self, job: _Job, process: _Process) -> None:
+        """Report a process once it has exited and its output is complete (its pipes closed),
+        or once its pipes have stayed open EOF_GRACE seconds after it exited (something it
+        started holds them; they are read on until the job ends)."""
+        if process.reported or process.code is None:
+            return
+        if process.fds and time.monotonic() - (process.exited_at or 0) < EOF_GRACE:
+            return
+        process.reported = True
+        self._send({"op": "exit", "key": job.key, "rank": process.rank, "code": process.code})
+        if all(p.reported for p in job.processes):
+            self._finish(job)
+
+    def _finish(self, job: _Job) -> None:
+        _kill_group(job.pgid, signal.SIGKILL)  # whatever the job left in its group
+        if self.reaper is not None:
+            known = [p.pid for j in self.jobs.values() if not j.done for p in j.processes if p.code is None]
+            alive = {str(j.key) for j in self.jobs.values() if not j.done and j is not job}
+            self.reaper.sweep(known, lambda mark: mark in alive)
+        for process in job.processes:  # what is still in pipes held by the ended leftovers
+            for fd in list(process.fds.values()):
+                self._drain_and_close(fd)
+        job.done = True
+        job.ended = time.time()
+        job.kill_at = None
+        self._close_files(job)
+        self._write_status(job)
+        self._send({"op": "done", "key": job.key})
+        self.idle_since = time.monotonic()
+
+    def _drain_and_close(self, fd: int) -> None:
+        entry = self.by_fd.get(fd)
+        while entry is not None:
+            try:
+                data = os.read(fd, _READ)
+            except OSError:
+                break
+            if not data:
+                break
+            job, process, stream = entry
+            os.write(job.files[(process.rank, stream)], data)
+            job.sizes[(process.rank, stream)] += len(data)
+            self._notify_output(job, (process.rank, stream))
+        if fd in self.by_fd:
+            self.by_fd.pop(fd)
+            if fd in self.paused:
+                self.paused.discard(fd)
+            else:
+                try:
+                    self.selector.unregister(fd)
+                except (KeyError, ValueError):
+                    pass
+            os.close(fd)
+            if entry is not None:
+                entry[1].fds.pop(entry[2], None)
+
+    def _close_files(self, job: _Job) -> None:
+        for fd in job.files.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        job.files = {}
+
+    def _write_status(self, job: _Job, error: Optional[str] = None) -> None:
+        status = {
+            "key": job.key,
+            "done": True,
+            "pids": [p.pid for p in job.processes],
+            "codes": [p.code for p in job.processes],
+            "sizes": {f"{r}.{s}": n for (r, s), n in job.sizes.items()},
+            "started": job.started,
+            "ended": job.ended,
+        }
+        if error is not None:
+            status["error"] = error
+        path = os.path.join(job.dir, "status.json")
+        temporary = path + ".new"
+        try:
+            with open(temporary, "w") as out:
+                json.dump(status, out)
+            os.replace(temporary, path)
+        except OSError:
+            pass
+
+    def _forget(self, key: int) -> None:
+        job = self.jobs.get(key)
+        if job is not None and not job.done:
+            return
+        self.jobs.pop(key, None)
+        directory = os.path.join(self.jobs_dir, str(key))
+        try:
+            for name in os.listdir(directory):
+                os.unlink(os.path.join(directory, name))
+            os.rmdir(directory)
+        except OSError:
+            pass
+
+    # ------------------------------------------------------------------ signals
+
+    def _signal_job(self, job: _Job, action: str, grace: float) -> None:
+        if job.done:
+            return
+        if action == "terminate":
+            _kill_group(job.pgid, signal.SIGTERM)
+            _kill_group(job.pgid, signal.SIGCONT)  # a stopped job must wake to see SIGTERM
+            if job.kill_at is None:
+                job.kill_at = time.monotonic() + grace
+        elif action == "kill":
+            _kill_group(job.pgid, signal.SIGKILL)
+        elif action == "suspend":
+            _kill_group(job.pgid, signal.SIGSTOP)
+            job.stopped = True
+        elif action == "resume":
+            _kill_group(job.pgid, signal.SIGCONT)
+            job.stopped = False
+
+    def _terminate_all(self, grace: float) -> None:
+        for job in self.jobs.values():
+            if not job.done and job.kill_at is None:
+                self._signal_job(job, "terminate", grace)
+
+    def _timers(self) -> None:
+        now = time.monotonic()
+        for job in list(self.jobs.values()):
+            if job.kill_at is not None and now >= job.kill_at and not job.done:
+                _kill_group(job.pgid, signal.SIGKILL)
+                job.kill_at = None
+            for process in job.processes:
+                if process.exited_at is not None and not process.reported and now - process.exited_at >= EOF_GRACE:
+                    self._check_process(job, process)
+
+
+def _group(pgid: int) -> dict:
+    """Popen options putting the child in process group ``pgid`` (0: a new group it leads)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": pgid}
+    return {"preexec_fn": lambda: os.setpgid(0, pgid)}  # pragma: no cover
+
+
+def _kill_group(pgid: Optional[int], sig: int) -> None:
+    if pgid is None:
+        return
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 1:
+        print("usage: python -m proxy_agent.schedulers.keeper DIRECTORY", file=sys.stderr)
+        return 2
+    directory = args[0]
+    try:
+        os.setsid()
+    except OSError as exc:
+        if exc.errno != errno.EPERM:  # already a session leader
+            raise
+    keeper = Keeper(directory)
+    try:
+        keeper.run()
+    finally:
+        try:
+            os.unlink(os.path.join(directory, "keeper.sock"))
+        except OSError:
+            pass
+        if keeper.remove_on_exit:
+            import shutil
+
+            shutil.rmtree(directory, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

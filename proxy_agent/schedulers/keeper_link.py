@@ -1,0 +1,130 @@
+"""The agent's end of the keeper's socket (see :mod:`.keeper`): start it, talk to it.
+
+:func:`open_keeper` connects to the keeper of a directory, starting one (detached, in its
+own session) when none answers.  :class:`KeeperLink` sends requests as JSON lines and hands
+every message from the keeper to a callback, in order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from typing import Callable, Optional
+
+import trio
+
+log = logging.getLogger("proxy_agent.schedulers.keeper")
+
+__all__ = ["KeeperError", "KeeperLink", "open_keeper"]
+
+#: How long a freshly started keeper may take to answer.
+_START_TIMEOUT = 10.0
+_MAX_LINE = 64 << 20
+
+
+class KeeperError(Exception):
+    pass
+
+
+def _package_root() -> str:
+    """Where the ``proxy_agent`` package is imported from (a directory or the single file)."""
+    import proxy_agent
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(proxy_agent.__file__)))
+
+
+class KeeperLink:
+    def __init__(self, stream: trio.SocketStream, directory: str) -> None:
+        self.stream = stream
+        self.directory = directory
+        self._buffer = b""
+        self._lock = trio.Lock()
+        self.closed = False
+
+    async def send(self, message: dict) -> None:
+        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        async with self._lock:
+            try:
+                await self.stream.send_all(data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                self.closed = True
+                raise KeeperError(f"the keeper of {self.directory} is gone: {exc}") from None
+
+    async def receive(self) -> Optional[dict]:
+        """The next message (None when the keeper closed the connection)."""
+        while b"\n" not in self._buffer:
+            try:
+                data = await self.stream.receive_some(1 << 16)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                data = b""
+            if not data:
+                self.closed = True
+                return None
+            self._buffer += data
+            if len(self._buffer) > _MAX_LINE:
+                raise KeeperError("the keeper sent a line too long to be one message")
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    async def serve(self, handle: Callable[[dict], None]) -> None:
+        """Hand every message to ``handle`` until the keeper closes the connection."""
+        while True:
+            message = await self.receive()
+            if message is None:
+                return
+            handle(message)
+
+    async def aclose(self) -> None:
+        self.closed = True
+        with trio.move_on_after(1) as scope:
+            scope.shield = True
+            try:
+                await self.stream.aclose()
+            except Exception:  # noqa: BLE001
+                pass
+
+
+async def _connect(path: str) -> Optional[trio.SocketStream]:
+    try:
+        return await trio.open_unix_socket(path)
+    except OSError:
+        return None
+
+
+async def open_keeper(directory: str) -> KeeperLink:
+    """Connect to the keeper of ``directory``, starting one if none answers."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    path = os.path.join(directory, "keeper.sock")
+    stream = await _connect(path)
+    if stream is None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [_package_root(), env.get("PYTHONPATH")]))
+        log_path = os.path.join(directory, "keeper.log")
+        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        try:
+            process = await trio.lowlevel.open_process(
+                [sys.executable, "-m", "proxy_agent.schedulers.keeper", directory],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=log_fd,
+                start_new_session=True, env=env, cwd="/",
+            )
+        finally:
+            os.close(log_fd)
+        log.info("started a keeper for %s (pid %d)", directory, process.pid)
+        with trio.move_on_after(_START_TIMEOUT):
+            while stream is None:
+                if process.returncode is not None or process.poll() is not None:
+                    break
+                await trio.sleep(0.005)
+                stream = await _connect(path)
+        if stream is None:
+            tail = ""
+            try:
+                with open(log_path, "rb") as log_file:
+                    tail = log_file.read()[-400:].decode("utf-8", "replace").strip()
+            except OSError:
+                pass
+            raise KeeperError(f"the keeper for {directory} did not start" + (f": {tail}" if tail else ""))
+    return KeeperLink(stream, directory)
