@@ -146,7 +146,8 @@ class Mirror:
     """A client's picture of the model, built from events; protocol slips fail the test.
 
     ``elements`` maps a client id (``job id:rank`` for processes) to (kind, parent id,
-    attributes); ``output`` maps a process to its (stream, line) in the order received.
+    attributes); a change to an empty value removes the attribute.  ``output`` maps a process
+    to its (stream, line) in the order received.
     """
 
     OUTPUT_KEYS = {"processStdout": "stdout", "processStderr": "stderr"}
@@ -176,7 +177,12 @@ class Mirror:
                     for ref in element_refs(single):
                         assert ref in elements, f"CHANGE for unknown element {ref}"
                         assert elements[ref][0] is event.kind, f"{event.event_id.name} for {ref}, a {elements[ref][0]}"
-                        elements[ref][2].update(attrs)
+                        known = elements[ref][2]
+                        for key, value in attrs.items():
+                            if value == "":
+                                known.pop(key, None)  # the attribute no longer has a value
+                            else:
+                                known[key] = value
                         self.output.setdefault(ref, []).extend(lines)
             elif isinstance(event, (RemoveElements, RemoveProcesses)):
                 for ref in element_refs(event):

@@ -236,6 +236,27 @@ def test_new_then_remove_vanishes_and_change_then_remove_is_a_remove():
     assert events[1].kind is ElementKind.JOB and list(events[1].ids) == [BASE + known]
 
 
+def test_a_cleared_attribute_reaches_the_client_as_an_empty_value():
+    model, machine, queue = make_model()
+    node = model.add(Kind.NODE, machine, {K.STATE: "DOWN", K.REASON: "maintenance"})
+    job, (proc,) = add_job(model, queue, procs=1, attrs={K.MESSAGE: "waiting", K.EXECUTABLE: "/bin/true"})
+    model.update(proc, {K.NODE: node, K.EXIT_CODE: "1"})
+    client = Client(model)
+    mirror = Mirror().apply(client.snapshot())
+    model.update(node, {K.STATE: "UP", K.REASON: None})
+    model.update(job, {K.MESSAGE: None, K.EXECUTABLE: None})
+    model.update(proc, {K.NODE: None, K.EXIT_CODE: None})
+    events = client.drain()
+    changes = {e.kind: e.groups[0].attributes for e in events}
+    assert changes[ElementKind.NODE] == (("nodeState", "UP"), ("reason", ""))
+    assert set(changes[ElementKind.JOB]) == {("jobStatusMessage", ""), ("execName", ""), ("execPath", "")}
+    assert set(changes[ElementKind.PROCESS]) == {("processNodeId", ""), ("processExitCode", "")}
+    mirror.apply(events)
+    assert_in_step(client, mirror)
+    model.update(job, {K.MESSAGE: None})  # clearing what has no value is no change
+    assert client.drain() == []
+
+
 def test_unchanged_value_is_not_a_change():
     model, machine, queue = make_model()
     job, _ = add_job(model, queue, state="RUNNING")
@@ -440,8 +461,8 @@ def test_move_while_a_chunked_snapshot_is_being_sent(monkeypatch):
 
 
 ops = st.lists(
-    st.tuples(st.sampled_from(["add_job", "add_procs", "update", "remove", "remove_proc", "move", "output",
-                               "drain"]),
+    st.tuples(st.sampled_from(["add_job", "add_procs", "update", "clear", "remove", "remove_proc", "move",
+                               "output", "drain"]),
               st.integers(0, 50), st.integers(0, 3)),
     max_size=60,
 )
@@ -457,6 +478,9 @@ def apply_op(model: ServiceModel, queues: List[int], op: str, pick: int, value: 
     elif op == "update" and jobs + procs:
         keys = jobs + procs
         model.update(keys[pick % len(keys)], {K.STATE: list(JobState)[value].value, K.MESSAGE: str(pick)})
+    elif op == "clear" and jobs + procs:
+        keys = jobs + procs
+        model.update(keys[pick % len(keys)], {K.MESSAGE: None})
     elif op == "remove" and jobs:
         model.remove(jobs[pick % len(jobs)])
     elif op == "remove_proc" and procs:
@@ -484,8 +508,8 @@ def test_drained_events_reproduce_the_model(operations):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["chunk", "add_job", "add_procs", "update", "remove", "remove_proc",
-                                           "move", "output"]),
+@given(st.lists(st.tuples(st.sampled_from(["chunk", "add_job", "add_procs", "update", "clear", "remove",
+                                           "remove_proc", "move", "output"]),
                           st.integers(0, 50), st.integers(0, 3)), max_size=60),
        st.integers(0, 12))
 def test_snapshot_taken_while_the_model_changes(operations, initial_jobs):
