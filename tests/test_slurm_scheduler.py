@@ -211,22 +211,24 @@ async def test_suspend_and_resume():
 async def test_unknown_partition_is_refused_naming_the_queues():
     async with cluster() as c:
         with pytest.raises(CommandFailed) as failed:
-            await c.client.submit("true", partition="nosuch")
+            await c.client.submit("true", partition="nosuch", sub_id="pa-nosuch")
         assert failed.value.code == ErrorCode.NO_SUCH_QUEUE
         assert failed.value.event.event_id.name == "SUBMITJOB_ERROR"
+        assert failed.value.event.job_sub_id == "pa-nosuch"
         assert "nosuch" in failed.value.message and "slurm:debug" in failed.value.message
-        assert not c.client.jobs or all(j.get("jobSubId") is None or j.name != "true" for j in c.client.jobs.values())
+        assert all(j.get("jobSubId") != "pa-nosuch" for j in c.client.jobs.values())
 
 
 async def test_a_submission_slurm_refuses_is_refused_with_slurms_message():
     async with cluster() as c:
         with pytest.raises(CommandFailed) as failed:
-            await c.client.submit("true", memory="99999999")
+            await c.client.submit("true", memory="99999999", sub_id="pa-toobig")
         assert failed.value.code == ErrorCode.SUBMIT_FAILED
         assert failed.value.event.event_id.name == "SUBMITJOB_ERROR"
+        assert failed.value.event.job_sub_id == "pa-toobig"
         assert "Memory specification can not be satisfied" in failed.value.message
         assert "Batch job submission failed" in failed.value.message
-        assert not c.client.jobs or all(j.name != "true" for j in c.client.jobs.values())
+        assert all(j.get("jobSubId") != "pa-toobig" for j in c.client.jobs.values())
 
 
 async def test_arguments_and_environment_arrive_verbatim():
