@@ -1,4 +1,4 @@
-"""The local scheduler: real processes, run in-process against a Model."""
+"""The local backend: real processes, run in-process in a job service, seen by a PTP client."""
 
 from __future__ import annotations
 
@@ -11,12 +11,14 @@ import trio
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy_agent.model import Model
+from proxy_agent.frontends.ptp import mapping
 from proxy_agent.protocol.attributes import A, AttributeRegistry, AttributeSet, AttrType
-from proxy_agent.protocol.ids import IdAllocator
-from proxy_agent.protocol.messages import AttrDef, ElementKind, ErrorCode, ProcessChange
-from proxy_agent.schedulers.base import JobError, SchedulerOptions, SubmitError
-from proxy_agent.schedulers.local import MAX_PROCS, LineSplitter, LocalScheduler
+from proxy_agent.protocol.messages import AttrDef, ElementKind, ErrorCode, NewElements
+from proxy_agent.schedulers.common import LineSplitter
+from proxy_agent.schedulers.local import MAX_PROCS, LocalBackend, LocalOptions
+from proxy_agent.service.jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
+from proxy_agent.service.model import K, Kind, ServiceModel
+from service_fixtures import Harness, start_backend, wait_for
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and process groups")
 
@@ -28,16 +30,11 @@ TIMEOUT = 10
 
 
 @pytest.fixture
-def model() -> Model:
-    return Model(IdAllocator(base_id=100))
-
-
-@pytest.fixture
-async def local(nursery, model):
-    scheduler = LocalScheduler(model, SchedulerOptions(kill_grace=0.3))
-    await nursery.start(scheduler.run)
-    yield scheduler
-    await scheduler.aclose()
+async def local(nursery):
+    backend = LocalBackend(ServiceModel(), LocalOptions(kill_grace=0.3))
+    harness = await start_backend(nursery, backend)
+    yield harness
+    await backend.aclose()
 
 
 def job_attrs(*pairs: Tuple[str, str], sub_id: Optional[str] = "sub-1") -> AttributeSet:
@@ -50,45 +47,18 @@ def shell(script: str, *more: Tuple[str, str]) -> AttributeSet:
     return job_attrs((A.EXEC_PATH, SH), (A.PROG_ARGS, "-c"), (A.PROG_ARGS, script), *more)
 
 
-async def wait_for(predicate, timeout: float = TIMEOUT) -> None:
-    with trio.fail_after(timeout):
-        while not predicate():
-            await trio.sleep(0.005)
+async def running(local: Harness, job: int) -> None:
+    await local.wait_state(job, "RUNNING")
 
 
-async def running(model: Model, job_id: int) -> None:
-    await wait_for(lambda: model.attr(job_id, A.JOB_STATE) == "RUNNING")
+async def ended(local: Harness, job: int, timeout: float = TIMEOUT) -> Dict[str, object]:
+    return await local.wait_ended(job, timeout)
 
 
-async def completed(model: Model, job_id: int, timeout: float = TIMEOUT) -> Dict[str, object]:
-    await wait_for(lambda: model.attr(job_id, A.JOB_STATE) == "COMPLETED", timeout)
-    return model.attrs(job_id)
-
-
-class Output:
-    """Process output collected from drained events."""
-
-    def __init__(self) -> None:
-        self.lines: Dict[Tuple[int, str], List[str]] = {}
-
-    def collect(self, events) -> None:
-        for event in events:
-            if not isinstance(event, ProcessChange):
-                continue
-            for group in event.groups:
-                for key, value in group.attributes:
-                    if key in (A.PROCESS_STDOUT, A.PROCESS_STDERR):
-                        for pid in group.ids:
-                            self.lines.setdefault((pid, key), []).append(value)
-
-    def of(self, pid: int, key: str = A.PROCESS_STDOUT) -> List[str]:
-        return self.lines.get((pid, key), [])
-
-
-def drained_output(model: Model) -> Output:
-    out = Output()
-    out.collect(model.drain(7))
-    return out
+def output(local: Harness, process: int, stream: str = "stdout") -> List[str]:
+    """Every line of a process the client has been sent (joined lines split again)."""
+    local.sync()
+    return [piece for chunk in local.output(process, stream) for piece in chunk.split("\n")]
 
 
 def proc_stat(pid: int) -> Tuple[str, int]:
@@ -129,34 +99,43 @@ def live_members(pgid: int) -> List[int]:
     return members
 
 
-def processes(model: Model, job_id: int) -> List[int]:
-    return model.children(job_id, ElementKind.PROCESS)
+def processes(local: Harness, job: int) -> List[int]:
+    return local.model.processes(job)
 
 
-def pid_of(model: Model, process_id: int) -> int:
-    return int(model.attr(process_id, A.PROCESS_PID))
+def pid_of(local: Harness, process: int) -> int:
+    return int(local.model.attr(process, K.PID))
 
 
 # --------------------------------------------------------------------------- the model
 
 
-async def test_model_is_this_host(local, model):
-    [machine] = model.ids(ElementKind.MACHINE)
-    [node] = model.ids(ElementKind.NODE)
-    [queue] = model.ids(ElementKind.QUEUE)
-    assert model.attrs(machine) == {"name": local.hostname, "machineState": "UP", "numNodes": "1"}
+async def test_model_is_this_host(local):
+    model, backend = local.model, local.backend
+    [machine] = model.keys(Kind.MACHINE)
+    [node] = model.keys(Kind.NODE)
+    [queue] = model.keys(Kind.QUEUE)
+    assert model.attrs(machine) == {K.NAME: backend.hostname, K.STATE: "UP", K.NUM_NODES: "1", K.BACKEND: "local"}
     node_attrs = model.attrs(node)
-    assert node_attrs["name"] == local.hostname
-    assert node_attrs["nodeState"] == "UP" and node_attrs["nodeNumber"] == "0"
-    assert int(node_attrs["cpus"]) >= 1
+    assert node_attrs[K.NAME] == backend.hostname
+    assert node_attrs[K.STATE] == "UP" and node_attrs[K.NUMBER] == "0"
+    assert int(node_attrs[K.CPUS]) >= 1
     assert model.get(node).parent == machine
-    assert model.attrs(queue) == {"name": "default", "queueState": "NORMAL"}
+    assert model.attrs(queue) == {K.NAME: "default", K.STATE: "NORMAL", K.BACKEND: "local", K.DEFAULT: "true",
+                                  K.TOTAL_SLOTS: node_attrs[K.CPUS]}
+    assert local.service.default_queue() == (backend, queue)
+    # as the client was sent them
+    assert local.ptp(machine) == {"name": backend.hostname, "machineState": "UP", "numNodes": "1",
+                                  "backend": "local"}
+    assert local.ptp(node)["nodeState"] == "UP" and local.ptp(node)["nodeNumber"] == "0"
+    assert local.ptp(queue)["queueState"] == "NORMAL" and local.ptp(queue)["name"] == "default"
 
 
-def test_attribute_definitions(model):
-    defs = LocalScheduler(model, SchedulerOptions()).attribute_definitions()
+async def test_attribute_definitions(local):
+    queue = local.backend.queue_id
+    defs = mapping.attribute_definitions(local.service.attributes(), local.client.id(queue))
     registry = AttributeRegistry(defs)  # no id twice
-    for attr_id in (A.JOB_STATE, A.PROCESS_PID, A.NODE_STATE):
+    for attr_id in (A.JOB_STATE, A.PROCESS_PID, A.NODE_STATE, "jobStatus", "jobNativeState"):
         assert attr_id in registry
     assert registry.get(A.PROG_ARGS).type is AttrType.ARRAY
     assert registry.get(A.ENV).type is AttrType.ARRAY
@@ -164,6 +143,7 @@ def test_attribute_definitions(model):
     assert procs.type is AttrType.INTEGER and procs.minimum == "1" and procs.maximum == str(MAX_PROCS)
     assert procs.default == "1"
     assert registry.get("suspend").type is AttrType.BOOLEAN
+    assert registry.get(A.QUEUE_ID).default == local.client.id(queue)
     for attr_id in (A.JOB_SUB_ID, A.EXEC_NAME, A.EXEC_PATH, A.WORKING_DIR, A.QUEUE_ID, "jobName", "cpus"):
         assert attr_id in registry
     AttrDef(1, defs).encode()
@@ -172,244 +152,280 @@ def test_attribute_definitions(model):
 # --------------------------------------------------------------------------- running programs
 
 
-async def test_arguments_reach_the_program_verbatim(local, model):
+async def test_arguments_reach_the_program_verbatim(local):
     args = ["hello world", "it's \"quoted\"", "$(echo pwned)", "`id`", "*", "a;b|c&&d", "$HOME", ""]
-    job_id = await local.submit(job_attrs((A.EXEC_PATH, "/bin/echo"), *[(A.PROG_ARGS, a) for a in args]))
-    attrs = await completed(model, job_id)
-    assert attrs[A.JOB_STATUS] == "FINISHED"
-    assert attrs[A.PROG_ARGS] == tuple(args)
-    [proc] = processes(model, job_id)
-    assert drained_output(model).of(proc) == [" ".join(args)]
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/echo"), *[(A.PROG_ARGS, a) for a in args]))
+    attrs = await ended(local, job)
+    assert attrs[K.STATE] == "FINISHED" and attrs[K.NATIVE_STATE] == "EXITED"
+    assert attrs[K.ARGUMENTS] == tuple(args)
+    [new_job] = [e for e in local.sync() if isinstance(e, NewElements) and e.kind is ElementKind.JOB]
+    assert [v for k, v in new_job.groups[0].attributes if k == A.PROG_ARGS] == args  # one value each
+    [proc] = processes(local, job)
+    assert output(local, proc) == [" ".join(args)]
 
 
-async def test_new_job_attributes(local, model, tmp_path):
-    job_id = await local.submit(
+async def test_new_job_attributes(local, tmp_path):
+    model, backend = local.model, local.backend
+    job = await local.submit_ptp(
         job_attrs((A.EXEC_NAME, "true"), (A.WORKING_DIR, str(tmp_path)), ("jobName", "my job"), sub_id="abc")
     )
-    attrs = model.attrs(job_id)
-    assert model.get(job_id).parent == local.queue_id
-    assert attrs[A.JOB_SUB_ID] == "abc"
-    assert attrs[A.NAME] == "my job"
-    assert attrs[A.QUEUE_ID] == str(local.queue_id)
-    assert attrs[A.JOB_NUM_PROCS] == "1"
-    assert attrs[A.EXEC_NAME] == "true"
-    assert os.path.isabs(attrs[A.EXEC_PATH])
-    assert attrs[A.WORKING_DIR] == str(tmp_path)
-    assert attrs[A.USER_ID]
-    [proc] = processes(model, job_id)
-    assert model.attr(proc, A.PROCESS_INDEX) == "0"
-    assert model.attr(proc, A.PROCESS_NODE_ID) == str(local.node_id)
-    attrs = await completed(model, job_id)
-    assert int(model.attr(proc, A.PROCESS_PID)) > 0
-    assert attrs[A.JOB_STATUS] == "FINISHED"
-    assert model.attr(proc, A.PROCESS_EXIT_CODE) == "0"
-    assert model.attr(proc, A.PROCESS_STATE) == "COMPLETED"
-    assert model.attr(proc, A.PROCESS_STATUS) == "FINISHED"
+    attrs = model.attrs(job)
+    assert model.get(job).parent == backend.queue_id and model.owner(job) == "local"
+    assert attrs[K.CLIENT_REF] == "abc"
+    assert attrs[K.NAME] == "my job"
+    assert attrs[K.QUEUE] == backend.queue_id
+    assert attrs[K.NUM_PROCS] == "1"
+    assert os.path.isabs(attrs[K.EXECUTABLE]) and os.path.basename(attrs[K.EXECUTABLE]) == "true"
+    assert attrs[K.WORKING_DIR] == str(tmp_path)
+    assert attrs[K.USER]
+    [proc] = processes(local, job)
+    assert model.get(proc).rank == 0
+    assert model.attr(proc, K.NODE) == backend.node_id
+    local.sync()
+    shown = local.ptp(job)
+    assert shown[A.JOB_SUB_ID] == "abc" and shown[A.NAME] == "my job"
+    assert shown[A.QUEUE_ID] == local.client.id(backend.queue_id)
+    assert shown[A.JOB_NUM_PROCS] == "1" and shown[A.EXEC_NAME] == "true"
+    assert os.path.isabs(shown[A.EXEC_PATH]) and shown[A.WORKING_DIR] == str(tmp_path)
+    assert shown[A.USER_ID] == attrs[K.USER]
+    assert local.client.id(proc) == f"{local.client.id(job)}:0"
+    assert local.ptp(proc)[A.PROCESS_NODE_ID] == local.client.id(backend.node_id)
+    attrs = await ended(local, job)
+    assert int(model.attr(proc, K.PID)) > 0
+    assert attrs[K.STATE] == "FINISHED"
+    assert model.attr(proc, K.EXIT_CODE) == "0"
+    assert model.attr(proc, K.STATE) == "FINISHED"
+    local.sync()
+    assert local.ptp(proc)[A.PROCESS_STATE] == "COMPLETED"
+    assert local.ptp(proc)["processStatus"] == "FINISHED"
+    assert local.ptp(job)[A.JOB_STATE] == "COMPLETED" and local.ptp(job)["jobStatus"] == "FINISHED"
 
 
-async def test_environment_and_working_directory(local, model, tmp_path):
-    job_id = await local.submit(
+async def test_environment_and_working_directory(local, tmp_path):
+    job = await local.submit_ptp(
         job_attrs(
             (A.EXEC_NAME, "sh"),  # found on PATH
             (A.PROG_ARGS, "-c"),
-            (A.PROG_ARGS, 'printf "%s\\n" "$GREETING" "$EQUALS" "$PROXY_AGENT_PROCESS_INDEX"; pwd'),
+            (A.PROG_ARGS, 'printf "%s\\n" "$GREETING" "$EQUALS" "$PROXY_AGENT_PROCESS_INDEX" '
+                          '"$PROXY_AGENT_JOB_KEY"; pwd'),
             (A.ENV, "GREETING=hello there"),
             (A.ENV, "EQUALS=a=b"),
             (A.WORKING_DIR, str(tmp_path)),
         )
     )
-    await completed(model, job_id)
-    [proc] = processes(model, job_id)
-    assert drained_output(model).of(proc) == ["hello there", "a=b", "0", str(tmp_path)]
+    await ended(local, job)
+    [proc] = processes(local, job)
+    assert output(local, proc) == ["hello there", "a=b", "0", str(job), str(tmp_path)]
 
 
-async def test_exit_code_and_failure(local, model):
-    job_id = await local.submit(shell("echo before; exit 3"))
-    attrs = await completed(model, job_id)
-    assert attrs[A.JOB_STATUS] == "FAILED"
-    assert "exited with code 3" in attrs[A.JOB_STATUS_MESSAGE]
-    [proc] = processes(model, job_id)
-    assert model.attr(proc, A.PROCESS_EXIT_CODE) == "3"
-    assert model.attr(proc, A.PROCESS_STATUS) == "FAILED"
-    assert drained_output(model).of(proc) == ["before"]
+async def test_exit_code_and_failure(local):
+    job = await local.submit_ptp(shell("echo before; exit 3"))
+    attrs = await ended(local, job)
+    assert attrs[K.STATE] == "FAILED" and attrs[K.NATIVE_STATE] == "FAILED"
+    assert "exited with code 3" in attrs[K.MESSAGE]
+    [proc] = processes(local, job)
+    assert local.model.attr(proc, K.EXIT_CODE) == "3"
+    assert local.model.attr(proc, K.STATE) == "FAILED"
+    assert output(local, proc) == ["before"]
+    assert "exited with code 3" in local.ptp(job)[A.JOB_STATUS_MESSAGE]
+    assert local.ptp(proc)[A.PROCESS_EXIT_CODE] == "3"
 
 
-async def test_killed_by_a_signal(local, model):
-    job_id = await local.submit(shell("kill -SEGV $$"))
-    attrs = await completed(model, job_id)
-    assert attrs[A.JOB_STATUS] == "FAILED"
-    [proc] = processes(model, job_id)
-    assert model.attr(proc, A.PROCESS_SIGNAL_NAME) == "SIGSEGV"
-    assert model.attr(proc, A.PROCESS_EXIT_CODE) is None
+async def test_killed_by_a_signal(local):
+    job = await local.submit_ptp(shell("kill -SEGV $$"))
+    attrs = await ended(local, job)
+    assert attrs[K.STATE] == "FAILED"
+    assert "killed by SIGSEGV" in attrs[K.MESSAGE]
+    [proc] = processes(local, job)
+    assert local.model.attr(proc, K.SIGNAL) == "SIGSEGV"
+    assert local.model.attr(proc, K.EXIT_CODE) is None
+    local.sync()
+    assert local.ptp(proc)[A.PROCESS_SIGNAL_NAME] == "SIGSEGV"
 
 
-async def test_stdout_stderr_crlf_and_partial_last_line(local, model):
+async def test_stdout_stderr_crlf_and_partial_last_line(local):
     script = "printf 'out1\\nout2\\r\\nno newline'; printf 'err1\\nerr2' >&2"
-    job_id = await local.submit(shell(script))
-    await completed(model, job_id)
-    [proc] = processes(model, job_id)
-    out = drained_output(model)
-    assert out.of(proc, A.PROCESS_STDOUT) == ["out1", "out2", "no newline"]
-    assert out.of(proc, A.PROCESS_STDERR) == ["err1", "err2"]
+    job = await local.submit_ptp(shell(script))
+    await ended(local, job)
+    [proc] = processes(local, job)
+    assert output(local, proc, "stdout") == ["out1", "out2", "no newline"]
+    assert output(local, proc, "stderr") == ["err1", "err2"]
 
 
-async def test_undecodable_and_overlong_lines(local, model):
+async def test_undecodable_and_overlong_lines(local):
     script = "printf 'caf\\303\\251 \\377!\\n'; head -c 150000 /dev/zero | tr '\\0' x"
-    job_id = await local.submit(shell(script))
-    await completed(model, job_id)
-    [proc] = processes(model, job_id)
-    lines = drained_output(model).of(proc)
+    job = await local.submit_ptp(shell(script))
+    await ended(local, job)
+    [proc] = processes(local, job)
+    local.sync()
+    lines = local.output(proc)
     assert lines[0] == "café \ufffd!"
     assert [len(line) for line in lines[1:]] == [65536, 65536, 150000 - 2 * 65536]
 
 
-async def test_output_precedes_completion(local, model):
-    out = Output()
-    job_id = await local.submit(shell("i=0; while [ $i -lt 300 ]; do echo line$i; i=$((i+1)); done"))
-    [proc] = processes(model, job_id)
+async def test_output_precedes_completion(local):
+    job = await local.submit_ptp(shell("i=0; while [ $i -lt 300 ]; do echo line$i; i=$((i+1)); done"))
+    [proc] = processes(local, job)
     with trio.fail_after(TIMEOUT):
         while True:
-            out.collect(model.drain(7))
-            if model.attr(proc, A.PROCESS_STATE) == "COMPLETED":
+            local.sync()
+            if local.ptp(proc).get(A.PROCESS_STATE) == "COMPLETED":
                 break
             await trio.sleep(0)
     # everything was delivered no later than the drain that carried the completion
-    lines = [line for chunk in out.of(proc) for line in chunk.split("\n")]
-    assert lines == [f"line{i}" for i in range(300)]
+    assert output(local, proc) == [f"line{i}" for i in range(300)]
 
 
-async def test_several_processes(local, model):
+async def test_several_processes(local):
+    model = local.model
     script = 'echo "rank $PROXY_AGENT_PROCESS_INDEX of $PROXY_AGENT_NUM_PROCS"; exec sleep 30'
-    job_id = await local.submit(shell(script, (A.JOB_NUM_PROCS, "3")))
-    procs = processes(model, job_id)
+    job = await local.submit_ptp(shell(script, (A.JOB_NUM_PROCS, "3")))
+    procs = processes(local, job)
     assert len(procs) == 3
-    assert procs == list(range(procs[0], procs[0] + 3))  # contiguous ids
-    assert [model.attr(p, A.PROCESS_INDEX) for p in procs] == ["0", "1", "2"]
-    await wait_for(lambda: model.attr(job_id, A.JOB_STATE) == "RUNNING")
-    pids = [pid_of(model, p) for p in procs]
+    assert procs == list(range(procs[0], procs[0] + 3))  # contiguous keys
+    assert [model.get(p).rank for p in procs] == [0, 1, 2]
+    await running(local, job)
+    pids = [pid_of(local, p) for p in procs]
     assert {proc_stat(pid)[1] for pid in pids} == {pids[0]}  # one process group, led by process 0
-    out = Output()
-    await wait_for(lambda: (out.collect(model.drain(7)), all(out.of(p) for p in procs))[1])
-    assert [out.of(p) for p in procs] == [[f"rank {i} of 3"] for i in range(3)]
-    await local.change(job_id, AttributeSet([("suspend", "true")]))
+    await wait_for(lambda: all(output(local, p) for p in procs))
+    assert [output(local, p) for p in procs] == [[f"rank {i} of 3"] for i in range(3)]
+    await local.change_ptp(job, [f"jobId={local.client.id(job)}", "suspend=true"])
     assert [proc_stat(pid)[0] for pid in pids] == ["T"] * 3
-    assert {model.attr(p, A.PROCESS_STATE) for p in procs} == {"SUSPENDED"}
-    await local.change(job_id, AttributeSet([("suspend", "false")]))
-    assert {model.attr(p, A.PROCESS_STATE) for p in procs} == {"RUNNING"}
-    await local.terminate(job_id)
-    attrs = await completed(model, job_id)
-    assert attrs[A.JOB_STATUS] == "CANCELED"
+    assert {model.attr(p, K.STATE) for p in procs} == {"SUSPENDED"}
+    await local.change_ptp(job, ["suspend=false"])
+    assert {model.attr(p, K.STATE) for p in procs} == {"RUNNING"}
+    await local.service.terminate(job)
+    attrs = await ended(local, job)
+    assert attrs[K.STATE] == "KILLED" and attrs[K.NATIVE_STATE] == "TERMINATED"
     assert all(gone(pid) for pid in pids)
 
 
-async def test_many_short_processes_share_one_group(local, model):
+async def test_many_short_processes_share_one_group(local):
     # process 0 exits at once; the others must still be able to join its group
-    job_id = await local.submit(job_attrs((A.EXEC_PATH, "/bin/true"), (A.JOB_NUM_PROCS, "8")))
-    attrs = await completed(model, job_id)
-    assert attrs[A.JOB_STATUS] == "FINISHED"
-    assert [model.attr(p, A.PROCESS_EXIT_CODE) for p in processes(model, job_id)] == ["0"] * 8
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/true"), (A.JOB_NUM_PROCS, "8")))
+    attrs = await ended(local, job)
+    assert attrs[K.STATE] == "FINISHED"
+    assert [local.model.attr(p, K.EXIT_CODE) for p in processes(local, job)] == ["0"] * 8
 
 
-async def test_leftovers_are_killed_when_the_job_ends(local, model):
-    job_id = await local.submit(shell("sleep 30 & echo $!"))
-    attrs = await completed(model, job_id)
-    assert attrs[A.JOB_STATUS] == "FINISHED"
-    [proc] = processes(model, job_id)
-    [background] = drained_output(model).of(proc)
+async def test_leftovers_are_killed_when_the_job_ends(local):
+    job = await local.submit_ptp(shell("sleep 30 & echo $!"))
+    attrs = await ended(local, job)
+    assert attrs[K.STATE] == "FINISHED"
+    [proc] = processes(local, job)
+    [background] = output(local, proc)
     await wait_for(lambda: dead(int(background)), 2)
 
 
 # --------------------------------------------------------------------------- terminate
 
 
-async def test_terminate(local, model):
-    job_id = await local.submit(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
-    await running(model, job_id)
-    [proc] = processes(model, job_id)
-    pgid = pid_of(model, proc)
+async def test_terminate(local):
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
+    await running(local, job)
+    [proc] = processes(local, job)
+    pgid = pid_of(local, proc)
     with trio.fail_after(2):
-        await local.terminate(job_id)
-        attrs = await completed(model, job_id)
-    assert attrs[A.JOB_STATUS] == "CANCELED"
-    assert model.attr(proc, A.PROCESS_SIGNAL_NAME) == "SIGTERM"
-    assert model.attr(proc, A.PROCESS_STATUS) == "CANCELED"
+        await local.service.terminate(job)
+        attrs = await ended(local, job)
+    assert attrs[K.STATE] == "KILLED"
+    assert local.model.attr(proc, K.SIGNAL) == "SIGTERM"
+    assert local.model.attr(proc, K.STATE) == "KILLED"
     with pytest.raises(ProcessLookupError):
         os.killpg(pgid, 0)
-    with pytest.raises(JobError, match="already completed"):
-        await local.terminate(job_id)
+    with pytest.raises(JobError, match="already ended") as info:
+        await local.service.terminate(job)
+    assert info.value.kind is ErrorKind.OPERATION_FAILED
+    local.sync()
+    assert local.ptp(job)[A.JOB_STATE] == "COMPLETED" and local.ptp(job)["jobStatus"] == "KILLED"
 
 
-async def test_terminate_escalates_to_sigkill(local, model):
-    job_id = await local.submit(shell('trap "" TERM; echo ready; sleep 30; echo survived'))
-    [proc] = processes(model, job_id)
-    out = Output()
-    await wait_for(lambda: (out.collect(model.drain(7)), out.of(proc))[1])
+async def test_terminate_escalates_to_sigkill(local):
+    job = await local.submit_ptp(shell('trap "" TERM; echo ready; sleep 30; echo survived'))
+    [proc] = processes(local, job)
+    await wait_for(lambda: output(local, proc))
     start = trio.current_time()
-    await local.terminate(job_id)
-    attrs = await completed(model, job_id)
+    await local.service.terminate(job)
+    attrs = await ended(local, job)
     assert trio.current_time() - start >= 0.3  # the grace was given
-    assert attrs[A.JOB_STATUS] == "CANCELED"
-    assert model.attr(proc, A.PROCESS_SIGNAL_NAME) == "SIGKILL"
+    assert attrs[K.STATE] == "KILLED"
+    assert local.model.attr(proc, K.SIGNAL) == "SIGKILL"
+    assert output(local, proc) == ["ready"]
     # the shell's sleep was killed with it (and, an orphan now, is left for init to reap)
-    await wait_for(lambda: not live_members(pid_of(model, proc)), 2)
+    await wait_for(lambda: not live_members(pid_of(local, proc)), 2)
 
 
 # --------------------------------------------------------------------------- change and move
 
 
-async def test_suspend_and_resume(local, model):
-    job_id = await local.submit(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
-    await running(model, job_id)
-    [proc] = processes(model, job_id)
-    pid = pid_of(model, proc)
-    await local.change(job_id, AttributeSet([(A.JOB_ID, str(job_id)), ("suspend", "true")]))
-    assert model.attr(job_id, A.JOB_STATE) == "SUSPENDED"
-    assert model.attr(proc, A.PROCESS_STATE) == "SUSPENDED"
+async def test_suspend_and_resume(local):
+    model = local.model
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
+    await running(local, job)
+    [proc] = processes(local, job)
+    pid = pid_of(local, proc)
+    await local.change_ptp(job, AttributeSet([(A.JOB_ID, local.client.id(job)), ("suspend", "true")]))
+    assert model.attr(job, K.STATE) == "SUSPENDED" and model.attr(job, K.NATIVE_STATE) == "STOPPED"
+    assert model.attr(proc, K.STATE) == "SUSPENDED"
     assert proc_stat(pid)[0] == "T"  # reported once it has taken effect
-    await local.change(job_id, AttributeSet([(A.JOB_STATE, "RUNNING")]))
-    assert model.attr(job_id, A.JOB_STATE) == "RUNNING"
-    assert model.attr(proc, A.PROCESS_STATE) == "RUNNING"
+    local.sync()
+    assert local.ptp(job)[A.JOB_STATE] == "SUSPENDED" and local.ptp(proc)[A.PROCESS_STATE] == "SUSPENDED"
+    await local.change_ptp(job, AttributeSet([(A.JOB_STATE, "RUNNING")]))
+    assert model.attr(job, K.STATE) == "RUNNING"
+    assert model.attr(proc, K.STATE) == "RUNNING"
     await wait_for(lambda: proc_stat(pid)[0] in "SR")
-    await local.change(job_id, AttributeSet([(A.JOB_STATE, "SUSPENDED")]))
+    await local.change_ptp(job, AttributeSet([(A.JOB_STATE, "SUSPENDED")]))
     assert proc_stat(pid)[0] == "T"
     # a suspended job can still be terminated
-    await local.terminate(job_id)
-    attrs = await completed(model, job_id)
-    assert attrs[A.JOB_STATUS] == "CANCELED"
-    assert model.attr(proc, A.PROCESS_SIGNAL_NAME) == "SIGTERM"
+    await local.service.terminate(job)
+    attrs = await ended(local, job)
+    assert attrs[K.STATE] == "KILLED"
+    assert model.attr(proc, K.SIGNAL) == "SIGTERM"
 
 
 @pytest.mark.parametrize(
-    "changes, code, message",
+    "changes, kind, code, message",
     [
-        ([("queueId", "5")], ErrorCode.NOT_SUPPORTED, "cannot change queueId"),
-        ([("hold", "true")], ErrorCode.NOT_SUPPORTED, "cannot change hold"),
-        ([(A.JOB_STATE, "COMPLETED")], ErrorCode.NOT_SUPPORTED, "SUSPENDED or RUNNING"),
-        ([("suspend", "maybe")], ErrorCode.BAD_ARGUMENTS, "true or false"),
-        ([], ErrorCode.BAD_ARGUMENTS, "nothing to change"),
+        ([("queueId", "5")], ErrorKind.NOT_SUPPORTED, ErrorCode.NOT_SUPPORTED, "cannot change queueId"),
+        ([("hold", "true")], ErrorKind.NOT_SUPPORTED, ErrorCode.NOT_SUPPORTED, "cannot hold"),
+        ([(A.JOB_STATE, "COMPLETED")], ErrorKind.NOT_SUPPORTED, ErrorCode.NOT_SUPPORTED, "SUSPENDED or RUNNING"),
+        ([("suspend", "maybe")], ErrorKind.BAD_REQUEST, ErrorCode.BAD_ARGUMENTS, "true or false"),
+        ([], ErrorKind.BAD_REQUEST, ErrorCode.BAD_ARGUMENTS, "nothing to change"),
     ],
 )
-async def test_unsupported_changes(local, model, changes, code, message):
-    job_id = await local.submit(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
-    await running(model, job_id)
+async def test_unsupported_changes(local, changes, kind, code, message):
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
+    await running(local, job)
     with pytest.raises(JobError, match=message) as info:
-        await local.change(job_id, AttributeSet(changes))
-    assert info.value.code == code
-    assert model.attr(job_id, A.JOB_STATE) == "RUNNING"
+        await local.change_ptp(job, AttributeSet(changes))
+    assert info.value.kind is kind
+    assert mapping.error_code(info.value.kind) == code
+    assert local.model.attr(job, K.STATE) == "RUNNING"
 
 
-async def test_move_is_refused(local, model):
-    job_id = await local.submit(job_attrs((A.EXEC_PATH, "/bin/true")))
+async def test_move_is_refused(local):
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/true")))
     with pytest.raises(JobError, match="single queue") as info:
-        await local.move(job_id, local.queue_id)
-    assert info.value.code == ErrorCode.NOT_SUPPORTED
+        await local.service.move(job, local.backend.queue_id)
+    assert info.value.kind is ErrorKind.NOT_SUPPORTED
+    assert mapping.error_code(info.value.kind) == ErrorCode.NOT_SUPPORTED
 
 
-async def test_change_of_a_completed_job(local, model):
-    job_id = await local.submit(job_attrs((A.EXEC_PATH, "/bin/true")))
-    await completed(model, job_id)
-    with pytest.raises(JobError, match="already completed"):
-        await local.change(job_id, AttributeSet([("suspend", "true")]))
+async def test_change_of_an_ended_job(local):
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/true")))
+    await ended(local, job)
+    with pytest.raises(JobError, match="already ended") as info:
+        await local.change_ptp(job, AttributeSet([("suspend", "true")]))
+    assert info.value.kind is ErrorKind.OPERATION_FAILED
+
+
+async def test_a_job_of_no_backend(local):
+    with pytest.raises(JobError, match="no job with key 4242") as info:
+        await local.service.terminate(4242)
+    assert info.value.kind is ErrorKind.NO_SUCH_JOB
+    with pytest.raises(JobError) as info:
+        await local.backend.terminate(local.backend.queue_id)  # not a job of the backend
+    assert info.value.kind is ErrorKind.NO_SUCH_JOB
 
 
 # --------------------------------------------------------------------------- bad submissions
@@ -423,154 +439,201 @@ def files(tmp_path):
     return {"dir": str(tmp_path), "plain": str(plain)}
 
 
+BAD = ErrorKind.BAD_REQUEST
+REFUSED = ErrorKind.SUBMIT_FAILED
 BAD_SUBMISSIONS = {
-    "no jobSubId": ([(A.EXEC_PATH, "/bin/true")], "jobSubId", True),
-    "empty jobSubId": ([(A.JOB_SUB_ID, ""), (A.EXEC_PATH, "/bin/true")], "jobSubId", True),
-    "no executable": ([], "no executable", False),
-    "missing file": ([(A.EXEC_PATH, "/nonexistent/prog")], "not found", False),
-    "missing in directory": ([(A.EXEC_PATH, "/nonexistent"), (A.EXEC_NAME, "prog")], "/nonexistent/prog", False),
-    "not on PATH": ([(A.EXEC_NAME, "no-such-program-4711")], "not found on PATH", False),
-    "not executable": ([(A.EXEC_PATH, "{plain}")], "not executable", False),
-    "directory": ([(A.EXEC_PATH, "{dir}")], "is a directory", False),
-    "working dir missing": ([(A.EXEC_PATH, "/bin/true"), (A.WORKING_DIR, "/nonexistent/dir")], "does not exist", False),
-    "working dir a file": ([(A.EXEC_PATH, "/bin/true"), (A.WORKING_DIR, "{plain}")], "not a directory", False),
-    "procs not a number": ([(A.EXEC_PATH, "/bin/true"), (A.JOB_NUM_PROCS, "two")], "whole number", False),
-    "procs zero": ([(A.EXEC_PATH, "/bin/true"), (A.JOB_NUM_PROCS, "0")], "at least 1", False),
-    "procs negative": ([(A.EXEC_PATH, "/bin/true"), (A.JOB_NUM_PROCS, "-3")], "at least 1", False),
-    "procs too many": ([(A.EXEC_PATH, "/bin/true"), (A.JOB_NUM_PROCS, "100000")], "at most 1024", False),
-    "unknown queue": ([(A.EXEC_PATH, "/bin/true"), (A.QUEUE_ID, "999999")], "unknown queue", False),
-    "bad env": ([(A.EXEC_PATH, "/bin/true"), (A.ENV, "NOEQUALS")], "NAME=VALUE", False),
-    "NUL in argument": ([(A.EXEC_PATH, "/bin/true"), (A.PROG_ARGS, "a\0b")], "NUL", False),
+    "no jobSubId": ([(A.EXEC_PATH, "/bin/true")], "jobSubId", True, BAD),
+    "empty jobSubId": ([(A.JOB_SUB_ID, ""), (A.EXEC_PATH, "/bin/true")], "jobSubId", True, BAD),
+    "no executable": ([], "names no program", False, BAD),
+    "missing file": ([(A.EXEC_PATH, "/nonexistent/prog")], "not found", False, REFUSED),
+    "missing in directory": ([(A.EXEC_PATH, "/nonexistent"), (A.EXEC_NAME, "prog")], "/nonexistent/prog", False,
+                             REFUSED),
+    "not on PATH": ([(A.EXEC_NAME, "no-such-program-4711")], "not found on PATH", False, REFUSED),
+    "not executable": ([(A.EXEC_PATH, "{plain}")], "not executable", False, REFUSED),
+    "directory": ([(A.EXEC_PATH, "{dir}")], "is a directory", False, REFUSED),
+    "working dir missing": ([(A.EXEC_PATH, "/bin/true"), (A.WORKING_DIR, "/nonexistent/dir")], "does not exist",
+                            False, REFUSED),
+    "working dir a file": ([(A.EXEC_PATH, "/bin/true"), (A.WORKING_DIR, "{plain}")], "not a directory", False,
+                           REFUSED),
+    "procs not a number": ([(A.EXEC_PATH, "/bin/true"), (A.JOB_NUM_PROCS, "two")], "whole number", False, BAD),
+    "procs zero": ([(A.EXEC_PATH, "/bin/true"), (A.JOB_NUM_PROCS, "0")], "between 1 and", False, BAD),
+    "procs negative": ([(A.EXEC_PATH, "/bin/true"), (A.JOB_NUM_PROCS, "-3")], "whole number", False, BAD),
+    "procs too many": ([(A.EXEC_PATH, "/bin/true"), (A.JOB_NUM_PROCS, "100000")], "at most 1024", False, BAD),
+    "unknown queue": ([(A.EXEC_PATH, "/bin/true"), (A.QUEUE_ID, "999999")], "no queue with id", False,
+                      ErrorKind.NO_SUCH_QUEUE),
+    "unknown queue name": ([(A.EXEC_PATH, "/bin/true"), (A.QUEUE_ID, "nope")], "no queue named 'nope'", False,
+                           ErrorKind.NO_SUCH_QUEUE),
+    "bad env": ([(A.EXEC_PATH, "/bin/true"), (A.ENV, "NOEQUALS")], "NAME=VALUE", False, BAD),
+    "NUL in argument": ([(A.EXEC_PATH, "/bin/true"), (A.PROG_ARGS, "a\0b")], "NUL", False, BAD),
+    "NUL in environment": ([(A.EXEC_PATH, "/bin/true"), (A.ENV, "A=a\0b")], "NUL", False, BAD),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_SUBMISSIONS))
-async def test_bad_submissions(local, model, files, case):
-    pairs, message, no_sub_id = BAD_SUBMISSIONS[case]
+async def test_bad_submissions(local, files, case):
+    pairs, message, no_sub_id, kind = BAD_SUBMISSIONS[case]
     pairs = [(key, value.format(**files)) for key, value in pairs]
-    jobs_before = model.count(ElementKind.JOB)
+    jobs_before = local.model.count(Kind.JOB)
     attrs = AttributeSet(pairs) if no_sub_id else job_attrs(*pairs)
-    with pytest.raises(SubmitError) as info:
-        await local.submit(attrs)
+    with pytest.raises(ServiceError) as info:
+        await local.submit_ptp(attrs)
     assert message in info.value.message
-    assert model.count(ElementKind.JOB) == jobs_before
-    assert model.count(ElementKind.PROCESS) == 0
+    assert info.value.kind is kind
+    assert local.model.count(Kind.JOB) == jobs_before
+    assert local.model.count(Kind.PROCESS) == 0
 
 
-async def test_a_program_that_cannot_be_executed_fails_the_job(local, model, tmp_path):
+async def test_the_backend_checks_what_it_is_given(local):
+    idle = LocalBackend(ServiceModel())
+    with pytest.raises(SubmitError, match="not running") as info:
+        await idle.submit(JobSpec("/bin/true"), 1)
+    assert info.value.kind is ErrorKind.UNAVAILABLE
+    [machine] = local.model.keys(Kind.MACHINE)
+    with pytest.raises(SubmitError, match="one queue") as info:
+        await local.backend.submit(JobSpec("/bin/true"), machine)
+    assert info.value.kind is ErrorKind.NO_SUCH_QUEUE
+    with pytest.raises(SubmitError, match="at least 1") as info:
+        await local.backend.submit(JobSpec("/bin/true", num_procs=0), local.backend.queue_id)
+    assert info.value.kind is ErrorKind.BAD_REQUEST
+    assert local.model.count(Kind.JOB) == 0
+
+
+async def test_a_program_that_cannot_be_executed_fails_the_job(local, tmp_path):
     garbage = tmp_path / "garbage"
     garbage.write_bytes(b"\x00\x01\x02 no executable format")
     garbage.chmod(0o755)
-    job_id = await local.submit(job_attrs((A.EXEC_PATH, str(garbage)), (A.JOB_NUM_PROCS, "2")))
-    assert model.attr(job_id, A.JOB_STATE) == "STARTING"
-    attrs = await completed(model, job_id)
-    assert attrs[A.JOB_STATUS] == "FAILED"
-    assert "Exec format error" in attrs[A.JOB_STATUS_MESSAGE]
-    for proc in processes(model, job_id):
-        assert model.attr(proc, A.PROCESS_STATE) == "COMPLETED"
-        assert model.attr(proc, A.PROCESS_STATUS) == "FAILED"
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, str(garbage)), (A.JOB_NUM_PROCS, "2")))
+    assert local.model.attr(job, K.STATE) == "QUEUING"
+    attrs = await ended(local, job)
+    assert attrs[K.STATE] == "FAILED" and attrs[K.NATIVE_STATE] == "NOT_STARTED"
+    assert "Exec format error" in attrs[K.MESSAGE]
+    local.sync()
+    for proc in processes(local, job):
+        assert local.model.attr(proc, K.STATE) == "FAILED"
+        assert local.ptp(proc)[A.PROCESS_STATE] == "COMPLETED"
+        assert local.ptp(proc)["processStatus"] == "FAILED"
 
 
-async def test_submit_adds_a_starting_job_then_starts_it(local, model):
-    job_id = await local.submit(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
-    [proc] = processes(model, job_id)
-    assert model.attr(job_id, A.JOB_STATE) == "STARTING"
-    assert model.attr(proc, A.PROCESS_STATE) == "STARTING"
-    [new_job] = [e for e in model.drain(7) if getattr(e, "kind", None) is ElementKind.JOB]
-    assert dict(new_job.groups[0].attributes)[A.JOB_STATE] == "STARTING"
-    await wait_for(lambda: model.attr(job_id, A.JOB_STATE) == "RUNNING")
-    assert model.attr(proc, A.PROCESS_STATE) == "RUNNING"
-    await local.terminate(job_id)
-    assert (await completed(model, job_id))[A.JOB_STATUS] == "CANCELED"
+async def test_submit_adds_a_pending_job_then_starts_it(local):
+    model = local.model
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
+    [proc] = processes(local, job)
+    assert model.attr(job, K.STATE) == "QUEUING" and model.attr(job, K.NATIVE_STATE) == "PENDING"
+    assert model.attr(proc, K.STATE) == "QUEUING"
+    [new_job] = [e for e in local.sync() if isinstance(e, NewElements) and e.kind is ElementKind.JOB]
+    shown = dict(new_job.groups[0].attributes)
+    assert shown[A.JOB_STATE] == "STARTING" and shown["jobStatus"] == "QUEUING"
+    assert shown["jobNativeState"] == "PENDING"
+    await running(local, job)
+    assert model.attr(proc, K.STATE) == "RUNNING"
+    await local.service.terminate(job)
+    assert (await ended(local, job))[K.STATE] == "KILLED"
 
 
-async def test_terminate_before_start(local, model):
-    job_id = await local.submit(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
-    await local.terminate(job_id)  # its task has not run yet
-    attrs = await completed(model, job_id)
-    assert attrs[A.JOB_STATUS] == "CANCELED"
-    [proc] = processes(model, job_id)
-    assert model.attr(proc, A.PROCESS_STATUS) == "CANCELED"
-    assert model.attr(proc, A.PROCESS_PID) is None
+async def test_terminate_before_start(local):
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
+    await local.service.terminate(job)  # its task has not run yet
+    attrs = await ended(local, job)
+    assert attrs[K.STATE] == "KILLED"
+    [proc] = processes(local, job)
+    assert local.model.attr(proc, K.STATE) == "KILLED"
+    assert local.model.attr(proc, K.PID) is None
 
 
-async def test_queue_may_be_named(local, model):
-    for queue in (str(local.queue_id), "default"):
-        job_id = await local.submit(job_attrs((A.EXEC_PATH, "/bin/true"), (A.QUEUE_ID, queue)))
-        assert (await completed(model, job_id))[A.JOB_STATUS] == "FINISHED"
+async def test_queue_may_be_named(local):
+    queue = local.backend.queue_id
+    for ref in (local.client.id(queue), "default", "local:default"):
+        job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/true"), (A.QUEUE_ID, ref)))
+        assert local.model.get(job).parent == queue
+        assert (await ended(local, job))[K.STATE] == "FINISHED"
 
 
-async def test_exec_path_forms(local, model):
+async def test_exec_path_forms(local):
     for pairs in (
         [(A.EXEC_PATH, "/bin"), (A.EXEC_NAME, "true")],  # directory + name
         [(A.EXEC_PATH, "/bin/true"), (A.EXEC_NAME, "true")],  # full path + name
         [(A.EXEC_NAME, "/bin/true")],  # a path in execName
     ):
-        job_id = await local.submit(job_attrs(*pairs))
-        assert (await completed(model, job_id))[A.JOB_STATUS] == "FINISHED"
+        job = await local.submit_ptp(job_attrs(*pairs))
+        assert (await ended(local, job))[K.STATE] == "FINISHED"
 
 
 # --------------------------------------------------------------------------- shutdown
 
 
-async def test_aclose_terminates_and_reaps_everything(nursery, model):
-    scheduler = LocalScheduler(model, SchedulerOptions(kill_grace=30.0))  # shutdown must not wait that long
-    await nursery.start(scheduler.run)
-    stubborn = await scheduler.submit(shell('trap "" TERM; echo ready; sleep 30', (A.JOB_NUM_PROCS, "2")))
-    polite = await scheduler.submit(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
-    await running(model, polite)
-    out = Output()
-    stubborn_procs = processes(model, stubborn)
-    await wait_for(lambda: (out.collect(model.drain(7)), all(out.of(p) for p in stubborn_procs))[1])
-    pids = [pid_of(model, p) for job in (stubborn, polite) for p in processes(model, job)]
+async def test_aclose_terminates_and_reaps_everything(nursery):
+    backend = LocalBackend(ServiceModel(), LocalOptions(kill_grace=30.0))  # shutdown must not wait that long
+    local = await start_backend(nursery, backend)
+    model = local.model
+    stubborn = await local.submit_ptp(shell('trap "" TERM; echo ready; sleep 30', (A.JOB_NUM_PROCS, "2")))
+    polite = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
+    await running(local, polite)
+    stubborn_procs = processes(local, stubborn)
+    await wait_for(lambda: all(output(local, p) for p in stubborn_procs))
+    pids = [pid_of(local, p) for job in (stubborn, polite) for p in processes(local, job)]
     start = trio.current_time()
-    await scheduler.aclose()
+    await backend.aclose()
     assert trio.current_time() - start < 1.8
     for pid in pids:
         assert gone(pid)  # not even a zombie: reaped
     for job in (stubborn, polite):  # and nothing they started survives
-        await wait_for(lambda: not live_members(pid_of(model, processes(model, job)[0])), 1)
+        await wait_for(lambda: not live_members(pid_of(local, processes(local, job)[0])), 1)
     for job in (stubborn, polite):
-        assert model.attr(job, A.JOB_STATE) == "COMPLETED"
-        assert model.attr(job, A.JOB_STATUS) == "CANCELED"
-    with pytest.raises(SubmitError, match="shutting down"):
-        await scheduler.submit(job_attrs((A.EXEC_PATH, "/bin/true")))
+        assert model.attr(job, K.STATE) == "KILLED"
+    with pytest.raises(SubmitError, match="shutting down") as info:
+        await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/true")))
+    assert info.value.kind is ErrorKind.SHUTTING_DOWN
 
 
-async def test_aclose_while_jobs_are_starting(nursery, model):
-    scheduler = LocalScheduler(model, SchedulerOptions(kill_grace=0.2))
-    await nursery.start(scheduler.run)
-    job_ids = [
-        await scheduler.submit(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30"), sub_id=f"s{i}"))
+async def test_aclose_while_jobs_are_starting(nursery):
+    backend = LocalBackend(ServiceModel(), LocalOptions(kill_grace=0.2))
+    local = await start_backend(nursery, backend)
+    model = local.model
+    jobs = [
+        await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30"), sub_id=f"s{i}"))
         for i in range(20)
     ]
     await trio.sleep(0.005)  # some have started, some have not
-    started = [pid_of(model, p) for j in job_ids for p in processes(model, j) if model.attr(p, A.PROCESS_PID)]
-    await scheduler.aclose()
-    assert {model.attr(j, A.JOB_STATUS) for j in job_ids} == {"CANCELED"}
-    assert all(model.attr(p, A.PROCESS_STATE) == "COMPLETED" for j in job_ids for p in processes(model, j))
+    started = [pid_of(local, p) for j in jobs for p in processes(local, j) if model.attr(p, K.PID)]
+    await backend.aclose()
+    assert {model.attr(j, K.STATE) for j in jobs} == {"KILLED"}
+    assert all(local.ended(p) for j in jobs for p in processes(local, j))
     assert all(gone(pid) for pid in started)
-    assert not scheduler._jobs
+    assert not backend._jobs
 
 
-async def test_cancelling_run_reaps_everything(model):
-    scheduler = LocalScheduler(model, SchedulerOptions(kill_grace=0.2))
+async def test_cancelling_the_service_reaps_everything():
+    backend = LocalBackend(ServiceModel(), LocalOptions(kill_grace=0.2))
     async with trio.open_nursery() as nursery:
-        await nursery.start(scheduler.run)
-        job_id = await scheduler.submit(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
-        await running(model, job_id)
-        pid = pid_of(model, processes(model, job_id)[0])
+        local = await start_backend(nursery, backend)
+        job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
+        await running(local, job)
+        pid = pid_of(local, processes(local, job)[0])
         nursery.cancel_scope.cancel()
     assert gone(pid)
-    assert model.attr(job_id, A.JOB_STATUS) == "CANCELED"
+    assert local.model.attr(job, K.STATE) == "KILLED"
 
 
-async def test_submit_throughput_smoke(local, model):
+async def test_cancelling_run_reaps_everything():
+    model = ServiceModel()
+    backend = LocalBackend(model, LocalOptions(kill_grace=0.2))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(backend.run)
+        job = await backend.submit(JobSpec("/bin/sleep", ["30"], num_procs=2), backend.default_queue())
+        await wait_for(lambda: model.attr(job, K.STATE) == "RUNNING")
+        pids = [int(model.attr(p, K.PID)) for p in model.processes(job)]
+        nursery.cancel_scope.cancel()
+    assert all(gone(pid) for pid in pids)
+    assert model.attr(job, K.STATE) == "KILLED"
+    assert {model.attr(p, K.STATE) for p in model.processes(job)} == {"KILLED"}
+
+
+async def test_submit_throughput_smoke(local):
     # not a benchmark: many short jobs, all completing, none lost
-    job_ids = [await local.submit(job_attrs((A.EXEC_PATH, "/bin/true"), sub_id=f"s{i}")) for i in range(100)]
-    await wait_for(lambda: all(model.attr(j, A.JOB_STATE) == "COMPLETED" for j in job_ids))
-    assert {model.attr(j, A.JOB_STATUS) for j in job_ids} == {"FINISHED"}
-    assert not local._jobs
+    jobs = [await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/true"), sub_id=f"s{i}")) for i in range(100)]
+    await wait_for(lambda: all(local.ended(j) for j in jobs))
+    assert {local.model.attr(j, K.STATE) for j in jobs} == {"FINISHED"}
+    assert not local.backend._jobs
 
 
 # --------------------------------------------------------------------------- line splitting

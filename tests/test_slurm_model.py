@@ -1,5 +1,5 @@
-"""The SLURM backend without a cluster: listing diffs, mappings, output files, Model.move,
-and the scheduler driven by a scripted stand-in for SLURM's commands."""
+"""The SLURM backend without a cluster: listing diffs, mappings, output files, and the backend
+in a job service driven by a scripted stand-in for SLURM's commands."""
 
 from __future__ import annotations
 
@@ -15,25 +15,23 @@ import pytest
 import trio
 from hypothesis import given, settings
 
-from proxy_agent.model import Model
-from proxy_agent.protocol.attributes import AttributeSet, decode_attr_defs, encode_attr_defs
-from proxy_agent.protocol.ids import IdAllocator
+from proxy_agent.frontends.ptp import mapping
+from proxy_agent.protocol.attributes import AttributeRegistry, AttrType, decode_attr_defs, encode_attr_defs
 from proxy_agent.protocol.messages import (
     ElementChange,
     ElementKind,
     ErrorCode,
-    MessageLevel,
     NewElements,
     ProcessChange,
     RemoveElements,
-    RemoveProcesses,
 )
 from proxy_agent.schedulers import slurm_parse as sp
-from proxy_agent.schedulers.base import JobError, SchedulerOptions, SubmitError
+from proxy_agent.schedulers.common import LineSplitter
 from proxy_agent.schedulers.slurm import (
     CommandResult,
     JobTable,
-    SlurmScheduler,
+    SlurmBackend,
+    SlurmOptions,
     clean_message,
     expand_output_pattern,
     first_host,
@@ -42,12 +40,13 @@ from proxy_agent.schedulers.slurm import (
     partition_attributes,
     process_attributes,
 )
-from proxy_agent.schedulers.common import LineSplitter
 from proxy_agent.schedulers.slurm_parse import SlurmJob
+from proxy_agent.service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, SubmitError
+from proxy_agent.service.model import K, Kind, ServiceModel
+from service_fixtures import Harness, element_refs, start_backend
 
 DATA = Path(__file__).parent / "data" / "slurm"
 REAL = DATA / "22.05.8"
-TID = 9
 
 
 def load_make_large():
@@ -147,35 +146,55 @@ def test_table_changes_replay_the_listings(listings):
 def test_job_and_process_attributes():
     failed = job("5", "FAILED", exit_code="3:0", reason="NonZeroExitCode")
     attrs_ = job_attributes(failed)
-    assert attrs_["jobState"] == "COMPLETED" and attrs_["jobStatus"] == "FAILED"
-    assert attrs_["slurmExitCode"] == "3:0" and attrs_["jobStatusMessage"] == "NonZeroExitCode"
-    assert attrs_["slurmJobId"] == "5" and attrs_["partition"] == "debug" and attrs_["userId"] == "alice"
+    assert attrs_[K.STATE] == "FAILED" and attrs_[K.NATIVE_STATE] == "FAILED"
+    assert attrs_[K.EXIT_CODE] == "3" and attrs_[K.SIGNAL] == "" and attrs_[K.MESSAGE] == "NonZeroExitCode"
+    assert attrs_[K.NATIVE_ID] == "5" and attrs_[K.USER] == "alice" and attrs_[K.HOSTS] == "vm"
+    assert attrs_[K.TIME_LIMIT] == "600" and attrs_[K.NUM_PROCS] == "1"
     assert process_attributes(failed, 42) == {
-        "processState": "COMPLETED", "processStatus": "FAILED", "processNodeId": "42", "processExitCode": "3",
+        K.STATE: "FAILED", K.NATIVE_STATE: "FAILED", K.NODE: 42, K.EXIT_CODE: "3",
     }
     killed = process_attributes(job("6", "CANCELLED", exit_code="0:9"))
-    assert killed["processExitCode"] == "137" and killed["processSignalName"] == "SIGKILL"
+    assert killed[K.STATE] == "KILLED"
+    assert killed[K.EXIT_CODE] == "137" and killed[K.SIGNAL] == "SIGKILL"
     running = job_attributes(job("7", "RUNNING"))
-    assert running["jobState"] == "RUNNING" and running["slurmExitCode"] == ""
+    assert running[K.STATE] == "RUNNING" and running[K.EXIT_CODE] == ""
     pending = job_attributes(job("8", "PENDING", nodes="", reason="Priority"))
-    assert pending["jobState"] == "STARTING" and pending["jobStatus"] == "PENDING"
-    assert job_attributes(job("9", "SUSPENDED"))["jobState"] == "SUSPENDED"
+    assert pending[K.STATE] == "QUEUING" and pending[K.NATIVE_STATE] == "PENDING"
+    assert job_attributes(job("9", "SUSPENDED"))[K.STATE] == "SUSPENDED"
+    assert job_attributes(job("10", "CD"))[K.NATIVE_STATE] == "COMPLETED"  # compact codes spelled out
+    odd = job_attributes(job("11", "SOMETHING_NEW"))
+    assert odd[K.STATE] == "OTHER" and odd[K.NATIVE_STATE] == "SOMETHING_NEW"  # kept, never an error
+
+
+@pytest.mark.parametrize("reason", ["JobHeldUser", "JobHeldAdmin"])
+def test_a_held_job_is_hold(reason):
+    """SLURM lists a held job as PENDING with the hold as its reason."""
+    held = job("12", "PENDING", nodes="", reason=reason)
+    assert job_attributes(held)[K.STATE] == "HOLD"
+    assert job_attributes(held)[K.NATIVE_STATE] == "PENDING" and job_attributes(held)[K.MESSAGE] == reason
+    assert process_attributes(held)[K.STATE] == "HOLD"
+    assert job_attributes(job("13", "PENDING", nodes="", reason="BeginTime"))[K.STATE] == "QUEUING"
+    assert job_attributes(job("14", "RUNNING", reason=reason))[K.STATE] == "RUNNING"
 
 
 def test_recorded_nodes_and_partitions():
     drained = sp.parse_nodes_json((REAL / "sinfo-drain.json").read_text())
     attrs_ = node_attributes(drained[0])
-    assert attrs_["nodeState"] == "DOWN" and "DRAIN" in attrs_["slurmNodeState"]
-    assert attrs_["slurmReason"]
+    assert attrs_[K.STATE] == "DOWN" and "DRAIN" in attrs_[K.NATIVE_STATE]
+    assert attrs_[K.REASON]
     (up,) = sp.parse_nodes_json((REAL / "sinfo.json").read_text())
-    assert node_attributes(up)["nodeState"] == "UP"
-    assert node_attributes(up)["cpus"] == str(up.cpus)
+    assert node_attributes(up)[K.STATE] == "UP"
+    assert node_attributes(up)[K.CPUS] == str(up.cpus)
+    assert node_attributes(up)[K.QUEUES] == ",".join(up.partitions) and "debug" in up.partitions
 
-    parts = {p.name: partition_attributes(p) for p in sp.parse_scontrol_partitions((REAL / "scontrol-partitions.txt").read_text())}
-    assert parts["debug"]["queueState"] == "NORMAL" and parts["debug"]["slurmDefault"] == "true"
-    assert parts["debug"]["slurmMaxNodes"] == "UNLIMITED" and parts["long"]["slurmDefault"] == "false"
+    parts = {p.name: partition_attributes(p)
+             for p in sp.parse_scontrol_partitions((REAL / "scontrol-partitions.txt").read_text())}
+    assert parts["debug"][K.STATE] == "NORMAL" and parts["debug"][K.DEFAULT] == "true"
+    assert parts["debug"][K.MAX_NODES] == "" and parts["long"][K.DEFAULT] == "false"  # "": unlimited
+    assert parts["debug"][K.MAX_TIME] == "3600" and parts["long"][K.MAX_TIME] == str(24 * 3600)
+    assert parts["debug"][K.DEFAULT_TIME] == "600" and parts["debug"][K.TOTAL_SLOTS] == "2"
     down = sp.parse_scontrol_partitions((REAL / "scontrol-partitions-down.txt").read_text())
-    assert any(partition_attributes(p)["queueState"] == "STOPPED" for p in down)
+    assert any(partition_attributes(p)[K.STATE] == "STOPPED" for p in down)
 
 
 def test_recorded_listing_maps_every_job():
@@ -184,8 +203,10 @@ def test_recorded_listing_maps_every_job():
     assert len(table.apply(jobs).added) == len(jobs) > 5
     for record in jobs:
         attrs_ = job_attributes(record)
-        assert attrs_["jobState"] in ("STARTING", "RUNNING", "SUSPENDED", "COMPLETED")
-        assert attrs_["jobStatus"] == sp.map_job_state(record.state)[1]
+        state = JobState(attrs_[K.STATE])
+        assert state is not JobState.OTHER
+        assert mapping.PTP_JOB_STATE[state.value] == sp.map_job_state(record.state)[0]
+        assert attrs_[K.NATIVE_STATE] == sp.map_job_state(record.state)[1]
 
 
 @pytest.mark.parametrize("text, first", [
@@ -228,113 +249,6 @@ def test_line_splitter_holds_partial_lines_and_split_characters():
     long = LineSplitter(max_bytes=4)
     assert long.feed(b"abcdefghij") == ["abcd", "efgh"]
     assert long.flush() == ["ij"]
-
-
-# ------------------------------------------------------------------------------------ Model.move
-
-
-def apply_events(events, mirror):
-    """Apply events to a {id: (kind, parent)} mirror the way a client does."""
-    for event in events:
-        if isinstance(event, NewElements):
-            for group in event.groups:
-                for eid in group.id_list():
-                    assert eid not in mirror, f"NEW for known element {eid}"
-                    mirror[eid] = (event.kind, event.parent_id)
-        elif isinstance(event, (ElementChange, ProcessChange)):
-            for group in event.groups:
-                for eid in group.id_list():
-                    assert eid in mirror, f"CHANGE for unknown element {eid}"
-        elif isinstance(event, RemoveProcesses):
-            for eid in (str(i) for i in event.ids):
-                assert mirror.pop(eid)[1] == event.job_id
-        elif isinstance(event, RemoveElements):
-            for eid in (str(i) for i in event.ids):
-                assert eid in mirror, f"REMOVE for unknown element {eid}"
-                assert not any(parent == eid for _, parent in mirror.values()), f"{eid} removed before its children"
-                del mirror[eid]
-
-
-def truth(model):
-    return {str(eid): (kind, str(model.get(eid).parent)) for kind in ElementKind for eid in model.ids(kind)}
-
-
-def make_model():
-    model = Model(IdAllocator(100))
-    debug = model.add(ElementKind.QUEUE, None, {"name": "debug"})
-    long_ = model.add(ElementKind.QUEUE, None, {"name": "long"})
-    return model, debug, long_
-
-
-def test_move_of_a_known_job_is_remove_then_new_under_the_new_queue():
-    model, debug, long_ = make_model()
-    job_id = model.add(ElementKind.JOB, debug, {"name": "j", "jobState": "STARTING"})
-    process = model.add(ElementKind.PROCESS, job_id, {"processIndex": "0"})
-    mirror: Dict[str, tuple] = {}
-    apply_events(model.snapshot(TID), mirror)
-    model.update(job_id, {"jobState": "RUNNING"})
-    model.move(job_id, long_)
-    model.output(process, "hello")
-    events = model.drain(TID)
-    kinds = [type(e).__name__ for e in events]
-    assert kinds[:2] == ["RemoveProcesses", "RemoveElements"]
-    assert kinds[2:4] == ["NewElements", "NewElements"]
-    new_job = events[2]
-    assert new_job.kind is ElementKind.JOB and new_job.parent_id == str(long_)
-    assert dict(new_job.groups[0].attributes)["jobState"] == "RUNNING"
-    assert events[3].kind is ElementKind.PROCESS and events[3].parent_id == str(job_id)
-    apply_events(events, mirror)
-    assert mirror == truth(model)
-    assert model.children(long_) == [job_id] and model.children(debug) == []
-    assert not model.drain(TID)
-
-
-def test_move_of_an_unsent_job_is_just_new_and_other_cases():
-    model, debug, long_ = make_model()
-    mirror: Dict[str, tuple] = {}
-    apply_events(model.snapshot(TID), mirror)
-    job_id = model.add(ElementKind.JOB, debug, {"name": "j"})
-    model.add(ElementKind.PROCESS, job_id, {"processIndex": "0"})
-    model.move(job_id, long_)
-    events = model.drain(TID)
-    assert [type(e).__name__ for e in events] == ["NewElements", "NewElements"]
-    assert events[0].parent_id == str(long_)
-    apply_events(events, mirror)
-    model.move(job_id, long_)  # no-op
-    assert not model.has_pending
-    model.move(job_id, debug)
-    model.remove(job_id)  # moved, then removed before a drain: one REMOVE
-    events = model.drain(TID)
-    apply_events(events, mirror)
-    assert mirror == truth(model)
-    with pytest.raises(ValueError):
-        model.move(debug, long_)
-
-
-@settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["add", "move", "update", "remove", "drain"]),
-                          st.integers(0, 5)), max_size=40))
-def test_moves_keep_a_client_mirror_exact(ops):
-    model, debug, long_ = make_model()
-    queues = [debug, long_]
-    mirror: Dict[str, tuple] = {}
-    apply_events(model.snapshot(TID), mirror)
-    jobs: List[int] = []
-    for op, n in ops:
-        if op == "add":
-            jid = model.add(ElementKind.JOB, queues[n % 2], {"name": str(n)})
-            model.add(ElementKind.PROCESS, jid, {"processIndex": "0"})
-            jobs.append(jid)
-        elif op == "move" and jobs:
-            model.move(jobs[n % len(jobs)], queues[n % 2])
-        elif op == "update" and jobs:
-            model.update(jobs[n % len(jobs)], {"jobState": str(n)})
-        elif op == "remove" and jobs:
-            model.remove(jobs.pop(n % len(jobs)))
-        elif op == "drain":
-            apply_events(model.drain(TID), mirror)
-    apply_events(model.drain(TID), mirror)
-    assert mirror == truth(model)
 
 
 # ------------------------------------------------------------------------------------ scale
@@ -439,64 +353,83 @@ class FakeSlurm:
         return [t for t, argv in self.calls if argv[0] == word]
 
 
-async def start(nursery, fake: FakeSlurm, **kwargs):
-    model = Model(IdAllocator(1000))
+async def start(nursery, fake: FakeSlurm, **kwargs) -> Harness:
     kwargs.setdefault("user", "alice")
-    scheduler = SlurmScheduler(model, SchedulerOptions(poll_interval=1.0), runner=fake, **kwargs)
-    await nursery.start(scheduler.run)
-    return model, scheduler
+    backend = SlurmBackend(ServiceModel(), SlurmOptions(poll_interval=1.0), runner=fake, **kwargs)
+    return await start_backend(nursery, backend)
 
 
-def job_element(model: Model, slurm_id: str) -> int:
-    (found,) = [e for e in model.ids(ElementKind.JOB) if model.attr(e, "slurmJobId") == slurm_id]
+def job_element(model: ServiceModel, slurm_id: str) -> int:
+    (found,) = [e for e in model.keys(Kind.JOB) if model.attr(e, K.NATIVE_ID) == slurm_id]
     return found
+
+
+def queues_of(slurm: Harness) -> Dict[str, int]:
+    return {slurm.model.attr(q, K.NAME): q for q in slurm.model.keys(Kind.QUEUE)}
 
 
 async def test_fill_and_poll_only_differences(nursery, autojump_clock):
     fake = FakeSlurm()
-    fake.jobs = {"1": job("1", "RUNNING"), "2": job("2", "PENDING", nodes="", partition="long"), "3": job("3", "COMPLETED")}
-    model, scheduler = await start(nursery, fake)
-    (machine,) = model.ids(ElementKind.MACHINE)
-    assert model.attr(machine, "name") == "fakecluster" and model.attr(machine, "slurmVersion") == "22.05.8"
-    (node,) = model.ids(ElementKind.NODE)
-    assert model.attr(node, "nodeState") == "UP" and model.attr(machine, "machineState") == "UP"
-    queues = {model.attr(q, "name"): q for q in model.ids(ElementKind.QUEUE)}
+    fake.jobs = {"1": job("1", "RUNNING"), "2": job("2", "PENDING", nodes="", partition="long"),
+                 "3": job("3", "COMPLETED")}
+    slurm = await start(nursery, fake)
+    model = slurm.model
+    (machine,) = model.keys(Kind.MACHINE)
+    assert model.attr(machine, K.NAME) == "fakecluster" and model.attr(machine, K.VERSION) == "22.05.8"
+    assert model.attr(machine, K.BACKEND) == "slurm"
+    (node,) = model.keys(Kind.NODE)
+    assert model.attr(node, K.STATE) == "UP" and model.attr(machine, K.STATE) == "UP"
+    queues = queues_of(slurm)
     assert set(queues) == {"debug", "long"}
+    assert slurm.service.default_queue() == (slurm.backend, queues["debug"])
     assert model.get(job_element(model, "2")).parent == queues["long"]
+    assert model.attr(job_element(model, "2"), K.QUEUE) == queues["long"]
     running = job_element(model, "1")
-    (process,) = model.children(running)
-    assert model.attr(process, "processNodeId") == str(node)
-    assert model.attr(job_element(model, "3"), "jobState") == "COMPLETED"
-    definitions = scheduler.attribute_definitions()
-    assert len({d.id for d in definitions}) == len(definitions)
+    (process,) = model.processes(running)
+    assert model.attr(process, K.NODE) == node and model.get(process).rank == 0
+    assert model.attr(job_element(model, "3"), K.STATE) == "FINISHED"
+    # as the client was sent them
+    assert slurm.ptp(running)["jobNativeState"] == "RUNNING" and slurm.ptp(running)["nativeId"] == "1"
+    assert slurm.ptp(process)["processNodeId"] == slurm.client.id(node)
+    assert slurm.ptp(job_element(model, "3"))["jobState"] == "COMPLETED"
+    definitions = mapping.attribute_definitions(slurm.service.attributes(), slurm.client.id(queues["debug"]))
+    AttributeRegistry(definitions)  # no id twice
     assert decode_attr_defs(encode_attr_defs(definitions)) == definitions
     by_id = {d.id: d for d in definitions}
     partition = by_id["partition"]
+    assert partition.type is AttrType.ENUMERATED
     assert partition.values == ("debug", "long") and partition.default == "debug"
-    assert by_id["queueId"].default == str(queues["debug"])
+    assert by_id["queueId"].default == slurm.client.id(queues["debug"])
     for key in ("hold", "nodes", "cpusPerTask", "memory", "timeLimit", "account", "beginTime",
-                "stdoutPath", "stderrPath", "jobName", "slurmJobId", "slurmNodeState", "cpus"):
+                "stdoutPath", "stderrPath", "jobName", "nativeId", "nativeState", "jobNativeState", "cpus",
+                "queues", "reason", "maxTime"):
         assert key in by_id, key
     assert ("sinfo", "--json") in [argv for _, argv in fake.calls]  # JSON where 22.05 has it
 
-    model.snapshot(TID)
+    slurm.sync()
     fake.jobs["2"] = job("2", "RUNNING", partition="long")
     fake.jobs["1"] = job("1", "RUNNING", time_used="0:09")  # only the clock moved
     await trio.sleep(1.5)
-    events = model.drain(TID)
-    changed = {eid for e in events if isinstance(e, (ElementChange, ProcessChange)) for g in e.groups for eid in g.id_list()}
-    assert changed == {str(job_element(model, "2")), str(model.children(job_element(model, "2"))[0])}
+    events = slurm.sync()
+    changed = {ref for e in events if isinstance(e, (ElementChange, ProcessChange)) for ref in element_refs(e)}
+    second = job_element(model, "2")
+    assert changed == {slurm.client.id(second), slurm.client.id(model.processes(second)[0])}
+    assert slurm.ptp(second)["jobState"] == "RUNNING"
 
     # A job moved to another partition outside the agent follows in the model.
     fake.jobs["1"] = job("1", "RUNNING", partition="long")
     await trio.sleep(1.5)
-    assert model.get(running).parent == queues["long"]
+    assert model.get(running).parent == queues["long"] and model.attr(running, K.QUEUE) == queues["long"]
+    events = slurm.sync()
+    assert [type(e) for e in events if getattr(e, "kind", None) is ElementKind.JOB] == [RemoveElements, NewElements]
+    assert slurm.mirror.elements[slurm.client.id(running)][1] == slurm.client.id(queues["long"])
 
 
 async def test_vanished_jobs_get_a_final_state_and_are_retired(nursery, autojump_clock):
     fake = FakeSlurm()
     fake.jobs = {str(i): job(str(i), "RUNNING") for i in (1, 2, 3)}
-    model, scheduler = await start(nursery, fake, retention=30)
+    slurm = await start(nursery, fake, retention=30)
+    model = slurm.model
     elements = {i: job_element(model, i) for i in ("1", "2", "3")}
     fake.details["1"] = job("1", "COMPLETED", exit_code="0:0")
     line = sp.FIELD_SEP.join(["2", "2", "alice(1000)", "", "debug", "FAILED", "", "vm", "1", "1", "",
@@ -504,30 +437,35 @@ async def test_vanished_jobs_get_a_final_state_and_are_retired(nursery, autojump
     fake.sacct = line
     fake.jobs = {}
     await trio.sleep(1.5)
-    assert model.attr(elements["1"], "jobStatus") == "COMPLETED"
-    assert model.attr(elements["2"], "jobStatus") == "FAILED" and model.attr(elements["2"], "slurmExitCode") == "2:0"
-    (process,) = model.children(elements["2"])
-    assert model.attr(process, "processExitCode") == "2"
+    assert model.attr(elements["1"], K.STATE) == "FINISHED"
+    assert model.attr(elements["1"], K.EXIT_CODE) == "0"
+    assert model.attr(elements["2"], K.STATE) == "FAILED" and model.attr(elements["2"], K.EXIT_CODE) == "2"
+    (process,) = model.processes(elements["2"])
+    assert model.attr(process, K.EXIT_CODE) == "2" and model.attr(process, K.STATE) == "FAILED"
     assert any(argv[0] == "sacct" and "--completion" in argv for _, argv in fake.calls)
-    assert model.attr(elements["3"], "jobState") == "COMPLETED"
-    assert model.attr(elements["3"], "jobStatus") == "UNKNOWN"
+    assert model.attr(elements["3"], K.STATE) == "DELETED"
+    assert model.attr(elements["3"], K.NATIVE_STATE) == "UNKNOWN"
+    assert "no longer lists" in model.attr(elements["3"], K.MESSAGE)
+    slurm.sync()
+    assert {slurm.ptp(e)["jobState"] for e in elements.values()} == {"COMPLETED"}
     await trio.sleep(31)
     assert not any(e in model for e in elements.values())
-    assert model.ids(ElementKind.JOB) == []
+    assert model.keys(Kind.JOB) == []
+    slurm.sync()
+    assert not any(kind is ElementKind.JOB for kind, _ in slurm.mirror.structure().values())
 
 
 async def test_failing_and_hanging_commands_are_reported_and_retried(nursery, autojump_clock):
     fake = FakeSlurm()
-    model, scheduler = await start(nursery, fake, command_timeout=5, max_backoff=8)
-    messages = []
-    scheduler.on_message = lambda level, code, text: messages.append((level, code, text))
+    slurm = await start(nursery, fake, command_timeout=5, max_backoff=8)
+    backend, model, messages = slurm.backend, slurm.model, slurm.notices
     fake.fail["squeue"] = "squeue: error: slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
     await trio.sleep(40)
-    assert scheduler.last_error == "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
-    assert len(messages) == 1 and messages[0][0] is MessageLevel.ERROR and messages[0][1] == ErrorCode.SCHEDULER
-    assert "Unable to contact slurm controller" in messages[0][2]
-    (machine,) = model.ids(ElementKind.MACHINE)
-    assert model.attr(machine, "machineState") == "ERROR"
+    assert backend.last_error == "slurm_load_jobs error: Unable to contact slurm controller (connect failure)"
+    assert len(messages) == 1 and messages[0][0] == "ERROR"
+    assert "Unable to contact slurm controller" in messages[0][1]
+    (machine,) = model.keys(Kind.MACHINE)
+    assert model.attr(machine, K.STATE) == "ERROR"
     times = fake.command_times("squeue")
     gaps = [round(b - a) for a, b in zip(times, times[1:])]
     assert gaps[:5] == [1, 1, 2, 4, 8] and max(gaps) == 8  # the usual interval, then exponential, capped
@@ -535,14 +473,26 @@ async def test_failing_and_hanging_commands_are_reported_and_retried(nursery, au
     del fake.fail["squeue"]
     fake.hang.add("squeue")
     await trio.sleep(30)
-    assert scheduler.last_error == "squeue --noheader --states=all did not finish within 5 s"
+    assert backend.last_error == "squeue --noheader --states=all did not finish within 5 s"
     assert len(messages) == 2
 
     fake.hang.clear()
     await trio.sleep(20)
-    assert scheduler.last_error is None
-    assert messages[-1][0] is MessageLevel.INFO
-    assert model.attr(machine, "machineState") == "UP"
+    assert backend.last_error is None
+    assert messages[-1] == ("INFO", "SLURM answers again")
+    assert model.attr(machine, K.STATE) == "UP"
+    slurm.sync()
+    assert slurm.ptp(machine)["machineState"] == "UP"
+
+
+async def test_a_slurm_that_cannot_be_used_fails_to_start(nursery, autojump_clock):
+    async def missing(argv, stdin, env):
+        raise FileNotFoundError(argv[0])
+
+    backend = SlurmBackend(ServiceModel(), SlurmOptions(poll_interval=1.0), runner=missing, user="alice")
+    with pytest.raises(ServiceError, match="cannot use SLURM on this machine: sinfo: command not found") as info:
+        await nursery.start(backend.run)
+    assert info.value.kind is ErrorKind.UNAVAILABLE
 
 
 async def test_json_that_fails_falls_back_to_text(nursery, autojump_clock):
@@ -553,29 +503,30 @@ async def test_json_that_fails_falls_back_to_text(nursery, autojump_clock):
             return CommandResult(tuple(argv), 0, b"not json", b"")
         return await fake(argv, stdin, env)
 
-    model = Model(IdAllocator(1000))
-    scheduler = SlurmScheduler(model, SchedulerOptions(poll_interval=1.0), runner=runner, user="alice")
-    await nursery.start(scheduler.run)
-    assert len(model.ids(ElementKind.NODE)) == 1
+    model = ServiceModel()
+    backend = SlurmBackend(model, SlurmOptions(poll_interval=1.0), runner=runner, user="alice")
+    await nursery.start(backend.run)
+    assert len(model.keys(Kind.NODE)) == 1
     await trio.sleep(3.5)
     words = [argv[:2] for _, argv in fake.calls if argv[0] == "sinfo" and argv[1] != "--version"]
     assert words and all(w == ("sinfo", "--Node") for w in words)
-    assert scheduler.last_error is None
+    assert backend.last_error is None
 
 
 async def test_submit_builds_a_quoted_script_and_shows_the_job_at_once(nursery, autojump_clock, tmp_path):
     fake = FakeSlurm()
-    model, scheduler = await start(nursery, fake, spool_dir=str(tmp_path))
-    queues = {model.attr(q, "name"): q for q in model.ids(ElementKind.QUEUE)}
+    slurm = await start(nursery, fake, spool_dir=str(tmp_path))
+    model = slurm.model
+    queues = queues_of(slurm)
     args = ["a b", "$(id) `id` 'q' \"d\"", "x\ny", "-n", ""]
-    submission = AttributeSet.parse([
+    eid = await slurm.submit_ptp([
         "jobSubId=s-1", "execPath=/bin/echo", *[f"progArgs={a}" for a in args], "env=GREETING=hi there $(x)",
-        "jobNumProcs=2", f"queueId={queues['long']}", "hold=true", "timeLimit=5", "jobName=my job",
+        "jobNumProcs=2", f"queueId={slurm.client.id(queues['long'])}", "hold=true", "timeLimit=5",
+        "jobName=my job",
     ])
-    eid = await scheduler.submit(submission)
     argv = [argv for _, argv in fake.calls if argv[0] == "sbatch"][-1]
     assert argv[:2] == ("sbatch", "--parsable")
-    assert {"--partition=long", "--ntasks=2", "--hold", "--time=5", "--job-name=my job"} <= set(argv)
+    assert {"--partition=long", "--ntasks=2", "--hold", "--time=00:05:00", "--job-name=my job"} <= set(argv)
     assert f"--output={tmp_path}/s-1." in next(a for a in argv if a.startswith("--output=")).rsplit(".", 2)[0] + "."
     script = fake.stdin["sbatch"].decode()
     exec_line = [ln for ln in script.splitlines() if ln.startswith("exec ")]
@@ -586,134 +537,151 @@ async def test_submit_builds_a_quoted_script_and_shows_the_job_at_once(nursery, 
     assert "export GREETING='hi there $(x)'" in script
     assert model.get(eid).parent == queues["long"]
     attrs_ = model.attrs(eid)
-    assert attrs_["jobSubId"] == "s-1" and attrs_["jobState"] == "STARTING" and attrs_["jobStatus"] == "PENDING"
-    assert attrs_["slurmJobId"] == "101" and attrs_["partition"] == "long"
-    (process,) = model.children(eid)
-    assert model.attr(process, "processIndex") == "0"
+    assert attrs_[K.CLIENT_REF] == "s-1" and attrs_[K.STATE] == "HOLD" and attrs_[K.NATIVE_STATE] == "PENDING"
+    assert attrs_[K.NATIVE_ID] == "101" and attrs_[K.QUEUE] == queues["long"]
+    assert attrs_[K.ARGUMENTS] == tuple(args) and attrs_[K.NUM_PROCS] == "2"
+    (process,) = model.processes(eid)
+    assert model.get(process).rank == 0
+    slurm.sync()
+    assert slurm.ptp(eid)["jobSubId"] == "s-1" and slurm.ptp(eid)["jobState"] == "STARTING"
+    assert slurm.ptp(eid)["jobStatus"] == "HOLD"
 
     # The listing confirms it; nothing is added twice.
     fake.jobs["101"] = job("101", "PENDING", partition="long", nodes="", reason="JobHeldUser")
     await trio.sleep(1)
-    assert model.ids(ElementKind.JOB) == [eid]
-    assert model.attr(eid, "jobStatusMessage") == "JobHeldUser"
+    assert model.keys(Kind.JOB) == [eid]
+    assert model.attr(eid, K.MESSAGE) == "JobHeldUser"
+    assert model.attr(eid, K.STATE) == "HOLD"  # still held, as SLURM says
 
-    await scheduler.change(eid, AttributeSet.parse(["hold=false"]))
+    await slurm.change_ptp(eid, ["hold=false"])
     assert ("scontrol", "release", "101") in [argv for _, argv in fake.calls]
     with pytest.raises(JobError) as refused:
-        await scheduler.change(eid, AttributeSet.parse(["timeLimit=10"]))
-    assert refused.value.code == ErrorCode.NOT_SUPPORTED
+        await slurm.change_ptp(eid, ["timeLimit=10"])
+    assert refused.value.kind is ErrorKind.NOT_SUPPORTED
+    assert mapping.error_code(refused.value.kind) == ErrorCode.NOT_SUPPORTED
     fake.fail["scontrol"] = "scontrol: error: Job is no longer pending execution for job 101"
     with pytest.raises(JobError) as failed:
-        await scheduler.move(eid, queues["debug"])
-    assert failed.value.message == "cannot move SLURM job 101 to partition debug: Job is no longer pending execution for job 101"
+        await slurm.service.move(eid, queues["debug"])
+    assert failed.value.message == ("cannot move SLURM job 101 to partition debug: "
+                                    "Job is no longer pending execution for job 101")
+    assert failed.value.kind is ErrorKind.OPERATION_FAILED
     assert model.get(eid).parent == queues["long"]
+    with pytest.raises(JobError, match="cannot hold SLURM job 101: Job is no longer pending"):
+        await slurm.change_ptp(eid, ["hold=true"])
+    fake.fail["scancel"] = "scancel: error: Kill job error on job id 101: Access/permission denied"
+    with pytest.raises(JobError, match="cannot cancel SLURM job 101: Kill job error") as failed:
+        await slurm.service.terminate(eid)
+    assert failed.value.kind is ErrorKind.OPERATION_FAILED
+    del fake.fail["scontrol"]
+    await slurm.service.move(eid, "debug")
+    assert ("scontrol", "update", "JobId=101", "Partition=debug") in [argv for _, argv in fake.calls]
+    assert model.get(eid).parent == queues["debug"] and model.attr(eid, K.QUEUE) == queues["debug"]
 
 
 async def test_submit_errors(nursery, autojump_clock, tmp_path):
     fake = FakeSlurm()
-    model, scheduler = await start(nursery, fake, spool_dir=str(tmp_path))
-    queues = {model.attr(q, "name"): q for q in model.ids(ElementKind.QUEUE)}
+    slurm = await start(nursery, fake, spool_dir=str(tmp_path))
+    queues = queues_of(slurm)
     fake.sbatch_error = ("sbatch: error: invalid partition specified: nosuch\n"
                          "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
     with pytest.raises(SubmitError) as rejected:
-        await scheduler.submit(AttributeSet.parse(["jobSubId=s", "execName=true", "partition=nosuch"]))
+        await slurm.submit_ptp(["jobSubId=s", "execName=true", "partition=debug"])
     assert rejected.value.message == ("invalid partition specified: nosuch; "
                                       "Batch job submission failed: Invalid partition name specified")
-    assert rejected.value.code == ErrorCode.SUBMIT_FAILED
+    assert rejected.value.kind is ErrorKind.SUBMIT_FAILED
+    assert mapping.error_code(rejected.value.kind) == ErrorCode.SUBMIT_FAILED
+    assert slurm.model.count(Kind.JOB) == 0
     fake.sbatch_error = None
     bad = [
-        (["execName=true"], "jobSubId"),
-        (["jobSubId=s"], "no program"),
-        (["jobSubId=s", "execName=true", "jobNumProcs=0"], "jobNumProcs"),
-        (["jobSubId=s", "execName=true", "env=NOVALUE"], "NAME=VALUE"),
-        (["jobSubId=s", "execName=true", "env=1BAD=x"], "1BAD"),
-        (["jobSubId=s", "execName=true", "timeLimit=1 hour"], "time limit"),
-        (["jobSubId=s", "execName=true", "jobName=two\nlines"], "job_name"),
-        (["jobSubId=s", "execName=true", "queueId=424242"], "no queue"),
-        (["jobSubId=s", "execName=true", f"queueId={queues['long']}", "partition=debug"], "give one"),
+        (["execName=true"], "jobSubId", ErrorKind.BAD_REQUEST),
+        (["jobSubId=s"], "no program", ErrorKind.BAD_REQUEST),
+        (["jobSubId=s", "execName=true", "jobNumProcs=0"], "jobNumProcs", ErrorKind.BAD_REQUEST),
+        (["jobSubId=s", "execName=true", "env=NOVALUE"], "NAME=VALUE", ErrorKind.BAD_REQUEST),
+        (["jobSubId=s", "execName=true", "env=1BAD=x"], "1BAD", ErrorKind.BAD_REQUEST),
+        (["jobSubId=s", "execName=true", "timeLimit=1 hour"], "timeLimit", ErrorKind.BAD_REQUEST),
+        (["jobSubId=s", "execName=true", "memory=lots"], "memory", ErrorKind.BAD_REQUEST),
+        (["jobSubId=s", "execName=true", "jobName=two\nlines"], "job_name", ErrorKind.BAD_REQUEST),
+        (["jobSubId=s", "execName=true", "queueId=424242"], "no queue", ErrorKind.NO_SUCH_QUEUE),
+        (["jobSubId=s", "execName=true", "partition=nosuch"], "no queue named 'nosuch'", ErrorKind.NO_SUCH_QUEUE),
+        (["jobSubId=s", "execName=true", f"queueId={slurm.client.id(queues['long'])}", "partition=debug"],
+         "give one", ErrorKind.BAD_REQUEST),
     ]
-    for args, fragment in bad:
-        with pytest.raises(SubmitError) as refused:
-            await scheduler.submit(AttributeSet.parse(args))
+    for args, fragment, kind in bad:
+        with pytest.raises(ServiceError) as refused:
+            await slurm.submit_ptp(args)
         assert fragment in refused.value.message, (args, refused.value.message)
+        assert refused.value.kind is kind, (args, refused.value.kind)
     assert len([argv for _, argv in fake.calls if argv[0] == "sbatch"]) == 1  # refused before sbatch
+    # the same queue twice is no conflict
+    eid = await slurm.submit_ptp(["jobSubId=s", "execName=true", f"queueId={slurm.client.id(queues['long'])}",
+                                  "partition=long"])
+    assert slurm.model.get(eid).parent == queues["long"]
+
+
+async def test_submitted_through_the_service_without_a_client(nursery, autojump_clock, tmp_path):
+    """A job described neutrally (no PTP attributes) gets the batch settings it names."""
+    fake = FakeSlurm()
+    slurm = await start(nursery, fake, spool_dir=str(tmp_path))
+    spec = JobSpec("/bin/hostname", num_procs=4, queue="slurm:long", name="neutral", wall_time=90 * 60,
+                   memory=2048, nodes=2, cpus_per_task=3, account="proj", begin_time="now+1hour")
+    eid = await slurm.service.submit(spec)
+    argv = set([argv for _, argv in fake.calls if argv[0] == "sbatch"][-1])
+    assert {"--partition=long", "--ntasks=4", "--time=01:30:00", "--mem=2048", "--nodes=2",
+            "--cpus-per-task=3", "--account=proj", "--begin=now+1hour", "--job-name=neutral"} <= argv
+    assert slurm.model.attr(eid, K.STATE) == "QUEUING" and slurm.model.attr(eid, K.NAME) == "neutral"
 
 
 async def test_output_files_are_followed_line_by_line(nursery, tmp_path):
     fake = FakeSlurm()
-    model = Model(IdAllocator(1000))
-    scheduler = SlurmScheduler(
-        model, SchedulerOptions(poll_interval=0.1), runner=fake, user="alice", spool_dir=str(tmp_path),
+    backend = SlurmBackend(
+        ServiceModel(), SlurmOptions(poll_interval=0.1), runner=fake, user="alice", spool_dir=str(tmp_path),
         output_interval=0.02, output_drain_grace=0.1, fast_poll_interval=0.05,
     )
-    await nursery.start(scheduler.run)
+    slurm = await start_backend(nursery, backend)
+    model = slurm.model
     out = tmp_path / "job.out"
     out.write_text("left from an earlier run\n")
-    eid = await scheduler.submit(AttributeSet.parse(
-        ["jobSubId=f", "execName=prog", f"stdoutPath={out}", f"stderrPath={tmp_path}/job.err"]))
-    (process,) = model.children(eid)
-    slurm_id = model.attr(eid, "slurmJobId")
-    lines: List[tuple] = []
-    original = model.output
-    model.output = lambda pid, line, stream="stdout": (lines.append((pid, line, stream)), original(pid, line, stream))
+    eid = await slurm.submit_ptp(
+        ["jobSubId=f", "execName=prog", f"stdoutPath={out}", f"stderrPath={tmp_path}/job.err"])
+    (process,) = model.processes(eid)
+    slurm_id = model.attr(eid, K.NATIVE_ID)
+
+    def lines(stream: str) -> List[str]:
+        slurm.sync()
+        return slurm.output(process, stream)
+
     await trio.sleep(0.3)
-    assert lines == []  # the old file is not the job's output
+    assert lines("stdout") == []  # the old file is not the job's output
     fake.jobs[slurm_id] = job(slurm_id, "RUNNING")
     with out.open("w") as f:  # SLURM truncates the file when the job starts
         f.write("first\nsec")
         f.flush()
         await trio.sleep(0.3)
-        assert lines == [(process, "first", "stdout")]
+        assert lines("stdout") == ["first"]
         f.write("ond ✓\nno newline at the end")
     (tmp_path / "job.err").write_text("oops\n")
     await trio.sleep(0.3)
     fake.jobs[slurm_id] = job(slurm_id, "COMPLETED")
     with trio.fail_after(5):
-        while ("no newline at the end" not in [l for _, l, _ in lines]):
+        while "no newline at the end" not in lines("stdout"):
             await trio.sleep(0.05)
-    assert [(l, s) for _, l, s in lines if s == "stdout"] == [("first", "stdout"), ("second ✓", "stdout"),
-                                                              ("no newline at the end", "stdout")]
-    assert [(l, s) for _, l, s in lines if s == "stderr"] == [("oops", "stderr")]
-
-
-def test_move_while_a_chunked_snapshot_is_being_sent():
-    """The snapshot may be consumed chunk by chunk while the model changes: a job moved
-    after its NEW went out but before its process's chunk still reaches the client once,
-    in order (REMOVE, NEW job, NEW process)."""
-    model, debug, long_ = make_model()
-    jobs = [model.add(ElementKind.JOB, debug, {"name": str(i)}) for i in range(3)]
-    for jid in jobs:
-        model.add(ElementKind.PROCESS, jid, {"processIndex": "0"})
-    mirror: Dict[str, tuple] = {}
-    chunks = model.snapshot_wire(TID, chunk=1)
-    from proxy_agent.model import _typed  # the typed view of wire events
-
-    def take(n):
-        for _ in range(n):
-            apply_events([_typed(TID, w) for w in next(chunks)], mirror)
-
-    take(2 + 3)  # both queues and the three jobs
-    model.move(jobs[0], long_)  # its process has not been sent yet
-    model.move(jobs[1], long_)
-    for rest in chunks:
-        apply_events([_typed(TID, w) for w in rest], mirror)
-    apply_events(model.drain(TID), mirror)
-    assert mirror == truth(model)
-    assert model.children(long_) == jobs[:2]
+    assert lines("stdout") == ["first", "second ✓", "no newline at the end"]
+    assert lines("stderr") == ["oops"]
 
 
 async def test_spool_files_are_deleted_with_the_job_but_chosen_paths_are_kept(nursery, autojump_clock, tmp_path):
     fake = FakeSlurm()
     spool = tmp_path / "spool"
-    model, scheduler = await start(nursery, fake, spool_dir=str(spool), retention=30)
+    slurm = await start(nursery, fake, spool_dir=str(spool), retention=30)
+    model, backend = slurm.model, slurm.backend
     kept = tmp_path / "mine.out"
-    mine = await scheduler.submit(AttributeSet.parse(["jobSubId=mine", "execName=prog", f"stdoutPath={kept}"]))
-    ours = await scheduler.submit(AttributeSet.parse(["jobSubId=ours", "execName=prog"]))
-    spool_files = scheduler._by_element[ours].spool_files
+    mine = await slurm.submit_ptp(["jobSubId=mine", "execName=prog", f"stdoutPath={kept}"])
+    ours = await slurm.submit_ptp(["jobSubId=ours", "execName=prog"])
+    spool_files = backend._by_element[ours].spool_files
     assert len(spool_files) == 2 and all(path.startswith(str(spool) + "/ours.") for path in spool_files)
-    assert scheduler._by_element[mine].spool_files == ()
+    assert backend._by_element[mine].spool_files == ()
     for eid in (mine, ours):
-        slurm_id = model.attr(eid, "slurmJobId")
+        slurm_id = model.attr(eid, K.NATIVE_ID)
         fake.jobs[slurm_id] = job(slurm_id, "RUNNING")
     await trio.sleep(1.5)
     # SLURM writes the files; the agent follows them
@@ -722,11 +690,23 @@ async def test_spool_files_are_deleted_with_the_job_but_chosen_paths_are_kept(nu
         with open(path, "w") as f:
             f.write("ours\n")
     for eid in (mine, ours):
-        slurm_id = model.attr(eid, "slurmJobId")
+        slurm_id = model.attr(eid, K.NATIVE_ID)
         fake.jobs[slurm_id] = job(slurm_id, "COMPLETED")
     await trio.sleep(5)
     assert mine in model and ours in model
+    slurm.sync()
+    assert slurm.output(model.processes(mine)[0]) == ["mine"]
+    assert slurm.output(model.processes(ours)[0]) == ["ours"]
+    assert slurm.output(model.processes(ours)[0], "stderr") == ["ours"]
     await trio.sleep(40)
     assert mine not in model and ours not in model
     assert kept.exists()
     assert [p for p in spool.iterdir()] == []
+
+
+async def test_jobs_of_other_backends_are_not_this_ones(nursery, autojump_clock):
+    fake = FakeSlurm()
+    slurm = await start(nursery, fake)
+    with pytest.raises(JobError, match="not a SLURM job") as info:
+        await slurm.backend.terminate(424242)
+    assert info.value.kind is ErrorKind.NO_SUCH_JOB

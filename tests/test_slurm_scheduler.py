@@ -23,6 +23,10 @@ from slurm_support import node_name, require_cluster, scontrol
 
 from proxy_agent.client import AgentClient, CommandFailed
 from proxy_agent.protocol.messages import ErrorCode
+from proxy_agent.schedulers.slurm import SlurmBackend, SlurmOptions
+from proxy_agent.service.jobs import ErrorKind, JobSpec, SubmitError
+from proxy_agent.service.model import K, Kind, ServiceModel
+from service_fixtures import start_backend
 
 pytestmark = pytest.mark.slurm
 
@@ -41,8 +45,8 @@ class Cluster:
 
     async def submit(self, executable: str, args=(), **kwargs) -> str:
         job_id = await self.client.submit(executable, args, **kwargs)
-        slurm_id = self.client.job(job_id).get("slurmJobId")
-        assert slurm_id, f"job {job_id} has no slurmJobId"
+        slurm_id = self.client.job(job_id).get("nativeId")
+        assert slurm_id, f"job {job_id} has no nativeId"
         self.slurm_ids.append(slurm_id)
         return job_id
 
@@ -95,22 +99,26 @@ async def test_cluster_model_and_definitions():
         client = c.client
         (machine,) = client.machines.values()
         assert machine.name == "proxyagent"
+        assert machine.get("backend") == "slurm" and machine.get("version")
         node = client.nodes[next(iter(client.nodes))]
         assert node.name == node_name()
         await client.wait_for(lambda: node.get("nodeState") == "UP", 20, description="the node UP")
         await client.wait_for(lambda: machine.get("machineState") == "UP", 5, description="the machine UP")
         assert int(node.get("cpus")) >= 1
-        assert set(node.get("slurmPartitions").split(",")) >= {"debug", "long"}
+        assert set(node.get("queues").split(",")) >= {"debug", "long"}
+        assert node.get("nativeState") in ("IDLE", "MIXED", "ALLOCATED")
         queues = {q.name: q for q in client.queues.values()}
         assert queues["debug"].get("queueState") == "NORMAL"
-        assert queues["debug"].get("slurmDefault") == "true"
-        assert queues["debug"].get("slurmMaxTime") == "01:00:00"
-        assert queues["long"].get("slurmDefault") == "false"
+        assert queues["debug"].get("default") == "true"
+        assert queues["debug"].get("maxTime") == "3600"
+        assert queues["long"].get("default") == "false"
+        assert queues["long"].get("maxTime") == str(24 * 3600)
         partition = client.attr_defs["partition"]
         assert partition.type.value == "ENUMERATED"
         assert set(partition.values) >= {"debug", "long"}
         assert partition.default == "debug"
         assert client.attr_defs["hold"].type.value == "BOOLEAN"
+        assert client.attr_defs["queueId"].default == queues["debug"].id
 
 
 async def test_job_prints_and_exits_zero():
@@ -118,19 +126,19 @@ async def test_job_prints_and_exits_zero():
     async with cluster() as c:
         job_id = await c.submit(PY, python_job(code), name="pa-ok")
         job = c.job(job_id)
-        assert job.get("jobSubId") and job.get("jobStatus") in ("PENDING", "RUNNING")
+        assert job.get("jobSubId") and job.get("jobStatus") in ("QUEUING", "RUNNING")
         await c.client.wait_job_state(job_id, "RUNNING", timeout=30)
         await c.wait_output(job_id, "hello from slurm")  # while it still runs
         await c.client.wait_job_state(job_id, "COMPLETED", timeout=30)
         out = await c.wait_output(job_id, "done")
         assert out == "hello from slurm\ndone\n"
         job = c.job(job_id)
-        assert job.get("jobStatus") == "COMPLETED"
-        assert job.get("slurmExitCode") == "0:0"
+        assert job.get("jobStatus") == "FINISHED" and job.get("jobNativeState") == "COMPLETED"
+        assert job.get("exitCode") == "0"
         assert job.get("queueId") == c.client.queue("debug").id
         (process,) = c.client.children(job, "process")
         assert process.get("processExitCode") == "0"
-        assert process.get("processIndex") == "0"
+        assert process.id == f"{job_id}:0"  # a process is named by its rank in its job
         # A finished job cannot be held: SLURM says so, through the agent.
         with pytest.raises(CommandFailed) as failed:
             await c.client.change_job(job_id, hold=True)
@@ -144,8 +152,8 @@ async def test_failing_job_reports_exit_code():
         await c.client.wait_job_state(job_id, "COMPLETED", timeout=40)
         await c.wait_output(job_id, "going down", "stderr")
         job = c.job(job_id)
-        assert job.get("jobStatus") == "FAILED"
-        assert job.get("slurmExitCode") == "3:0"
+        assert job.get("jobStatus") == "FAILED" and job.get("jobNativeState") == "FAILED"
+        assert job.get("exitCode") == "3"
         (process,) = c.client.children(job, "process")
         assert process.get("processExitCode") == "3"
 
@@ -156,7 +164,8 @@ async def test_cancel_running_job():
         await c.client.wait_job_state(job_id, "RUNNING", timeout=30)
         await c.client.terminate(job_id)
         await c.client.wait_job_state(job_id, "COMPLETED", timeout=30)
-        assert c.job(job_id).get("jobStatus") == "CANCELLED"
+        assert c.job(job_id).get("jobStatus") == "KILLED"
+        assert c.job(job_id).get("jobNativeState") == "CANCELLED"
 
 
 async def test_hold_and_release():
@@ -166,6 +175,7 @@ async def test_hold_and_release():
         job_id = await c.submit(PY, python_job(code), name="pa-held", hold=True)
         await c.wait_attr(job_id, "jobStatusMessage", "JobHeldUser")
         assert c.job(job_id).get("jobState") == "STARTING"
+        assert c.job(job_id).get("jobStatus") == "HOLD" and c.job(job_id).get("jobNativeState") == "PENDING"
         await c.client.change_job(job_id, hold=False)
         await c.client.wait_job_state(job_id, "COMPLETED", timeout=30)
         await c.wait_output(job_id, "released and ran")
@@ -174,13 +184,15 @@ async def test_hold_and_release():
         # hold is an administrator's hold).
         later = await c.submit("true", name="pa-later", beginTime="now+1hour")
         await c.wait_attr(later, "jobStatusMessage", "BeginTime")
+        assert c.job(later).get("jobStatus") == "QUEUING"
         await c.client.change_job(later, hold=True)
         await c.client.wait_for(lambda: c.job(later).get("jobStatusMessage") in ("JobHeldUser", "JobHeldAdmin"),
                                 20, description="the job held")
+        assert c.job(later).get("jobStatus") == "HOLD"
         await c.client.change_job(later, hold=False)
         await c.client.wait_for(lambda: not c.job(later).get("jobStatusMessage", "").startswith("JobHeld"),
                                 20, description="the job released")
-        assert c.job(later).get("jobState") == "STARTING"
+        assert c.job(later).get("jobState") == "STARTING" and c.job(later).get("jobStatus") == "QUEUING"
 
 
 async def test_suspend_and_resume():
@@ -189,21 +201,34 @@ async def test_suspend_and_resume():
         await c.client.wait_job_state(job_id, "RUNNING", timeout=30)
         await c.client.change_job(job_id, jobState="SUSPENDED")
         await c.client.wait_job_state(job_id, "SUSPENDED", timeout=20)
+        assert c.job(job_id).get("jobStatus") == "SUSPENDED" and c.job(job_id).get("jobNativeState") == "SUSPENDED"
         await c.client.change_job(job_id, jobState="RUNNING")
         await c.wait_attr(job_id, "jobState", "RUNNING", timeout=20)
         await c.client.terminate(job_id)
         await c.client.wait_job_state(job_id, "COMPLETED", timeout=30)
 
 
-async def test_invalid_partition_is_refused_with_slurms_message():
+async def test_unknown_partition_is_refused_naming_the_queues():
     async with cluster() as c:
         with pytest.raises(CommandFailed) as failed:
-            await c.client.submit("true", partition="nosuch")
+            await c.client.submit("true", partition="nosuch", sub_id="pa-nosuch")
+        assert failed.value.code == ErrorCode.NO_SUCH_QUEUE
+        assert failed.value.event.event_id.name == "SUBMITJOB_ERROR"
+        assert failed.value.event.job_sub_id == "pa-nosuch"
+        assert "nosuch" in failed.value.message and "slurm:debug" in failed.value.message
+        assert all(j.get("jobSubId") != "pa-nosuch" for j in c.client.jobs.values())
+
+
+async def test_a_submission_slurm_refuses_is_refused_with_slurms_message():
+    async with cluster() as c:
+        with pytest.raises(CommandFailed) as failed:
+            await c.client.submit("true", memory="99999999", sub_id="pa-toobig")
         assert failed.value.code == ErrorCode.SUBMIT_FAILED
         assert failed.value.event.event_id.name == "SUBMITJOB_ERROR"
-        assert "invalid partition" in failed.value.message.lower()
-        assert "nosuch" in failed.value.message
-        assert not c.client.jobs or all(j.get("jobSubId") is None or j.name != "true" for j in c.client.jobs.values())
+        assert failed.value.event.job_sub_id == "pa-toobig"
+        assert "Memory specification can not be satisfied" in failed.value.message
+        assert "Batch job submission failed" in failed.value.message
+        assert all(j.get("jobSubId") != "pa-toobig" for j in c.client.jobs.values())
 
 
 async def test_arguments_and_environment_arrive_verbatim():
@@ -229,7 +254,7 @@ async def test_arguments_and_environment_arrive_verbatim():
         out = await c.wait_output(job_id, "argv")
         seen = json.loads(out.strip().splitlines()[-1])
         assert seen == {"argv": args, "env": env["PA_VALUE"]}
-        assert c.job(job_id).get("jobStatus") == "COMPLETED"
+        assert c.job(job_id).get("jobStatus") == "FINISHED"
         assert not os.path.exists("/tmp/pa-injected")
 
 
@@ -241,12 +266,12 @@ async def test_drained_node_shows_up_as_node_change():
             result = scontrol("update", f"NodeName={node}", "State=DRAIN", "Reason=proxy-agent test")
             assert result.returncode == 0, result.stderr
             await c.client.wait_for(lambda: element.get("nodeState") == "DOWN", 20, description="the node DOWN")
-            assert "DRAIN" in element.get("slurmNodeState").upper()
-            assert element.get("slurmReason") == "proxy-agent test"
+            assert "DRAIN" in element.get("nativeState").upper()
+            assert element.get("reason") == "proxy-agent test"
         finally:
             scontrol("update", f"NodeName={node}", "State=RESUME")
         await c.client.wait_for(lambda: element.get("nodeState") == "UP", 20, description="the node UP again")
-        assert not element.get("slurmReason")
+        assert not element.get("reason")
 
 
 async def test_move_pending_job_between_partitions():
@@ -259,9 +284,9 @@ async def test_move_pending_job_between_partitions():
         await c.client.move_job(job_id, "long")
         await c.client.wait_for(lambda: c.job(sub_id).parent == long_.id, 10, description="the job under long")
         job = c.job(sub_id)
-        assert job.id == job_id and job.get("partition") == "long" and job.get("queueId") == long_.id
+        assert job.id == job_id and job.get("queueId") == long_.id
         assert len(c.client.children(job, "process")) == 1
-        shown = scontrol("show", "job", job.get("slurmJobId")).stdout
+        shown = scontrol("show", "job", job.get("nativeId")).stdout
         assert "Partition=long" in shown
         # SLURM's listing agrees after a few polls: the job stays under long.
         await trio.sleep(2.5)
@@ -292,63 +317,57 @@ async def wait_model(predicate, timeout: float = 30):
 
 
 async def test_final_state_lookups_on_the_real_cluster(nursery, tmp_path):
-    """How a job ended, asked the ways the scheduler asks when squeue no longer lists it."""
-    from proxy_agent.model import Model
-    from proxy_agent.protocol.attributes import AttributeSet
-    from proxy_agent.protocol.ids import IdAllocator
-    from proxy_agent.protocol.messages import ElementKind
-    from proxy_agent.schedulers.base import SchedulerOptions
-    from proxy_agent.schedulers.slurm import SlurmScheduler
-
-    model = Model(IdAllocator(1000))
-    scheduler = SlurmScheduler(model, SchedulerOptions(poll_interval=0.5), spool_dir=str(tmp_path))
-    await nursery.start(scheduler.run)
-    assert scheduler.config["ClusterName"] == "proxyagent"
-    eid = await scheduler.submit(AttributeSet.parse(["jobSubId=final", "execName=sh", "progArgs=-c", "progArgs=exit 4"]))
-    slurm_id = model.attr(eid, "slurmJobId")
+    """How a job ended, asked the ways the backend asks when squeue no longer lists it."""
+    backend = SlurmBackend(ServiceModel(), SlurmOptions(poll_interval=0.5), spool_dir=str(tmp_path))
+    slurm = await start_backend(nursery, backend)
+    model = slurm.model
+    assert backend.config["ClusterName"] == "proxyagent"
+    eid = await slurm.submit_ptp(["jobSubId=final", "execName=sh", "progArgs=-c", "progArgs=exit 4"])
+    slurm_id = model.attr(eid, K.NATIVE_ID)
     try:
-        await wait_model(lambda: model.attr(eid, "jobState") == "COMPLETED", 40)
-        assert model.attr(eid, "slurmExitCode") == "4:0"
-        (process,) = model.children(eid, ElementKind.PROCESS)
-        assert model.attr(process, "processExitCode") == "4"
-        by_scontrol = await scheduler._final_records([slurm_id])
+        await wait_model(lambda: slurm.ended(eid), 40)
+        assert model.attr(eid, K.STATE) == "FAILED" and model.attr(eid, K.NATIVE_STATE) == "FAILED"
+        assert model.attr(eid, K.EXIT_CODE) == "4"
+        (process,) = model.processes(eid)
+        assert model.attr(process, K.EXIT_CODE) == "4"
+        by_scontrol = await backend._final_records([slurm_id])
         assert by_scontrol[slurm_id].state == "FAILED" and by_scontrol[slurm_id].exit_code == "4:0"
-        scheduler.MAX_SCONTROL_LOOKUPS = 0  # as if the controller had forgotten it: the completion log
-        by_sacct = await scheduler._final_records([slurm_id])
+        backend.MAX_SCONTROL_LOOKUPS = 0  # as if the controller had forgotten it: the completion log
+        by_sacct = await backend._final_records([slurm_id])
         assert by_sacct[slurm_id].state == "FAILED" and by_sacct[slurm_id].exit_code == "4:0"
     finally:
         subprocess.run(["scancel", slurm_id], capture_output=True, timeout=20)
 
 
 async def test_unreachable_controller_is_reported_not_fatal(nursery, tmp_path, monkeypatch):
-    """SLURM's own error text reaches last_error, on_message and SUBMITJOB_ERROR; the scheduler
-    keeps running and retrying."""
-    from proxy_agent.model import Model
-    from proxy_agent.protocol.attributes import AttributeSet
-    from proxy_agent.protocol.ids import IdAllocator
-    from proxy_agent.protocol.messages import ElementKind, MessageLevel
-    from proxy_agent.schedulers.base import SchedulerOptions, SubmitError
-    from proxy_agent.schedulers.slurm import SlurmScheduler
-
+    """SLURM's own error text reaches last_error, the notices and a refused submission; the
+    backend keeps running and retrying."""
     conf = tmp_path / "slurm.conf"
     text = open(os.environ["SLURM_CONF"]).read()
     conf.write_text("\n".join("SlurmctldPort=1" if line.startswith("SlurmctldPort=") else line
                               for line in text.splitlines()) + "\n")
     monkeypatch.setenv("SLURM_CONF", str(conf))
-    model = Model(IdAllocator(1000))
-    scheduler = SlurmScheduler(model, SchedulerOptions(poll_interval=0.5), spool_dir=str(tmp_path))
-    messages = []
-    scheduler.on_message = lambda level, code, text: messages.append((level, text))
+    backend = SlurmBackend(ServiceModel(), SlurmOptions(poll_interval=0.5), spool_dir=str(tmp_path))
     with trio.fail_after(40):
-        await nursery.start(scheduler.run)
-    assert "Unable to contact slurm controller" in (scheduler.last_error or "")
-    (machine,) = model.ids(ElementKind.MACHINE)
-    assert model.attr(machine, "machineState") == "ERROR"
-    assert [d for d in scheduler.attribute_definitions() if d.id == "partition"]
+        slurm = await start_backend(nursery, backend)
+    model, messages = slurm.model, slurm.notices
+    assert "Unable to contact slurm controller" in (backend.last_error or "")
+    (machine,) = model.keys(Kind.MACHINE)
+    assert model.attr(machine, K.STATE) == "ERROR"
+    assert slurm.ptp(machine)["machineState"] == "ERROR"
+    assert [info for info in backend.attributes() if info.name == "partition"]
     await wait_model(lambda: messages, 20)
-    assert messages[0][0] is MessageLevel.ERROR and "Unable to contact slurm controller" in messages[0][1]
+    assert messages[0][0] == "ERROR" and "Unable to contact slurm controller" in messages[0][1]
+    # No partition is known, so nothing can be routed to it ...
+    with pytest.raises(SubmitError, match="no scheduler has a queue") as refused:
+        await slurm.submit_ptp(["jobSubId=down", "execName=true"])
+    assert refused.value.kind is ErrorKind.UNAVAILABLE
+    # ... and a queue known from before gets SLURM's own answer.
+    queue = model.add(Kind.QUEUE, None, {K.NAME: "debug", K.STATE: "NORMAL"}, owner="slurm")
     with pytest.raises(SubmitError) as refused:
         with trio.fail_after(40):
-            await scheduler.submit(AttributeSet.parse(["jobSubId=down", "execName=true"]))
+            await slurm.service.submit(JobSpec("true", queue="debug", client_ref="down"))
     assert refused.value.message == "Batch job submission failed: Unable to contact slurm controller (connect failure)"
+    assert refused.value.kind is ErrorKind.SUBMIT_FAILED
+    assert model.children(queue) == []
     assert len(messages) == 1  # the same failure is told once

@@ -92,6 +92,7 @@ __all__ = [
     "SlurmOptions",
     "clean_message",
     "job_attributes",
+    "job_service_state",
     "node_attributes",
     "partition_attributes",
     "process_attributes",
@@ -278,9 +279,22 @@ def _exit_attrs(exit_code: str) -> Dict[str, str]:
     return out
 
 
+#: SLURM's reasons for a pending job that waits to be released, not for resources.
+_HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
+
+
+def job_service_state(job: SlurmJob) -> JobState:
+    """The service state of a job's record: SLURM lists a held job as PENDING and says why
+    in its reason, so a pending job held by its user or an administrator is HOLD."""
+    state = job_state(job.state)
+    if state is JobState.QUEUING and job.reason in _HELD_REASONS:
+        return JobState.HOLD
+    return state
+
+
 def job_attributes(job: SlurmJob) -> Dict[str, str]:
     """A job's model attributes (every key, empty when SLURM has no value; no time used)."""
-    state = job_state(job.state)
+    state = job_service_state(job)
     attrs_ = {
         K.NAME: job.name,
         K.STATE: state.value,
@@ -313,7 +327,7 @@ _JOB_KEY = operator.attrgetter(
 
 def process_attributes(job: SlurmJob, node_id: Optional[int] = None) -> Dict[str, Any]:
     """The attributes of a job's process 0 that follow from the job's record."""
-    state = job_state(job.state)
+    state = job_service_state(job)
     out: Dict[str, Any] = {K.STATE: state.value, K.NATIVE_STATE: native_word(job.state)}
     if node_id is not None:
         out[K.NODE] = node_id
@@ -1489,6 +1503,12 @@ class SlurmBackend(Backend):
         partition = self.model.attr(queue, K.NAME)
         if not isinstance(partition, str) or not partition:
             raise SubmitError("the queue has no partition name", ErrorKind.NO_SUCH_QUEUE)
+        named = spec.extra_value(PARTITION)
+        if named and named != partition:
+            raise SubmitError(
+                f"the queue given is partition {partition!r} but partition is {named!r}; give one of them",
+                ErrorKind.BAD_REQUEST,
+            )
         try:
             script_spec = batch.ScriptSpec(
                 executable=spec.executable,

@@ -275,6 +275,9 @@ def job_spec(attributes: AttributeSet, queue_key: Callable[[str], Union[int, str
     elif get("partition"):
         queue = get("partition")
     extra = tuple((key, value) for key, value in attributes.items if key not in _KNOWN)
+    if queue_text and get("partition"):
+        # Both name a queue: the backend that knows partitions refuses them if they differ.
+        extra += (("partition", get("partition") or ""),)
     settings = {}
     if get(K.TIME_LIMIT):
         settings["wall_time"] = parse_duration(get(K.TIME_LIMIT) or "", K.TIME_LIMIT)

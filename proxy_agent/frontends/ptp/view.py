@@ -175,6 +175,24 @@ class _Renderer:
 
         return general
 
+    def cleared(self, slots: Iterable[int]) -> List[str]:
+        """``key=`` arguments for attributes that no longer have a value: without them a
+        client would keep showing the value it was last sent."""
+        kind, names = self.kind, self.schema.keys
+        out: List[str] = []
+        for i in slots:
+            name = names[i]
+            special = mapping.SPECIAL.get((kind, name))
+            if special == "state":
+                out.extend(arg.partition("=")[0] + "=" for arg in mapping.state_args(kind, ""))
+            elif special == "executable":
+                out.extend(("execName=", "execPath="))
+            else:
+                ptp_id = mapping.ptp_attribute(kind, name)
+                if ptp_id is not None and ptp_id not in self.rules.integer_ids:
+                    out.append(ptp_id + "=")
+        return out
+
     def args(self, values: Sequence) -> list:
         """``key=value`` arguments of a value row (and :class:`_Ref` markers when shared)."""
         if self.version != self.schema.version:
@@ -679,8 +697,14 @@ class ModelView(ChangeSink):
         return events
 
     def _change_events(self, kind: Kind, changes: List[Tuple[Element, Set[int]]]) -> List[WireEvent]:
-        args_of = self._renderers[kind].args
+        renderer = self._renderers[kind]
         length = len(self.model.schema(kind).keys)
+
+        def args_of(row: list, key: tuple) -> List[str]:
+            args = renderer.args(row)
+            if any(value is None for _, value in key):
+                args.extend(renderer.cleared(i for i, value in key if value is None))
+            return args
 
         def row_key(element: Element, slots: Set[int]) -> tuple:
             values = element.values
@@ -699,14 +723,14 @@ class ModelView(ChangeSink):
                 groups.setdefault(row_key(element, slots), []).append(element)
             events: List[WireEvent] = []
             for job, groups in by_job.items():
-                built = [(self._refs(kind, m), args_of(sparse(key))) for key, m in groups.items()]
+                built = [(self._refs(kind, m), args_of(sparse(key), key)) for key, m in groups.items()]
                 built = [(r, a) for r, a in built if a]  # a change nothing of which this client sees
                 events.extend(self._grouped(EventId.PROCESS_CHANGE, [str(self.base + job)], built))
             return events
         grouped: Dict[tuple, List[Element]] = {}
         for element, slots in changes:
             grouped.setdefault(row_key(element, slots), []).append(element)
-        built = [(self._refs(kind, m), args_of(sparse(key))) for key, m in grouped.items()]
+        built = [(self._refs(kind, m), args_of(sparse(key), key)) for key, m in grouped.items()]
         built = [(r, a) for r, a in built if a]  # a change nothing of which this client sees
         return self._grouped(_PTP_KIND[kind].change_event, [], built)
 

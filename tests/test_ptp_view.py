@@ -1,0 +1,549 @@
+"""One PTP client's view of the service model: the initial model, coalesced changes, moves,
+held output, and ids from the client's own base id (processes named by rank)."""
+
+from __future__ import annotations
+
+from typing import List
+
+import hypothesis.strategies as st
+import pytest
+from hypothesis import given, settings
+
+from proxy_agent.frontends.ptp import mapping, view as view_module
+from proxy_agent.frontends.ptp.view import HELD_OUTPUT_LIMIT, MAX_OUTPUT_EVENTS_PER_DRAIN, RenderRules
+from proxy_agent.protocol.messages import (
+    ElementChange,
+    ElementKind,
+    NewElements,
+    ProcessChange,
+    RemoveElements,
+    RemoveProcesses,
+)
+from proxy_agent.protocol.rangeset import RangeSet
+from proxy_agent.service.jobs import JobState
+from proxy_agent.service.model import BACKLOG_LIMIT, K, Kind, ServiceModel
+from service_fixtures import BASE, TID, Client, Mirror, expected_mirror, expected_structure
+
+
+def make_model():
+    model = ServiceModel()
+    machine = model.add(Kind.MACHINE, None, {K.NAME: "m", K.STATE: "UP"})
+    queue = model.add(Kind.QUEUE, None, {K.NAME: "q", K.STATE: "NORMAL"})
+    return model, machine, queue
+
+
+def add_job(model, queue, state="QUEUING", procs=0, attrs=None):
+    job = model.add(Kind.JOB, queue, {K.STATE: state, **(attrs or {})})
+    processes = model.add_many(Kind.PROCESS, job, [{K.STATE: state}] * procs) if procs else range(0)
+    return job, processes
+
+
+def assert_in_step(client: Client, mirror: Mirror) -> None:
+    """The client's picture is the model, ids, parents and attributes."""
+    expected = expected_mirror(client.model, client.base)
+    assert mirror.elements == expected.elements
+
+
+# --------------------------------------------------------------------------- the initial model
+
+
+def test_snapshot_parents_first_and_grouped():
+    model, machine, queue = make_model()
+    nodes = model.add_many(Kind.NODE, machine, [{K.STATE: "UP"}] * 64)
+    client = Client(model)
+    events = client.snapshot()
+    kinds = [e.kind for e in events]
+    assert kinds == [ElementKind.MACHINE, ElementKind.QUEUE, ElementKind.NODE]
+    assert events[0].parent_id == str(BASE) and events[1].parent_id == str(BASE)
+    assert events[0].groups[0].id_list() == [str(BASE + machine)]
+    (node_event,) = [e for e in events if e.kind is ElementKind.NODE]
+    assert len(node_event.groups) == 1
+    assert node_event.groups[0].ids == RangeSet.from_range(BASE + nodes[0], BASE + nodes[-1])
+    assert node_event.groups[0].attributes == (("nodeState", "UP"),)
+    assert node_event.parent_id == str(BASE + machine)
+    assert all(e.tid == TID for e in events)
+    assert client.drain() == [] and not client.view.has_pending
+
+
+def test_process_ids_are_ranks_within_their_job():
+    model, machine, queue = make_model()
+    first, first_procs = add_job(model, queue, procs=3)
+    second, second_procs = add_job(model, queue, procs=2)
+    client = Client(model)
+    events = client.snapshot()
+    news = [e for e in events if e.kind is ElementKind.PROCESS]
+    assert [(e.parent_id, [i for g in e.groups for i in g.id_list()]) for e in news] == [
+        (str(BASE + first), ["0", "1", "2"]), (str(BASE + second), ["0", "1"])]
+    model.remove(first_procs[1])
+    model.update(second_procs[1], {K.STATE: "RUNNING"})
+    events = client.drain()
+    (change,) = [e for e in events if isinstance(e, ProcessChange)]
+    assert change.job_id == str(BASE + second) and change.groups[0].id_list() == ["1"]
+    (removal,) = [e for e in events if isinstance(e, RemoveProcesses)]
+    assert removal.job_id == str(BASE + first) and list(removal.ids) == [1]
+    added = model.add(Kind.PROCESS, first, {K.STATE: "QUEUING"})
+    (new,) = client.drain()
+    assert isinstance(new, NewElements) and new.parent_id == str(BASE + first)
+    assert new.groups[0].id_list() == [str(model.get(added).rank)] == ["3"]
+
+
+def test_two_clients_see_the_same_model_under_their_own_ids():
+    model, machine, queue = make_model()
+    node = model.add(Kind.NODE, machine, {K.NAME: "n0", K.STATE: "UP"})
+    job, procs = add_job(model, queue, procs=2, attrs={K.QUEUE: queue})
+    model.update(procs[0], {K.NODE: node})
+    low, high = Client(model, base=100), Client(model, base=50_000)
+    low_mirror, high_mirror = Mirror().apply(low.snapshot()), Mirror().apply(high.snapshot())
+    model.update(job, {K.STATE: "RUNNING"})
+    model.output(procs[1], "stdout", "hello")
+    low_mirror.apply(low.drain())
+    high_mirror.apply(high.drain())
+
+    def translated(mirror: Mirror, base: int) -> dict:
+        """The picture with the client's ids turned back into service keys."""
+        def key(text: str) -> str:
+            job_part, sep, rank = text.partition(":")
+            return f"{int(job_part) - base}{sep}{rank}"
+
+        out = {}
+        for ref, (kind, parent, attrs) in mirror.elements.items():
+            attrs = dict(attrs)
+            for ref_attr in ("queueId", "processNodeId"):
+                if ref_attr in attrs:
+                    attrs[ref_attr] = str(int(attrs[ref_attr]) - base)
+            out[key(ref)] = (kind, str(int(parent) - base), attrs)
+        return out
+
+    assert translated(low_mirror, 100) == translated(high_mirror, 50_000)
+    assert low_mirror.elements[str(100 + job)][2]["queueId"] == str(100 + queue)
+    assert high_mirror.elements[str(50_000 + job)][2]["queueId"] == str(50_000 + queue)
+    assert high_mirror.elements[f"{50_000 + job}:0"][2]["processNodeId"] == str(50_000 + node)
+    assert low_mirror.lines(f"{100 + job}:1") == high_mirror.lines(f"{50_000 + job}:1") == ["hello"]
+    assert_in_step(low, low_mirror)
+    assert_in_step(high, high_mirror)
+    assert low.view.element_id(job) == 100 + job and high.view.key_of(50_000 + job) == job
+
+
+def test_attributes_are_rendered_in_ptp_terms():
+    model, machine, queue = make_model()
+    job = model.add(Kind.JOB, queue, {
+        K.NAME: "j", K.STATE: "HOLD", K.NATIVE_STATE: "PD", K.QUEUE: queue, K.NUM_PROCS: "2",
+        K.EXECUTABLE: "/usr/bin/env", K.ARGUMENTS: ("a b", ""), K.ENVIRONMENT: ("SECRET=1",),
+        K.CLIENT_REF: "sub-9", K.USER: "alice", K.MESSAGE: "why",
+    })
+    process = model.add(Kind.PROCESS, job, {K.STATE: "FINISHED", K.EXIT_CODE: "0", K.PID: "42",
+                                             K.NATIVE_STATE: "CD", K.SIGNAL: "SIGTERM"})
+    mirror = Mirror().apply(Client(model).snapshot())
+    assert mirror.elements[str(BASE + job)][2] == {
+        "name": "j", "jobState": "STARTING", "jobStatus": "HOLD", "jobNativeState": "PD",
+        "queueId": str(BASE + queue), "jobNumProcs": "2", "execName": "env", "execPath": "/usr/bin",
+        "progArgs": "", "jobSubId": "sub-9", "userId": "alice", "jobStatusMessage": "why",
+    }
+    (new_job,) = [e for e in Client(model).snapshot() if e.kind is ElementKind.JOB]
+    assert [v for k, v in new_job.groups[0].attributes if k == "progArgs"] == ["a b", ""]  # one per value
+    assert mirror.elements[f"{BASE + job}:{model.get(process).rank}"][2] == {
+        "processState": "COMPLETED", "processStatus": "FINISHED", "processExitCode": "0",
+        "processPID": "42", "processNativeState": "CD", "processSignalName": "SIGTERM",
+    }
+
+
+def test_every_service_state_has_one_ptp_state():
+    assert set(mapping.PTP_JOB_STATE) == {state.value for state in JobState}
+    for state in JobState:
+        coarse = mapping.PTP_JOB_STATE[state.value]
+        assert coarse in ("STARTING", "RUNNING", "SUSPENDED", "COMPLETED")
+        assert (coarse == "COMPLETED") == state.final, state
+    assert mapping.PTP_JOB_STATE["SUSPENDED"] == "SUSPENDED"
+    assert mapping.PTP_JOB_STATE["RUNNING"] == mapping.PTP_JOB_STATE["FINISHING"] == "RUNNING"
+    assert mapping.state_args(Kind.JOB, "KILLED") == ["jobState=COMPLETED", "jobStatus=KILLED"]
+    assert mapping.state_args(Kind.PROCESS, "QUEUING") == ["processState=STARTING", "processStatus=QUEUING"]
+    assert mapping.state_args(Kind.JOB, "a state nobody knows") == [
+        "jobState=STARTING", "jobStatus=a state nobody knows"]
+
+
+def test_render_rules_of_a_dialect():
+    model, machine, queue = make_model()
+    job = model.add(Kind.JOB, queue, {K.NAME: "a=b c", K.ARGUMENTS: ("x",), K.NUM_PROCS: "99999999999"})
+    rules = RenderRules(text=lambda s: s.replace(" ", "_"), arrays=False,
+                        integer_ids=["jobNumProcs"], integer_range=(0, 1000))
+    mirror = Mirror().apply(Client(model, rules=rules).snapshot())
+    attrs = mirror.elements[str(BASE + job)][2]
+    assert attrs["name"] == "a=b_c"
+    assert "progArgs" not in attrs  # no multi-valued attributes for this client
+    assert "jobNumProcs" not in attrs  # out of its range: absent, never a wrong number
+    model.update(job, {K.NUM_PROCS: "12"})
+    client = Client(model, rules=rules)
+    mirror = Mirror().apply(client.snapshot())
+    assert mirror.elements[str(BASE + job)][2]["jobNumProcs"] == "12"
+
+
+# --------------------------------------------------------------------------- coalescing
+
+
+def test_same_change_is_one_event_with_one_range():
+    model, machine, queue = make_model()
+    job, procs = add_job(model, queue, procs=64)
+    client = Client(model)
+    client.snapshot()
+    model.update_many(procs, {K.STATE: "RUNNING"})
+    (event,) = client.drain()
+    assert isinstance(event, ProcessChange) and event.job_id == str(BASE + job)
+    assert len(event.groups) == 1
+    assert str(event.groups[0].ids) == "0-63"
+    assert event.groups[0].attributes == (("processState", "RUNNING"), ("processStatus", "RUNNING"))
+
+
+def test_latest_change_wins():
+    model, machine, queue = make_model()
+    job, _ = add_job(model, queue)
+    client = Client(model)
+    client.snapshot()
+    for state in ("RUNNING", "SUSPENDED", "RUNNING", "FINISHED"):
+        model.update(job, {K.STATE: state})
+    (event,) = client.drain()
+    assert isinstance(event, ElementChange) and event.kind is ElementKind.JOB
+    assert event.groups[0].attributes == (("jobState", "COMPLETED"), ("jobStatus", "FINISHED"))
+
+
+def test_new_then_change_is_one_new_with_the_latest_values():
+    model, machine, queue = make_model()
+    client = Client(model)
+    client.snapshot()
+    job, procs = add_job(model, queue, procs=1)
+    model.update(job, {K.STATE: "RUNNING", K.MESSAGE: "started"})
+    model.update(procs[0], {K.STATE: "RUNNING"})
+    events = client.drain()
+    assert [type(e) for e in events] == [NewElements, NewElements]
+    assert dict(events[0].groups[0].attributes) == {"jobState": "RUNNING", "jobStatus": "RUNNING",
+                                                    "jobStatusMessage": "started"}
+    assert dict(events[1].groups[0].attributes)["processState"] == "RUNNING"
+
+
+def test_new_then_remove_vanishes_and_change_then_remove_is_a_remove():
+    model, machine, queue = make_model()
+    known, _ = add_job(model, queue, procs=1)
+    client = Client(model)
+    client.snapshot()
+    temp, _ = add_job(model, queue, procs=2)
+    model.update(temp, {K.STATE: "RUNNING"})
+    model.output(model.processes(temp)[0], "stdout", "never seen")
+    model.remove(temp)
+    model.update(known, {K.STATE: "RUNNING"})
+    model.remove(known)
+    events = client.drain()
+    assert [type(e) for e in events] == [RemoveProcesses, RemoveElements]
+    assert events[0].job_id == str(BASE + known) and list(events[0].ids) == [0]
+    assert events[1].kind is ElementKind.JOB and list(events[1].ids) == [BASE + known]
+
+
+def test_a_cleared_attribute_reaches_the_client_as_an_empty_value():
+    model, machine, queue = make_model()
+    node = model.add(Kind.NODE, machine, {K.STATE: "DOWN", K.REASON: "maintenance"})
+    job, (proc,) = add_job(model, queue, procs=1, attrs={K.MESSAGE: "waiting", K.EXECUTABLE: "/bin/true"})
+    model.update(proc, {K.NODE: node, K.EXIT_CODE: "1"})
+    client = Client(model)
+    mirror = Mirror().apply(client.snapshot())
+    model.update(node, {K.STATE: "UP", K.REASON: None})
+    model.update(job, {K.MESSAGE: None, K.EXECUTABLE: None})
+    model.update(proc, {K.NODE: None, K.EXIT_CODE: None})
+    events = client.drain()
+    changes = {e.kind: e.groups[0].attributes for e in events}
+    assert changes[ElementKind.NODE] == (("nodeState", "UP"), ("reason", ""))
+    assert set(changes[ElementKind.JOB]) == {("jobStatusMessage", ""), ("execName", ""), ("execPath", "")}
+    assert set(changes[ElementKind.PROCESS]) == {("processNodeId", ""), ("processExitCode", "")}
+    mirror.apply(events)
+    assert_in_step(client, mirror)
+    model.update(job, {K.MESSAGE: None})  # clearing what has no value is no change
+    assert client.drain() == []
+
+
+def test_unchanged_value_is_not_a_change():
+    model, machine, queue = make_model()
+    job, _ = add_job(model, queue, state="RUNNING")
+    client = Client(model)
+    client.snapshot()
+    assert model.update(job, {K.STATE: "RUNNING"}) is False
+    assert not client.view.has_pending
+    assert client.drain() == []
+
+
+def test_remove_job_removes_processes_children_first():
+    model, machine, queue = make_model()
+    job, procs = add_job(model, queue, state="RUNNING", procs=2)
+    client = Client(model)
+    client.snapshot()
+    model.remove(job)
+    events = client.drain()
+    assert [type(e) for e in events] == [RemoveProcesses, RemoveElements]
+    assert events[0].job_id == str(BASE + job) and list(events[0].ids) == [0, 1]
+    assert list(events[1].ids) == [BASE + job]
+
+
+def test_output_in_order_before_completion():
+    model, machine, queue = make_model()
+    job, (proc,) = add_job(model, queue, state="RUNNING", procs=1)
+    client = Client(model)
+    client.snapshot()
+    model.output(proc, "stdout", "one")
+    model.output(proc, "stderr", "two")
+    model.update(proc, {K.STATE: "FINISHED"})
+    model.update(job, {K.STATE: "FINISHED"})
+    events = client.drain()
+    assert [type(e) for e in events] == [ProcessChange, ProcessChange, ProcessChange, ElementChange]
+    texts = [e.groups[0].attributes for e in events]
+    assert texts[0] == (("processStdout", "one"),)
+    assert texts[1] == (("processStderr", "two"),)
+    assert texts[2] == (("processState", "COMPLETED"), ("processStatus", "FINISHED"))
+    assert texts[3] == (("jobState", "COMPLETED"), ("jobStatus", "FINISHED"))
+    assert all(e.groups[0].id_list() == ["0"] for e in events[:3])
+
+
+def test_held_output_is_bounded_with_a_note():
+    model, machine, queue = make_model()
+    job, (proc,) = add_job(model, queue, state="RUNNING", procs=1)
+    client = Client(model)
+    client.snapshot()
+    line = "x" * 999
+    count = 3 * HELD_OUTPUT_LIMIT // 1000
+    for _ in range(count):
+        model.output(proc, "stdout", line)
+    assert client.view.held_output <= HELD_OUTPUT_LIMIT
+    events = client.drain()
+    values = [v for e in events for g in e.groups for _, v in g.attributes]
+    assert sum(len(v) for v in values) <= HELD_OUTPUT_LIMIT + 200
+    note = events[0].groups[0].attributes[0]
+    assert note[0] == "processStderr" and "dropped" in note[1]
+    kept = sum(v.count(line) for v in values[1:])
+    assert note[1].startswith(f"[proxy-agent: {count - kept} earlier lines")
+    assert client.view.held_output == 0 and client.drain() == []
+
+
+def test_many_lines_travel_joined_in_order():
+    model, machine, queue = make_model()
+    job, (proc,) = add_job(model, queue, state="RUNNING", procs=1)
+    client = Client(model)
+    mirror = Mirror().apply(client.snapshot())
+    lines = [f"line{i}" for i in range(10 * MAX_OUTPUT_EVENTS_PER_DRAIN)]
+    for text in lines:
+        model.output(proc, "stdout", text)
+    model.output(proc, "stderr", "err")
+    events = client.drain()
+    assert len(events) < len(lines) / 10
+    mirror.apply(events)
+    ref = f"{BASE + job}:0"
+    assert [piece for chunk in mirror.lines(ref) for piece in chunk.split("\n")] == lines
+    assert mirror.lines(ref, "stderr") == ["err"]
+
+
+def test_pending_is_bounded_by_the_model_size():
+    model, machine, queue = make_model()
+    jobs = [add_job(model, queue)[0] for _ in range(10)]
+    client = Client(model)
+    client.snapshot()
+    for round_ in range(1000):
+        for job in jobs:
+            model.update(job, {K.STATE: "RUNNING" if round_ % 2 else "SUSPENDED", K.MESSAGE: str(round_)})
+        temp, _ = add_job(model, queue)
+        model.remove(temp)
+    assert len(client.view._pending) <= len(model)
+    events = client.drain()
+    assert sum(len(g.ids) for e in events for g in e.groups) == 10
+
+
+def test_output_written_before_anyone_subscribed_reaches_the_first_client():
+    model, machine, queue = make_model()
+    quiet, (early,) = add_job(model, queue, state="RUNNING", procs=1)
+    chatty, (a, b) = add_job(model, queue, state="RUNNING", procs=2)
+    model.output(early, "stdout", "early")
+    model.output(b, "stderr", "first")
+    line = "y" * 999
+    for _ in range(2 * BACKLOG_LIMIT // 1000):
+        model.output(a, "stdout", line)
+    first = Client(model)
+    mirror = Mirror().apply(first.snapshot())
+    mirror.apply(first.drain())
+    assert mirror.lines(f"{BASE + quiet}:0") == ["early"]
+    # the chatty job kept its newest lines; the oldest went, and the client is told
+    assert mirror.lines(f"{BASE + chatty}:1", "stderr") == []
+    notes = mirror.lines(f"{BASE + chatty}:0", "stderr")
+    assert len(notes) == 1 and "earlier lines of output were dropped" in notes[0]
+    kept = [piece for chunk in mirror.lines(f"{BASE + chatty}:0") for piece in chunk.split("\n")]
+    assert set(kept) == {line} and 1000 * len(kept) <= BACKLOG_LIMIT
+    second = Client(model, base=9000)
+    Mirror().apply(second.snapshot())
+    assert second.drain() == []  # handed to the first client only
+
+
+# --------------------------------------------------------------------------- moves
+
+
+def make_queues():
+    model = ServiceModel()
+    debug = model.add(Kind.QUEUE, None, {K.NAME: "debug"})
+    long_ = model.add(Kind.QUEUE, None, {K.NAME: "long"})
+    return model, debug, long_
+
+
+def test_move_of_a_known_job_is_remove_then_new_under_the_new_queue():
+    model, debug, long_ = make_queues()
+    job = model.add(Kind.JOB, debug, {K.NAME: "j", K.STATE: "QUEUING"})
+    process = model.add(Kind.PROCESS, job, {K.STATE: "QUEUING"})
+    client = Client(model)
+    mirror = Mirror().apply(client.snapshot())
+    model.update(job, {K.STATE: "RUNNING"})
+    model.move(job, long_)
+    model.output(process, "stdout", "hello")
+    events = client.drain()
+    assert [type(e).__name__ for e in events] == [
+        "RemoveProcesses", "RemoveElements", "NewElements", "NewElements", "ProcessChange"]
+    new_job = events[2]
+    assert new_job.kind is ElementKind.JOB and new_job.parent_id == str(BASE + long_)
+    assert new_job.groups[0].id_list() == [str(BASE + job)]  # the same id
+    assert dict(new_job.groups[0].attributes)["jobStatus"] == "RUNNING"
+    assert events[3].kind is ElementKind.PROCESS and events[3].parent_id == str(BASE + job)
+    mirror.apply(events)
+    assert_in_step(client, mirror)
+    assert mirror.lines(f"{BASE + job}:0") == ["hello"]
+    assert model.children(long_) == [job] and model.children(debug) == []
+    assert client.drain() == []
+
+
+def test_move_of_an_unsent_job_is_just_new_and_other_cases():
+    model, debug, long_ = make_queues()
+    client = Client(model)
+    mirror = Mirror().apply(client.snapshot())
+    job = model.add(Kind.JOB, debug, {K.NAME: "j"})
+    model.add(Kind.PROCESS, job, {})
+    model.move(job, long_)
+    events = client.drain()
+    assert [type(e).__name__ for e in events] == ["NewElements", "NewElements"]
+    assert events[0].parent_id == str(BASE + long_)
+    mirror.apply(events)
+    model.move(job, long_)  # no-op
+    assert not client.view.has_pending
+    model.move(job, debug)
+    model.move(job, long_)  # moved twice: one REMOVE and one NEW
+    model.update(job, {K.NAME: "k"})
+    events = client.drain()
+    assert [type(e).__name__ for e in events] == ["RemoveProcesses", "RemoveElements", "NewElements", "NewElements"]
+    mirror.apply(events)
+    model.move(job, debug)
+    model.remove(job)  # moved, then removed before a drain: one REMOVE
+    events = client.drain()
+    assert [type(e).__name__ for e in events] == ["RemoveProcesses", "RemoveElements"]
+    mirror.apply(events)
+    assert_in_step(client, mirror)
+
+
+def test_move_while_a_chunked_snapshot_is_being_sent(monkeypatch):
+    """A job moved after its NEW went out but before its process's chunk still reaches the
+    client once, in order (REMOVE, NEW job, NEW process)."""
+    monkeypatch.setattr(view_module, "SNAPSHOT_CHUNK", 1)
+    model, debug, long_ = make_queues()
+    jobs = [model.add(Kind.JOB, debug, {K.NAME: str(i)}) for i in range(3)]
+    for job in jobs:
+        model.add(Kind.PROCESS, job, {})
+    client = Client(model)
+    mirror = Mirror()
+    chunks = client.chunks()
+    for _ in range(2 + 3):  # both queues and the three jobs
+        mirror.apply(next(chunks))
+    model.move(jobs[0], long_)  # its process has not been sent yet
+    model.move(jobs[1], long_)
+    for rest in chunks:
+        mirror.apply(rest)
+    mirror.apply(client.drain())
+    assert_in_step(client, mirror)
+    assert model.children(long_) == jobs[:2]
+
+
+# --------------------------------------------------------------------------- properties
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["add_job", "add_procs", "update", "clear", "remove", "remove_proc", "move",
+                               "output", "drain"]),
+              st.integers(0, 50), st.integers(0, 3)),
+    max_size=60,
+)
+
+
+def apply_op(model: ServiceModel, queues: List[int], op: str, pick: int, value: int) -> None:
+    jobs = model.keys(Kind.JOB)
+    procs = model.keys(Kind.PROCESS)
+    if op == "add_job":
+        model.add(Kind.JOB, queues[value % len(queues)], {K.STATE: ["QUEUING", "RUNNING"][value % 2]})
+    elif op == "add_procs" and jobs:
+        model.add_many(Kind.PROCESS, jobs[pick % len(jobs)], [{K.PID: str(i)} for i in range(value + 1)])
+    elif op == "update" and jobs + procs:
+        keys = jobs + procs
+        model.update(keys[pick % len(keys)], {K.STATE: list(JobState)[value].value, K.MESSAGE: str(pick)})
+    elif op == "clear" and jobs + procs:
+        keys = jobs + procs
+        model.update(keys[pick % len(keys)], {K.MESSAGE: None})
+    elif op == "remove" and jobs:
+        model.remove(jobs[pick % len(jobs)])
+    elif op == "remove_proc" and procs:
+        model.remove(procs[pick % len(procs)])
+    elif op == "move" and jobs:
+        model.move(jobs[pick % len(jobs)], queues[value % len(queues)])
+    elif op == "output" and procs:
+        model.output(procs[pick % len(procs)], "stdout", str(value))
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_drained_events_reproduce_the_model(operations):
+    """Whatever happens between drains, applying the events gives exactly the model."""
+    model, debug, long_ = make_queues()
+    client = Client(model)
+    mirror = Mirror().apply(client.snapshot())
+    for op, pick, value in operations:
+        if op == "drain":
+            mirror.apply(client.drain())
+        else:
+            apply_op(model, [debug, long_], op, pick, value)
+    mirror.apply(client.drain())
+    assert_in_step(client, mirror)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["chunk", "add_job", "add_procs", "update", "clear", "remove",
+                                           "remove_proc", "move", "output"]),
+                          st.integers(0, 50), st.integers(0, 3)), max_size=60),
+       st.integers(0, 12))
+def test_snapshot_taken_while_the_model_changes(operations, initial_jobs):
+    """The initial model may be sent chunk by chunk while the model changes: each element
+    reaches the client once, parents first, and the first drain brings it up to date."""
+    model, debug, long_ = make_queues()
+    queues = [debug, long_]
+    for i in range(initial_jobs):
+        job = model.add(Kind.JOB, queues[i % 2], {K.STATE: "QUEUING"})
+        model.add_many(Kind.PROCESS, job, [{}] * (i % 3))
+    old_chunk = view_module.SNAPSHOT_CHUNK
+    view_module.SNAPSHOT_CHUNK = 2
+    try:
+        client = Client(model)
+        mirror = Mirror()
+        chunks = client.chunks()
+        for op, pick, value in operations:
+            if op == "chunk":
+                mirror.apply(next(chunks, []))
+            else:
+                apply_op(model, queues, op, pick, value)
+        for rest in chunks:
+            mirror.apply(rest)
+    finally:
+        view_module.SNAPSHOT_CHUNK = old_chunk
+    mirror.apply(client.drain())
+    assert_in_step(client, mirror)
+    assert mirror.structure() == expected_structure(model)
+
+
+@pytest.mark.parametrize("base", [0, 1, 1000, 2**31 - 100_000])
+def test_any_base_id(base):
+    model, machine, queue = make_model()
+    add_job(model, queue, procs=2)
+    client = Client(model, base=base)
+    mirror = Mirror().apply(client.snapshot())
+    assert mirror.structure() == expected_structure(model, base)
