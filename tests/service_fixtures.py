@@ -171,7 +171,9 @@ class Mirror:
                     single = (ProcessChange(event.tid, event.job_id, [group]) if isinstance(event, ProcessChange)
                               else ElementChange(event.tid, event.kind, [group]))
                     attrs = dict(group.attributes)
-                    lines = [(self.OUTPUT_KEYS[k], v) for k, v in group.attributes if k in self.OUTPUT_KEYS]
+                    # one value may carry several lines, joined by "\n"
+                    lines = [(self.OUTPUT_KEYS[k], line) for k, v in group.attributes if k in self.OUTPUT_KEYS
+                             for line in v.split("\n")]
                     for key in self.OUTPUT_KEYS:
                         attrs.pop(key, None)
                     for ref in element_refs(single):

@@ -10,8 +10,9 @@ import pytest
 from hypothesis import given, settings
 
 from proxy_agent.frontends.ptp import mapping, view as view_module
-from proxy_agent.frontends.ptp.view import HELD_OUTPUT_LIMIT, MAX_OUTPUT_EVENTS_PER_DRAIN, RenderRules
+from proxy_agent.frontends.ptp.view import HELD_OUTPUT_LIMIT, ModelView, RenderRules
 from proxy_agent.protocol.messages import (
+    EventId,
     ElementChange,
     ElementKind,
     NewElements,
@@ -21,8 +22,17 @@ from proxy_agent.protocol.messages import (
 )
 from proxy_agent.protocol.rangeset import RangeSet
 from proxy_agent.service.jobs import JobState
-from proxy_agent.service.model import BACKLOG_LIMIT, K, Kind, ServiceModel
+from proxy_agent.service.model import BACKLOG_LIMIT, OUTPUT_HIGH_WATER, K, Kind, ServiceModel
+from proxy_agent.protocol.wire import Decoder
 from service_fixtures import BASE, TID, Client, Mirror, expected_mirror, expected_structure
+
+
+def decode_chunk(chunk: bytes):
+    from proxy_agent.protocol.messages import decode_event
+
+    decoder = Decoder()
+    decoder.feed(chunk)
+    return [decode_event(frame) for frame in decoder]
 
 
 def make_model():
@@ -303,6 +313,7 @@ def test_held_output_is_bounded_with_a_note():
     job, (proc,) = add_job(model, queue, state="RUNNING", procs=1)
     client = Client(model)
     client.snapshot()
+    client.view.set_reading(False, "events were stopped")  # a client that is not reading
     line = "x" * 999
     count = 3 * HELD_OUTPUT_LIMIT // 1000
     for _ in range(count):
@@ -314,8 +325,28 @@ def test_held_output_is_bounded_with_a_note():
     note = events[0].groups[0].attributes[0]
     assert note[0] == "processStderr" and "dropped" in note[1]
     kept = sum(v.count(line) for v in values[1:])
-    assert note[1].startswith(f"[proxy-agent: {count - kept} earlier lines")
+    assert note[1] == f"[proxy-agent: {count - kept} earlier lines of output were dropped (events were stopped)]"
     assert client.view.held_output == 0 and client.drain() == []
+
+
+def test_nothing_is_dropped_for_a_reading_client_and_the_jobs_are_held_back():
+    model, machine, queue = make_model()
+    job, (proc,) = add_job(model, queue, state="RUNNING", procs=1)
+    client = Client(model)
+    client.snapshot()
+    line = "y" * 999
+    count = 3 * HELD_OUTPUT_LIMIT // 1000
+    for _ in range(count):
+        model.output(proc, "stdout", line)
+    assert client.view.held_output == count * 1000  # all of it kept: the client reads
+    assert model.output_room_available() is (count * 1000 < OUTPUT_HIGH_WATER)
+    for _ in range(OUTPUT_HIGH_WATER // 1000):
+        model.output(proc, "stdout", line)
+    assert not model.output_room_available()  # the backends hold the jobs' output back
+    events = client.drain()
+    values = [v for e in events for g in e.groups for _, v in g.attributes]
+    assert sum(v.count(line) for v in values) == count + OUTPUT_HIGH_WATER // 1000
+    assert model.output_room_available()
 
 
 def test_many_lines_travel_joined_in_order():
@@ -323,7 +354,7 @@ def test_many_lines_travel_joined_in_order():
     job, (proc,) = add_job(model, queue, state="RUNNING", procs=1)
     client = Client(model)
     mirror = Mirror().apply(client.snapshot())
-    lines = [f"line{i}" for i in range(10 * MAX_OUTPUT_EVENTS_PER_DRAIN)]
+    lines = [f"line{i}" for i in range(640)]
     for text in lines:
         model.output(proc, "stdout", text)
     model.output(proc, "stderr", "err")
@@ -435,26 +466,39 @@ def test_move_of_an_unsent_job_is_just_new_and_other_cases():
     assert_in_step(client, mirror)
 
 
-def test_move_while_a_chunked_snapshot_is_being_sent(monkeypatch):
-    """A job moved after its NEW went out but before its process's chunk still reaches the
-    client once, in order (REMOVE, NEW job, NEW process)."""
-    monkeypatch.setattr(view_module, "SNAPSHOT_CHUNK", 1)
+def test_a_move_right_after_the_snapshot_is_reissued_in_order():
+    """The snapshot is of one instant; a job moved after it reaches the client as REMOVE,
+    then NEW under its new queue with its process."""
     model, debug, long_ = make_queues()
     jobs = [model.add(Kind.JOB, debug, {K.NAME: str(i)}) for i in range(3)]
     for job in jobs:
         model.add(Kind.PROCESS, job, {})
     client = Client(model)
-    mirror = Mirror()
-    chunks = client.chunks()
-    for _ in range(2 + 3):  # both queues and the three jobs
-        mirror.apply(next(chunks))
-    model.move(jobs[0], long_)  # its process has not been sent yet
+    mirror = Mirror().apply(client.snapshot())
+    model.move(jobs[0], long_)
     model.move(jobs[1], long_)
-    for rest in chunks:
-        mirror.apply(rest)
     mirror.apply(client.drain())
     assert_in_step(client, mirror)
     assert model.children(long_) == jobs[:2]
+
+
+def test_clients_subscribing_to_an_unchanged_model_share_one_rendering():
+    model, debug, long_ = make_queues()
+    for i in range(50):
+        job = model.add(Kind.JOB, (debug, long_)[i % 2], {K.NAME: f"j{i % 7}", K.STATE: "QUEUING"})
+        model.add(Kind.PROCESS, job, {K.STATE: "QUEUING"})
+    first, second, other = ModelView(model, 1000), ModelView(model, 1000), ModelView(model, 5000)
+    plan = first.subscribe_plan()
+    assert second.subscribe_plan() is plan  # rendered once
+    frames = plan.frames(1000, 3)
+    assert plan.frames(1000, 3) is frames  # same base and TID: the same bytes
+    assert other.subscribe_plan() is plan
+    decoded = [e for chunk in plan.frames(5000, 3) for e in decode_chunk(chunk)]
+    ids = {i for e in decoded if e.event_id == EventId.NEW_JOB for g in e.groups for i in g.id_list()}
+    assert ids == {str(5000 + k) for k in model.keys(Kind.JOB)}
+    model.update(model.keys(Kind.JOB)[0], {K.STATE: "RUNNING"})
+    late = ModelView(model, 1000)
+    assert late.subscribe_plan() is not plan  # the model changed: a new rendering
 
 
 # --------------------------------------------------------------------------- properties
@@ -508,33 +552,25 @@ def test_drained_events_reproduce_the_model(operations):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["chunk", "add_job", "add_procs", "update", "clear", "remove",
+@given(st.lists(st.tuples(st.sampled_from(["drain", "add_job", "add_procs", "update", "clear", "remove",
                                            "remove_proc", "move", "output"]),
                           st.integers(0, 50), st.integers(0, 3)), max_size=60),
        st.integers(0, 12))
-def test_snapshot_taken_while_the_model_changes(operations, initial_jobs):
-    """The initial model may be sent chunk by chunk while the model changes: each element
-    reaches the client once, parents first, and the first drain brings it up to date."""
+def test_a_snapshot_of_any_model_then_changes_reproduce_the_model(operations, initial_jobs):
+    """Whatever the model held when the client subscribed, and whatever happened after, the
+    snapshot and the drains give the client exactly the model, each element once."""
     model, debug, long_ = make_queues()
     queues = [debug, long_]
     for i in range(initial_jobs):
         job = model.add(Kind.JOB, queues[i % 2], {K.STATE: "QUEUING"})
         model.add_many(Kind.PROCESS, job, [{}] * (i % 3))
-    old_chunk = view_module.SNAPSHOT_CHUNK
-    view_module.SNAPSHOT_CHUNK = 2
-    try:
-        client = Client(model)
-        mirror = Mirror()
-        chunks = client.chunks()
-        for op, pick, value in operations:
-            if op == "chunk":
-                mirror.apply(next(chunks, []))
-            else:
-                apply_op(model, queues, op, pick, value)
-        for rest in chunks:
-            mirror.apply(rest)
-    finally:
-        view_module.SNAPSHOT_CHUNK = old_chunk
+    client = Client(model)
+    mirror = Mirror().apply(client.snapshot())
+    for op, pick, value in operations:
+        if op == "drain":
+            mirror.apply(client.drain())
+        else:
+            apply_op(model, queues, op, pick, value)
     mirror.apply(client.drain())
     assert_in_step(client, mirror)
     assert mirror.structure() == expected_structure(model)

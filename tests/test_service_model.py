@@ -47,7 +47,7 @@ class Recorder(ChangeSink):
     def moved(self, element: Element, old_parent: int) -> None:
         self.calls.append(("moved", element.key, old_parent, element.parent))
 
-    def output(self, element: Element, stream: str, text: str) -> None:
+    def output(self, element: Element, stream: str, text: str, offset=None) -> None:
         self.calls.append(("output", element.key, stream, text))
 
     def flush(self) -> None:
@@ -293,7 +293,7 @@ def test_output_goes_to_subscribers_or_waits_for_one():
         model.output(job, "stdout", "a job writes nothing itself")
     backlog = model.take_backlog()
     assert list(backlog) == [job]
-    assert list(backlog[job].lines) == [(a, "stdout", "one"), (b, "stderr", "two")]
+    assert list(backlog[job].lines) == [(a, "stdout", "one", None), (b, "stderr", "two", None)]
     assert backlog[job].size == len("one") + len("two") + 2 and backlog[job].dropped == {}
     assert model.take_backlog() == {}  # handed over once
     sink = Recorder(model)
@@ -319,8 +319,8 @@ def test_backlog_is_bounded_per_job_and_counts_what_it_dropped():
     assert big.size <= BACKLOG_LIMIT and big.size == 1000 * len(big.lines)
     assert sum(big.dropped.values()) == count - len(big.lines)
     assert set(big.dropped) == {a, b}
-    assert big.lines[-1] == (a if (count - 1) % 2 else b, "stdout", line)  # the newest stay
-    assert list(backlog[quiet].lines) == [(q, "stdout", "kept")]  # another job's is its own
+    assert big.lines[-1] == (a if (count - 1) % 2 else b, "stdout", line, None)  # the newest stay
+    assert list(backlog[quiet].lines) == [(q, "stdout", "kept", None)]  # another job's is its own
 
 
 def test_a_removed_job_takes_its_backlog_with_it():

@@ -196,7 +196,7 @@ async def test_same_seed_same_submissions(autojump_clock):
     "pairs, message, kind, code",
     [
         ([(A.EXEC_NAME, "app")], "jobSubId", ErrorKind.BAD_REQUEST, ErrorCode.BAD_ARGUMENTS),
-        ([(A.JOB_SUB_ID, "s")], "names no program", ErrorKind.BAD_REQUEST, ErrorCode.BAD_ARGUMENTS),
+        ([(A.JOB_SUB_ID, "s")], "no executable given", ErrorKind.BAD_REQUEST, ErrorCode.BAD_ARGUMENTS),
         ([(A.JOB_SUB_ID, "s"), (A.EXEC_NAME, "a"), (A.JOB_NUM_PROCS, "x")], "whole number", ErrorKind.BAD_REQUEST,
          ErrorCode.BAD_ARGUMENTS),
         ([(A.JOB_SUB_ID, "s"), (A.EXEC_NAME, "a"), (A.JOB_NUM_PROCS, "0")], "between 1 and", ErrorKind.BAD_REQUEST,
@@ -230,7 +230,7 @@ async def test_the_backend_checks_what_it_is_given(sim, autojump_clock):
     with pytest.raises(SubmitError, match="no executable") as info:
         await sim.backend.submit(JobSpec(""), sim.backend.queue_ids["batch"])
     assert info.value.kind is ErrorKind.BAD_REQUEST
-    with pytest.raises(JobError, match="no job with key") as info:
+    with pytest.raises(JobError, match="no such job") as info:
         await sim.backend.terminate(machine)
     assert info.value.kind is ErrorKind.NO_SUCH_JOB
     assert sim.model.count(Kind.JOB) == 0

@@ -594,7 +594,7 @@ async def test_submit_errors(nursery, autojump_clock, tmp_path):
     fake.sbatch_error = None
     bad = [
         (["execName=true"], "jobSubId", ErrorKind.BAD_REQUEST),
-        (["jobSubId=s"], "no program", ErrorKind.BAD_REQUEST),
+        (["jobSubId=s"], "no executable given", ErrorKind.BAD_REQUEST),
         (["jobSubId=s", "execName=true", "jobNumProcs=0"], "jobNumProcs", ErrorKind.BAD_REQUEST),
         (["jobSubId=s", "execName=true", "env=NOVALUE"], "NAME=VALUE", ErrorKind.BAD_REQUEST),
         (["jobSubId=s", "execName=true", "env=1BAD=x"], "1BAD", ErrorKind.BAD_REQUEST),

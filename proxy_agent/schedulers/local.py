@@ -203,6 +203,9 @@ class LocalBackend(Backend):
         self._closing = False
         self._shutting_down = False
         self._closed = trio.Event()
+        #: run()'s loop is reading the keeper's messages (nobody else may read them then)
+        self._serving = False
+        self._served = trio.Event()
         try:
             self._default_cwd = os.getcwd()
         except OSError:
@@ -277,7 +280,12 @@ class LocalBackend(Backend):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_outputs)
                 task_status.started()
-                await self._keeper.serve(self._notice)
+                self._serving = True
+                try:
+                    await self._keeper.serve(self._notice)
+                finally:
+                    self._serving = False
+                    self._served.set()
                 if not self._closing:
                     raise RuntimeError("the keeper of the local jobs stopped")
         finally:
@@ -297,7 +305,8 @@ class LocalBackend(Backend):
         record = self._jobs[job_id]
         try:
             await self._keeper.send({
-                "op": "spawn", "key": job_id, "argv": launch.argv, "env": launch.env, "cwd": launch.cwd,
+                "op": "spawn", "key": job_id, "argv": launch.argv,
+                "env": {**launch.env, "PROXY_AGENT_JOB_KEY": str(job_id)}, "cwd": launch.cwd,
                 "count": launch.num_procs,
             })
         except KeeperError as exc:
@@ -744,6 +753,9 @@ class LocalBackend(Backend):
             if keeper is not None and not keeper.closed:
                 with trio.CancelScope(shield=True), trio.move_on_after(_SHUTDOWN_BOUND):
                     terminate = self.options.on_disconnect == "terminate" or self._temporary
+                    if terminate:
+                        for record in self._jobs.values():
+                            record.canceled = True  # ended on the agent's behalf: KILLED
                     try:
                         await keeper.send({"op": "bye", "policy": "terminate" if terminate else "keep",
                                            "remove": self._temporary})
@@ -751,7 +763,10 @@ class LocalBackend(Backend):
                         pass
                     if terminate:
                         # the keeper reports every job's end before it closes the connection
-                        await keeper.serve(self._notice)
+                        if self._serving:
+                            await self._served.wait()
+                        else:
+                            await keeper.serve(self._notice)
                 await keeper.aclose()
         finally:
             for record in list(self._jobs.values()):

@@ -256,6 +256,8 @@ class ServiceModel:
         self._quiet = 0
         self._missed = False
         self._backlog: Dict[int, OutputBacklog] = {}
+        #: job key -> the rank its next process gets
+        self._next_ranks: Dict[int, int] = {}
         self._room = None  # a trio.Event while backends wait for room for output
         #: bumped on every mutation: equal versions mean an unchanged model
         self.version = 0
@@ -428,18 +430,19 @@ class ServiceModel:
             if key < self._next_key:
                 self._ascending = False
             self.reserve_keys(key)
-            self._attach(Element(key, kind, parent_key, self._values(kind, attrs), owner,
-                                 self._next_rank(parent_element) if kind is Kind.PROCESS else -1))
+            rank = self._next_rank(parent_element) if kind is Kind.PROCESS else -1
+            if rank >= 0:
+                self._next_ranks[parent_key] = rank + 1
+            self._attach(Element(key, kind, parent_key, self._values(kind, attrs), owner, rank))
             self._notify()
             return key
         return self.add_many(kind, parent, [attrs], owner)[0]
 
     def _next_rank(self, job: Optional[Element]) -> int:
-        if job is None or not job.children:
+        """The rank the job's next process gets: ranks are never reused within a job."""
+        if job is None:
             return 0
-        elements = self._elements
-        ranks = [elements[c].rank for c in job.children if elements[c].kind is Kind.PROCESS]
-        return max(ranks) + 1 if ranks else 0
+        return self._next_ranks.get(job.key, 0)
 
     def add_many(
         self, kind: Kind, parent: Optional[int], attrs_list: Sequence[Mapping[str, AttrValue]], owner: str = ""
@@ -458,6 +461,8 @@ class ServiceModel:
             attach(Element(key, kind, parent_key, values_of(kind, attrs), owner, rank))
             if rank >= 0:
                 rank += 1
+        if rank >= 0:
+            self._next_ranks[parent_key] = rank
         self._notify()
         return keys
 
@@ -544,6 +549,7 @@ class ServiceModel:
         del self._by_kind[element.kind][element.key]
         if element.kind is Kind.JOB:
             self._backlog.pop(element.key, None)
+            self._next_ranks.pop(element.key, None)
         for sink in self._sinks:
             sink.removed(element)
 

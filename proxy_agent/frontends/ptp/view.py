@@ -604,6 +604,13 @@ class ModelView(ChangeSink):
     def drain(self) -> List[WireEvent]:
         """Events for everything that changed since the snapshot or the last drain."""
         events: List[WireEvent] = []
+        # Removals first, children before parents: what is gone for good, then what moved
+        # (removed here and created again below under its new parent).
+        for kind in _REMOVE_ORDER:
+            removed = self._removed[kind]
+            if removed:
+                events.extend(self._remove_events(kind, removed))
+                self._removed[kind] = []
         for kind in _REMOVE_ORDER:
             reissued = self._reissued[kind]
             if reissued:
@@ -629,11 +636,6 @@ class ModelView(ChangeSink):
         for kind in _CHANGE_ORDER:
             if changes[kind]:
                 events.extend(self._change_events(kind, changes[kind]))
-        for kind in _REMOVE_ORDER:
-            removed = self._removed[kind]
-            if removed:
-                events.extend(self._remove_events(kind, removed))
-                self._removed[kind] = []
         return events
 
     # ------------------------------------------------------------------ rendering
