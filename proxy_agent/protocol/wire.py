@@ -335,19 +335,27 @@ class Decoder:
         digits = bytes(buf[pos:pos + _LENGTH_DIGITS])
         if _HEX8.fullmatch(digits) is None:
             return self._fail(ErrorKind.BAD_LENGTH, f"frame length is not 8 hex digits: {_show(digits)}")
+        # Each verdict below is reached from the same bytes whatever the chunking:
+        # the first three from the 8 length digits alone, the fourth from exactly
+        # one more byte, and nothing is decided from bytes that merely happen to
+        # be buffered already.
         length = int(digits, 16)
         if length > self.max_frame_size:
             return self._fail(
                 ErrorKind.FRAME_TOO_LARGE,
                 f"frame length {length} exceeds the limit of {self.max_frame_size} bytes",
             )
-        if available > _LENGTH_DIGITS and buf[pos + _LENGTH_DIGITS] != 0x20:
-            return self._fail(
-                ErrorKind.MISSING_SPACE,
-                f"frame length is not followed by a space: {_show(buf[pos:pos + 16])}",
-            )
         if length == 0:
             return self._fail(ErrorKind.MISSING_SPACE, "frame length 0: the body must start with a space")
+        if available == _LENGTH_DIGITS:
+            if self._eof:
+                return self._fail(ErrorKind.TRUNCATED, f"stream ended after 0 of {length} frame bytes")
+            return None
+        if buf[pos + _LENGTH_DIGITS] != 0x20:
+            return self._fail(
+                ErrorKind.MISSING_SPACE,
+                f"frame length is not followed by a space: {_show(buf[pos:pos + _LENGTH_DIGITS + 1])}",
+            )
         end = pos + _LENGTH_DIGITS + length
         if end > len(buf):
             if self._eof:
