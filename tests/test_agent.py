@@ -87,7 +87,7 @@ class RawPeer:
 async def test_seed_phase_example_over_stdio():
     """The design's phase example, frame by frame, against the real agent."""
     peer = await RawPeer.spawn("--scheduler", "local")
-    await peer.send(CommandId.INIT, 1, "version=2.0", "baseId=100")
+    await peer.send(CommandId.INIT, 1, "version=2.0", "baseId=100", "dialect=native")
     assert await peer.next() == Frame(EventId.OK, 1, ())
     await peer.send(CommandId.MODEL_DEF, 2)
     seen = await peer.until(lambda f: f.msg_id == EventId.OK)
@@ -417,7 +417,8 @@ async def test_long_suspension_delivers_exactly_the_current_model():
 
 def _model_difference(model, client):
     """None if the client's mirror equals the agent's model, else the first difference."""
-    mirror = {eid: e for eid, e in client.state.elements.items() if not e.removed and e.kind != "rm"}
+    # (the mirror keys processes by job and id; this agent's process ids are element ids)
+    mirror = {e.id: e for e in client.state.elements.values() if not e.removed and e.kind != "rm"}
     truth = {str(i) for kind in model._by_kind for i in model.ids(kind)}
     if set(mirror) != truth:
         return f"ids differ: only in mirror {sorted(set(mirror) - truth)[:5]}, only in agent {sorted(truth - set(mirror))[:5]}"

@@ -123,7 +123,8 @@ def test_manual_session_and_raw_commands():
     assert "INIT OK (base id 500)" in run.stdout
     assert re.search(r"MODEL_DEF OK: \d+ attribute definitions", run.stdout)
     assert "OK (TID 4)" in run.stdout
-    assert "MODEL_DEF (TID 5): refused: MODEL_DEF was refused: TID 5 is still in use by an open START_EVENTS" in run.stdout
+    # a command on the TID of the open START_EVENTS is refused under that TID, which ends the START_EVENTS
+    assert "ERROR (TID 5): MODEL_DEF was refused: TID 5 was still in use by an open START_EVENTS" in run.stdout
     assert re.search(r"^501 ", run.stdout, re.M)  # the machine's id comes from the base id
     assert "sent STOP_EVENTS" in run.stdout and "agent shut down" in run.stdout
 
@@ -185,8 +186,8 @@ def test_trace_shows_every_frame_raw_and_decoded():
     run = console("--trace", "-c", "queues")
     assert run.returncode == 0, run.stderr
     lines = run.stderr.splitlines()
-    assert "-> 00000041 0001:00000001:00000002 0000000B:version=2.0 0000000B:baseId=1000" in lines
-    assert "   INIT tid=1 version=2.0 baseId=1000" in lines
+    assert "-> 00000059 0001:00000001:00000003 0000000B:version=2.0 0000000B:baseId=1000 0000000E:dialect=native" in lines
+    assert "   INIT tid=1 version=2.0 baseId=1000 dialect=native" in lines
     assert "<- 00000017 0000:00000001:00000000" in lines
     assert "   OK tid=1" in lines
     assert any(line.startswith("   NEW_QUEUE tid=3 1000 1 ") for line in lines)
@@ -207,7 +208,7 @@ def test_trace_with_json_is_json_too():
     run = console("--trace", "--json", "-q", "-c", "nodes")
     records = [json.loads(line) for line in run.stdout.splitlines()]
     traces = [r for r in records if r["type"] == "trace"]
-    assert traces[0]["direction"] == "out" and traces[0]["decoded"] == "INIT tid=1 version=2.0 baseId=1000"
+    assert traces[0]["direction"] == "out" and traces[0]["decoded"] == "INIT tid=1 version=2.0 baseId=1000 dialect=native"
     assert not any(r["type"] == "event" for r in records)  # -q
 
 
