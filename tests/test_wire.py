@@ -471,3 +471,15 @@ def test_in_place_parsing_agrees_with_the_reference_parser(body):
         assert len(items) == 1 and items[0].fatal
     else:
         assert items == [expected]
+
+
+def test_non_ascii_frames_measure_each_argument_in_bytes():
+    args = ["a" * 5000, "é", "plain", "ジョブ" * 2000, ""]
+    data = encode_frame(0xE6, 3, args)
+    (frame,) = decode_all(data)
+    assert frame.args == tuple(args)
+
+
+def test_a_lone_surrogate_travels_as_the_replacement_character():
+    (frame,) = decode_all(encode_frame(0xE6, 3, ["out=\udcff!", "pair=\ud83d\ude42", "ok"]))
+    assert frame.args == ("out=\ufffd!", "pair=\U0001f642", "ok")

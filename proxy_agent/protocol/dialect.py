@@ -250,13 +250,15 @@ class Dialect:
     def encode_frame(self, msg_id: int, tid: int, args: Sequence[str]) -> bytes:
         """Encode one event with this dialect's text rule.
 
-        The fast path encodes once and checks the whole frame in C; a frame
-        that holds non-ASCII text or a backslash is encoded again from the
-        escaped arguments.
+        One pass in C over all the arguments decides whether any needs
+        escaping (nearly never); if one does, the arguments are escaped first,
+        so the frame is always encoded once and from ASCII text.
         """
-        data = encode_frame(msg_id, tid, args)
-        if not self.ascii_only or (data.isascii() and b"\\" not in data):
-            return data
+        if not self.ascii_only:
+            return encode_frame(msg_id, tid, args)
+        joined = "".join(args)
+        if joined.isascii() and "\\" not in joined:
+            return encode_frame(msg_id, tid, args)
         return encode_frame(msg_id, tid, [escape(arg) for arg in args])
 
     def encode(self, event) -> bytes:
@@ -300,12 +302,16 @@ class Dialect:
         bounds = self.integer_bounds
         if bounds is None:
             return value if isinstance(value, str) else str(value)
-        if isinstance(value, bool):
-            return None
-        if isinstance(value, int):
-            number = value
-        elif isinstance(value, str) and _DECIMAL.fullmatch(value):
+        if value.__class__ is str:
+            # Up to 9 ASCII digits without a leading zero: already canonical, and
+            # below 10^9, so within any int.  That is nearly every value.
+            if value.isdigit() and value.isascii() and len(value) < 10 and (value[0] != "0" or len(value) == 1):
+                return value
+            if not _DECIMAL.fullmatch(value):
+                return None
             number = int(value)
+        elif isinstance(value, int) and not isinstance(value, bool):
+            number = value
         else:
             return None
         if not bounds[0] <= number <= bounds[1]:

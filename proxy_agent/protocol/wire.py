@@ -122,6 +122,9 @@ def _show(data: bytes, limit: int = 24) -> str:
 def encode_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> bytes:
     """Encode one frame.  Argument lengths count UTF-8 bytes.
 
+    A lone surrogate in an argument cannot be written in UTF-8 and is sent as
+    U+FFFD.
+
     Raises :class:`ValueError` if ``msg_id`` does not fit 4 hex digits or
     ``tid`` does not fit 8: a wider field would silently break the framing.
     """
@@ -140,9 +143,29 @@ def encode_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> bytes:
     text = header + "".join(parts)
     if not text.isascii():
         # Some argument is not ASCII: its length field must count UTF-8 bytes.
-        text = header + "".join([" %08X:%s" % (len(arg.encode("utf-8")), arg) for arg in args])
+        # Only those arguments are measured again; the others keep their prefix.
+        parts = []
+        for arg in args:
+            if arg.isascii():
+                size = len(arg)
+            else:
+                try:
+                    size = len(arg.encode("utf-8"))
+                except UnicodeEncodeError:
+                    # A lone surrogate (from output that was not UTF-8) has no UTF-8
+                    # form at all; it travels as U+FFFD.  (The default dialect
+                    # escapes it instead, losing nothing.)
+                    arg = _without_surrogates(arg)
+                    size = len(arg.encode("utf-8"))
+            parts.append((prefixes[size] if size < limit else " %08X:" % size) + arg)
+        text = header + "".join(parts)
     body = text.encode("utf-8")
     return b"%08X" % len(body) + body
+
+
+def _without_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD (pairs are joined into their character)."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _parse_body(body: bytes) -> Union[Frame, FrameError]:
