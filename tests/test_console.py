@@ -410,3 +410,27 @@ def test_spawn_takes_the_rest_of_the_line():
         ["-c", "--spawn", "--trace"],
         ["ssh", "host", "proxy-agent", "-v"],
     )
+
+
+def test_event_lines_find_processes_by_job_and_rank():
+    from proxy_agent.client import ClientState
+    from proxy_agent.console.render import event_lines
+    from proxy_agent.protocol.messages import CommandId, ElementGroup, ElementKind, NewElements, Ok, ProcessChange
+    from proxy_agent.protocol.rangeset import RangeSet
+
+    state = ClientState()
+    init, _ = state.send(CommandId.INIT, ["version=2.0", "baseId=1000", "dialect=native"])
+    start, _ = state.send(CommandId.START_EVENTS)
+    events = [
+        Ok(init.tid),
+        NewElements(start.tid, ElementKind.QUEUE, "1000", [ElementGroup(RangeSet.parse("1002"), [("name", "q")])]),
+        NewElements(start.tid, ElementKind.JOB, "1002", [ElementGroup(RangeSet.parse("5000-5001"), [("name", "j")])]),
+        # rank 0 of two jobs: two processes
+        NewElements(start.tid, ElementKind.PROCESS, "5000", [ElementGroup(RangeSet.parse("0"), [("processState", "RUNNING")])]),
+        NewElements(start.tid, ElementKind.PROCESS, "5001", [ElementGroup(RangeSet.parse("0"), [("processIndex", "0")])]),
+        ProcessChange(start.tid, "5001", [ElementGroup(RangeSet.parse("0"), [("processExitCode", "3")])]),
+    ]
+    lines = [line for t in state.receive_data(b"".join(e.encode() for e in events)) if t.message is not None
+             for line in event_lines(state, t.message)]
+    assert lines[-3:] == ["process 5000:0 RUNNING new", "process 5001.0 new", "process 5001.0 exited with status 3"]
+    assert state.violations == []
