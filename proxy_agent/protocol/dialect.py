@@ -50,7 +50,7 @@ from typing import Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence,
 import attrs
 
 from .attributes import INT32_MAX, INT32_MIN, AttrType, AttributeDefinition, A
-from .wire import encode_frame
+from .wire import encode_ascii_frame, encode_frame
 
 __all__ = [
     "DEFAULT",
@@ -239,7 +239,7 @@ class Dialect:
         joined = "".join(texts)
         if joined.isascii() and "\\" not in joined:
             return texts
-        return [escape(text) for text in texts]
+        return [text if text.isascii() and "\\" not in text else escape(text) for text in texts]
 
     def unescape(self, text: str) -> str:
         """What the client does to each received argument (identity in the native dialect)."""
@@ -250,16 +250,18 @@ class Dialect:
     def encode_frame(self, msg_id: int, tid: int, args: Sequence[str]) -> bytes:
         """Encode one event with this dialect's text rule.
 
-        One pass in C over all the arguments decides whether any needs
-        escaping (nearly never); if one does, the arguments are escaped first,
-        so the frame is always encoded once and from ASCII text.
+        The usual frame, all ASCII without a backslash, is built once and
+        checked in C; only a frame with other text has its arguments escaped,
+        and is then built once more from ASCII text.
         """
         if not self.ascii_only:
             return encode_frame(msg_id, tid, args)
-        joined = "".join(args)
-        if joined.isascii() and "\\" not in joined:
-            return encode_frame(msg_id, tid, args)
-        return encode_frame(msg_id, tid, [escape(arg) for arg in args])
+        data = encode_ascii_frame(msg_id, tid, args)
+        if data is not None and b"\\" not in data:
+            return data
+        # Most arguments of such a frame still need nothing: test them inline.
+        escaped = [arg if arg.isascii() and "\\" not in arg else escape(arg) for arg in args]
+        return encode_frame(msg_id, tid, escaped)
 
     def encode(self, event) -> bytes:
         """Encode a typed event (:class:`~proxy_agent.protocol.messages.Event`)."""

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import attrs
 
@@ -41,6 +41,7 @@ __all__ = [
     "ErrorKind",
     "Frame",
     "FrameError",
+    "encode_ascii_frame",
     "encode_frame",
 ]
 
@@ -119,15 +120,8 @@ def _show(data: bytes, limit: int = 24) -> str:
     return text + ("..." if len(data) > limit else "")
 
 
-def encode_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> bytes:
-    """Encode one frame.  Argument lengths count UTF-8 bytes.
-
-    A lone surrogate in an argument cannot be written in UTF-8 and is sent as
-    U+FFFD.
-
-    Raises :class:`ValueError` if ``msg_id`` does not fit 4 hex digits or
-    ``tid`` does not fit 8: a wider field would silently break the framing.
-    """
+def _frame_text(msg_id: int, tid: int, args: Sequence[str]) -> Tuple[str, str]:
+    """The frame's header and its text, with length fields right for ASCII arguments."""
     if not 0 <= msg_id <= 0xFFFF:
         raise ValueError(f"message id {msg_id} does not fit in 4 hex digits")
     if not 0 <= tid <= 0xFFFFFFFF:
@@ -140,8 +134,35 @@ def encode_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> bytes:
         parts = [prefixes[len(arg)] + arg for arg in args]
     except IndexError:
         parts = [(prefixes[len(arg)] if len(arg) < limit else " %08X:" % len(arg)) + arg for arg in args]
-    text = header + "".join(parts)
+    return header, header + "".join(parts)
+
+
+def encode_ascii_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> Optional[bytes]:
+    """:func:`encode_frame` for arguments that are all ASCII; None (at the same cost) if one is not.
+
+    For an encoder that must treat other text first (the default dialect
+    escapes it): the usual, all-ASCII frame is built once and checked once.
+    """
+    _, text = _frame_text(msg_id, tid, args)
     if not text.isascii():
+        return None
+    body = text.encode("ascii")
+    return b"%08X" % len(body) + body
+
+
+def encode_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> bytes:
+    """Encode one frame.  Argument lengths count UTF-8 bytes.
+
+    A lone surrogate in an argument cannot be written in UTF-8 and is sent as
+    U+FFFD.
+
+    Raises :class:`ValueError` if ``msg_id`` does not fit 4 hex digits or
+    ``tid`` does not fit 8: a wider field would silently break the framing.
+    """
+    header, text = _frame_text(msg_id, tid, args)
+    if not text.isascii():
+        prefixes = _ARG_PREFIXES
+        limit = len(prefixes)
         # Some argument is not ASCII: its length field must count UTF-8 bytes.
         # Only those arguments are measured again; the others keep their prefix.
         parts = []
