@@ -483,3 +483,13 @@ def test_non_ascii_frames_measure_each_argument_in_bytes():
 def test_a_lone_surrogate_travels_as_the_replacement_character():
     (frame,) = decode_all(encode_frame(0xE6, 3, ["out=\udcff!", "pair=\ud83d\ude42", "ok"]))
     assert frame.args == ("out=\ufffd!", "pair=\U0001f642", "ok")
+
+
+def test_ascii_frames_encode_the_same_either_way_and_other_text_is_refused():
+    from proxy_agent.protocol.wire import encode_ascii_frame
+
+    args = ["1", "12389", "2", "name=a\\b", "x" * 5000]
+    assert encode_ascii_frame(0xE6, 3, args) == encode_frame(0xE6, 3, args)
+    assert encode_ascii_frame(0xE6, 3, ["name=é"]) is None
+    with pytest.raises(ValueError, match="TID"):
+        encode_ascii_frame(0xE6, 2**32, [])
