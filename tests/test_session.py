@@ -397,6 +397,15 @@ def test_quit_on_an_open_tid_is_carried_out():
     assert session.write(Ok(9), submit.transaction) == b""
 
 
+def test_a_malformed_quit_on_an_open_tid_is_refused_like_any_command():
+    # found by random exploration: QUIT with an argument, on the START_EVENTS' TID
+    session = session_in(Phase.NORMAL)
+    r = session.receive(cmd(CommandId.QUIT, 3, "jobSubId=s"))
+    assert r.command is None and [(type(e), e.tid, e.code) for e in r.replies] == [(Error, 3, ErrorCode.TID_IN_USE)]
+    send_all(session, r.replies)
+    assert session.phase is Phase.SUSPENDED
+
+
 def test_send_refuses_an_answer_for_another_tids_transaction():
     session = session_in(Phase.NORMAL)
     submit = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
@@ -798,13 +807,13 @@ class SessionModel(RuleBasedStateMachine):
             assert (before, after) in SEND_TRANSITIONS, (before, after, event)
         return True
 
-    def take(self, received, tid, was_open, command_id):
+    def take(self, received, tid, was_open, command_id, args=()):
         session = self.session
         if was_open:
             held = self.open.pop(tid)
             self.abandoned.add(held)
             assert held.abandoned
-            if command_id is CommandId.QUIT:
+            if command_id is CommandId.QUIT and not args:
                 assert received.command is not None and received.replies[-1] == Shutdown(tid)
             else:
                 # A reused TID: refused with ERROR under it, the open command abandoned.
@@ -916,7 +925,7 @@ class SessionModel(RuleBasedStateMachine):
             else:
                 assert received.replies == [Ok(events_tid)] and self.session.stop_tid == tid
         answerable = tid is not None and not fatal and before is not Phase.SHUTDOWN
-        self.take(received, tid if answerable else -1, was_open, command_id)
+        self.take(received, tid if answerable else -1, was_open, command_id, getattr(item, "args", ()))
 
     @precondition(lambda self: self.handed_over)
     @rule(pick=st.integers(0, 100), outcome=st.sampled_from(["ok", "error", "submit_error", "message", "attr_def"]),

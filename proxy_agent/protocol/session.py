@@ -37,8 +37,8 @@ Every command gets exactly one completing event under its own TID:
   own TID (the design says to discard it, but a discarded command stays open
   forever on the client's side).
 * A command (or a malformed frame) arriving under the TID of a command still
-  open is refused with ERROR ``TID_IN_USE`` under that TID (QUIT excepted: it
-  is carried out, and its SHUTDOWN completes it).  The client takes
+  open is refused with ERROR ``TID_IN_USE`` under that TID (a well-formed QUIT
+  excepted: it is carried out, and its SHUTDOWN completes it).  The client takes
   that ERROR as completing whatever it last sent under the TID, so the command
   that held the TID is *abandoned*: it may still finish inside the agent (a
   job submitted stays submitted, an INIT that succeeds still initialises the
@@ -294,7 +294,7 @@ class AgentSession:
         if self.phase is Phase.SHUTDOWN:
             return Received(log=f"{command.name} (TID {tid}) after QUIT ignored")
         if tid in self.open:
-            if command.command_id is CommandId.QUIT:
+            if command.command_id is CommandId.QUIT and not command.args:
                 # QUIT is never refused: the command holding its TID is abandoned
                 # without a word, and SHUTDOWN under the TID completes the QUIT.
                 self._abandon(self.open.pop(tid))
