@@ -17,6 +17,7 @@ from typing import Deque, List, Sequence
 import trio
 
 from proxy_agent.protocol.attributes import STANDARD_ATTRIBUTES
+from proxy_agent.protocol.dialect import NATIVE, Dialect
 from proxy_agent.protocol.messages import (
     AttrDef,
     Command,
@@ -75,12 +76,13 @@ class FakeAgent:
     """Plays the agent over a stream, one scripted step at a time.
 
     ``await fake.expect(CommandId.INIT)`` reads the next command and checks
-    its id; ``await fake.send(event, ...)`` writes events; ``send_raw`` writes
-    any bytes (for malformed frames).
+    its id; ``await fake.send(event, ...)`` writes events, encoded in
+    ``dialect``; ``send_raw`` writes any bytes (for malformed frames).
     """
 
-    def __init__(self, stream: trio.abc.Stream) -> None:
+    def __init__(self, stream: trio.abc.Stream, dialect: Dialect = NATIVE) -> None:
         self.stream = stream
+        self.dialect = dialect
         self.decoder = Decoder()
         self.pending: Deque[Command] = deque()
         self.received: List[Command] = []
@@ -106,7 +108,7 @@ class FakeAgent:
         return command
 
     async def send(self, *events: Event) -> None:
-        await self.stream.send_all(b"".join(event.encode() for event in events))
+        await self.stream.send_all(b"".join(self.dialect.encode(event) for event in events))
 
     async def send_raw(self, data: bytes) -> None:
         await self.stream.send_all(data)
@@ -130,7 +132,8 @@ class FakeAgent:
         init = await self.expect(CommandId.INIT)
         await self.send(Ok(init.tid))
         model_def = await self.expect(CommandId.MODEL_DEF)
-        await self.send(AttrDef(model_def.tid, STANDARD_ATTRIBUTES[:10]), AttrDef(model_def.tid, STANDARD_ATTRIBUTES[10:]), Ok(model_def.tid))
+        definitions = self.dialect.attribute_definitions(STANDARD_ATTRIBUTES)
+        await self.send(AttrDef(model_def.tid, definitions[:10]), AttrDef(model_def.tid, definitions[10:]), Ok(model_def.tid))
         start = await self.expect(CommandId.START_EVENTS)
         if model:
             await self.send(*self.initial_model(start.tid))

@@ -90,7 +90,7 @@ class RawPeer:
 async def test_seed_phase_example_over_stdio():
     """The design's phase example, frame by frame, against the real agent."""
     peer = await RawPeer.spawn("--scheduler", "local")
-    await peer.send(CommandId.INIT, 1, "version=2.0", "baseId=100")
+    await peer.send(CommandId.INIT, 1, "version=2.0", "baseId=100", "dialect=native")
     assert await peer.next() == Frame(EventId.OK, 1, ())
     await peer.send(CommandId.MODEL_DEF, 2)
     seen = await peer.until(lambda f: f.msg_id == EventId.OK)

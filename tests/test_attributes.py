@@ -50,6 +50,13 @@ def definitions(draw, kind=None):
             low, high = INT32_MIN, INT32_MAX
         if draw(st.booleans()):
             default = str(draw(st.integers(low, high)))
+    elif kind is AttrType.BIGINTEGER:
+        big = st.integers(-(10**40), 10**40)
+        low, high = sorted(draw(st.tuples(big, big)))
+        if draw(st.booleans()):
+            fields.update(minimum=str(low), maximum=str(high))
+        if draw(st.booleans()):
+            default = str(draw(st.integers(low, high)))
     elif kind is AttrType.DOUBLE:
         if draw(st.booleans()):
             low, high = sorted(draw(st.tuples(finite, finite)))
@@ -265,6 +272,20 @@ DOUBLE_OK = [("1.5", "1.5"), ("-2", "-2.0"), ("1e3", "1000.0"), (".5", "0.5"), (
              ("+0.25", "0.25"), ("1E-3", "0.001"), ("1e+16", "1e+16")]
 DOUBLE_BAD = ["", "nan", "NaN", "inf", "-Infinity", "1e999", "1_0.5", " 1.5", "1.5 ", "1,5",
               "0x1p3", ".", "e5", "\u0661.5", "1.5f"]
+
+
+def test_big_integer_has_no_32_bit_limit_but_is_still_plain_decimal():
+    big = AttributeDefinition("mem", AttrType.BIGINTEGER, "Memory", minimum="0", maximum=str(2**80))
+    assert big.validate("4294967294") == "4294967294"
+    assert big.validate("+0018446744073709551615") == "18446744073709551615"
+    assert big.to_args()[7:] == ["0", str(2**80)]
+    for bad in ("1_0", "\u0661", " 1", "1.5", "9" * 101):
+        with pytest.raises(AttributeValueError):
+            big.validate(bad)
+    with pytest.raises(AttributeValueError, match="below the minimum"):
+        big.validate("-1")
+    (back,) = decode_attr_defs(encode_attr_defs([big]))
+    assert back == big
 
 
 @pytest.mark.parametrize("value,expected", DOUBLE_OK)

@@ -100,7 +100,7 @@ async def test_handshake_builds_the_model(pair):
     client, fake = pair
     await started(client, fake)
     init = fake.received[0]
-    assert init.args == ("version=2.0", "baseId=1000")
+    assert init.args == ("version=2.0", "baseId=1000", "dialect=native")
     assert client.rm.id == "1000"
     assert set(client.machines) == {"1001"}
     assert client.machines["1001"].name == "m0"
@@ -117,7 +117,7 @@ async def test_bare_init_and_token(pair):
 
         async def agent_side():
             init = await fake.expect(CommandId.INIT)
-            assert init.args == ("2.0", "77", "token=s3cret")
+            assert init.args == ("2.0", "77", "dialect=native", "token=s3cret")
             await fake.send(Ok(init.tid))
 
         nursery.start_soon(agent_side)
@@ -170,7 +170,8 @@ async def test_submit_output_and_completion(pair):
     assert done.states == ["STARTING", "RUNNING", "COMPLETED"]
     assert client.job_output(job) == "hello big world\ntwo\nlines\n"
     assert client.job_output(job, "stderr") == "oops\n"
-    assert client.processes["5000:1"].text() == "two\nlines\n"
+    assert client.processes[("5000", "1")].text() == "two\nlines\n"
+    assert client.job_process(job, 1) is client.processes[("5000", "1")]
     assert client.find_job(done.sub_id) is done
     assert [p.get("processExitCode") for p in client.children(job, "process")] == ["0", "0"]
     assert client.violations == []
@@ -442,14 +443,54 @@ async def test_reusing_an_open_tid_on_purpose(pair):
         async def agent_side():
             reused = await fake.expect(CommandId.MODEL_DEF)
             assert reused.tid == tid
-            await fake.send(Message(tid, "ERROR", ErrorCode.TID_IN_USE, "TID in use"), NodeDown(tid))
+            # events already on their way for the START_EVENTS that held the TID still count
+            await fake.send(NodeDown(tid), Error(tid, ErrorCode.TID_IN_USE, "TID in use"))
 
         nursery.start_soon(agent_side)
         refused = await client.raw(CommandId.MODEL_DEF, [], tid=tid, timeout=5)
-    assert refused.failure == "refused: TID in use"
-    # the START_EVENTS that owns the TID is undisturbed: its events still apply
-    await client.wait_for(lambda: client.nodes["1003"].state == "DOWN", 5)
-    assert client.events_started and client.violations == []
+    assert isinstance(refused.completion, Error) and refused.completion.code == ErrorCode.TID_IN_USE
+    assert client.nodes["1003"].state == "DOWN"
+    # the START_EVENTS that held the TID is abandoned: nothing more may come for it
+    assert not client.events_started and client.violations == []
+    await fake.send(NodeDown(tid))
+    with pytest.raises(ProtocolViolationError, match="matches no open command"):
+        await client.wait_for(lambda: False, 5)
+
+
+async def test_command_queued_on_a_tid_takes_it_over_when_the_holder_completes(pair):
+    client, fake = pair
+    await started(client, fake)
+    async with trio.open_nursery() as nursery:
+
+        async def agent_side():
+            first = await fake.expect(CommandId.TERMINATE_JOB)
+            second = await fake.expect(CommandId.LIST_FILTERS)
+            assert second.tid == first.tid
+            # the agent finished the first before it read the second: both are answered normally
+            await fake.send(Ok(first.tid), Error(second.tid, ErrorCode.NOT_SUPPORTED, "no filters"))
+
+        nursery.start_soon(agent_side)
+        first = await client.send_command(CommandId.TERMINATE_JOB, ["jobId=5"])
+        second = await client.raw(CommandId.LIST_FILTERS, [], tid=first.tid, timeout=5)
+    assert first.ok and not first.abandoned
+    assert isinstance(second.completion, Error) and second.completion.code == ErrorCode.NOT_SUPPORTED
+    assert client.violations == []
+
+
+async def test_quit_on_an_open_tid_abandons_the_holder(pair):
+    client, fake = pair
+    tid = await started(client, fake)
+    async with trio.open_nursery() as nursery:
+
+        async def agent_side():
+            quit_ = await fake.expect(CommandId.QUIT)
+            assert quit_.tid == tid
+            await fake.send(Shutdown(tid))
+
+        nursery.start_soon(agent_side)
+        command = await client.raw(CommandId.QUIT, [], tid=tid, timeout=5)
+    assert isinstance(command.completion, Shutdown)
+    assert client.violations == []
 
 
 async def test_subscribe_sees_both_directions(pair):
@@ -565,9 +606,12 @@ def test_job_attributes_layout():
     ]
 
 
+NATIVE_INIT = ["version=2.0", "baseId=1000", "dialect=native"]
+
+
 def _scripted_bytes():
     state = ClientState()
-    init, _ = state.send(CommandId.INIT, ["version=2.0", "baseId=1000"])
+    init, _ = state.send(CommandId.INIT, NATIVE_INIT)
     start, _ = state.send(CommandId.START_EVENTS)
     events = [
         Ok(init.tid),
@@ -580,7 +624,7 @@ def _scripted_bytes():
 
 def _fresh_state():
     state = ClientState()
-    state.send(CommandId.INIT, ["version=2.0", "baseId=1000"])
+    state.send(CommandId.INIT, NATIVE_INIT)
     state.send(CommandId.START_EVENTS)
     return state
 
@@ -726,9 +770,55 @@ async def test_real_agent_answers_bad_commands_with_errors():
         assert info.value.code == ErrorCode.UNSUPPORTED_VERSION
         await handshake(client, base_id=500)
         assert client.rm.id == "500"
-        assert all(int(e) > 500 for e in client.state.elements if e != "500")
+        assert all(int(e.id) > 500 for e in client.state.elements.values() if e.kind not in ("rm", "process"))
         await client.quit()
         assert client.violations == []
+
+
+@needs_agent
+async def test_real_agent_refuses_what_is_not_an_id_and_the_ides_command_7():
+    async with await open_session() as client:
+        await handshake(client)
+        job = await client.submit("/bin/sleep", ["30"])
+        await client.wait_job_state(job, "RUNNING", 10)
+        arabic = "".join(chr(0x0660 + int(d)) for d in job)  # the job's id in Arabic-Indic digits
+        for args in ([f"jobId={arabic}"], ["jobId=" + "_".join(job)], [f"jobId=+{job}"]):
+            refused = await client.raw(CommandId.TERMINATE_JOB, args, timeout=10)
+            assert isinstance(refused.completion, Error) and refused.completion.code == ErrorCode.BAD_ARGUMENTS
+        filters = await client.raw(CommandId.MOVE_JOB, ["jobState=RUNNING", "filterChildren=true", f"id={job}"], timeout=10)
+        assert filters.completion.code == ErrorCode.BAD_ARGUMENTS and "command 7" in filters.completion.message
+        assert client.job(job).state == "RUNNING"  # none of it touched the job
+        await client.terminate(job)
+        await client.wait_job_state(job, "COMPLETED", 10)
+        await client.quit()
+        assert client.violations == []
+
+
+@needs_agent
+async def test_real_agent_in_the_default_dialect_answers_stop_events_at_once():
+    """The IDE's INIT (extra attributes, no dialect), then two launches while events are stopped."""
+    # Lenient until the agent's renderer speaks the default dialect: its ATTR_DEF still has ARRAY types.
+    async with await open_session(dialect="default", strict=False) as client:
+        await handshake(client, base_id=2**24, extra=["slurmdPath=", "slurmdArgs="])
+        stop = await client.stop_events()
+        assert stop.ok and client.state.open_command(CommandId.STOP_EVENTS) is None
+        subs = [await client.submit_nowait("/bin/true") for _ in range(2)]
+        await client.start_events()
+        for sub in subs:
+            job = await client.wait_for(lambda sub=sub: client.find_job(sub), 10)
+            await client.wait_job_state(job, "COMPLETED", 10)
+        await client.quit()
+        assert {v.rule for v in client.violations} <= {"attr-type"}
+
+
+@needs_agent
+async def test_real_agent_refuses_a_base_id_the_ide_could_not_hold():
+    async with await open_session(dialect="default", strict=False) as client:
+        with pytest.raises(CommandFailed, match="at most 2130706432") as info:
+            await client.init(base_id=2**31)
+        assert info.value.code == ErrorCode.BAD_ARGUMENTS
+        await handshake(client, base_id=2130706432)
+        await client.quit()
 
 
 @needs_agent
@@ -811,7 +901,7 @@ async def test_real_sim_agent_under_churn_keeps_the_rules():
         for element in client.jobs.values():
             assert client.element(element.parent).kind == "queue"
         for element in client.processes.values():
-            assert element.id in client.element(element.parent).children
+            assert element.key in client.element(element.parent).children
         assert len(client.job_output(job).splitlines()) == 4 * 3
         await client.quit()
         assert client.violations == []

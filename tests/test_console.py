@@ -124,7 +124,8 @@ def test_manual_session_and_raw_commands():
     assert "INIT OK (base id 500)" in run.stdout
     assert re.search(r"MODEL_DEF OK: \d+ attribute definitions", run.stdout)
     assert "OK (TID 4)" in run.stdout
-    assert "MODEL_DEF (TID 5): refused: MODEL_DEF was refused: TID 5 is still in use by an open START_EVENTS" in run.stdout
+    # a command on the TID of the open START_EVENTS is refused under that TID, which ends the START_EVENTS
+    assert "ERROR (TID 5): MODEL_DEF was refused: TID 5 was still in use by an open START_EVENTS" in run.stdout
     assert re.search(r"^501 ", run.stdout, re.M)  # the machine's id comes from the base id
     assert "sent STOP_EVENTS" in run.stdout and "agent shut down" in run.stdout
 
@@ -186,8 +187,8 @@ def test_trace_shows_every_frame_raw_and_decoded():
     run = console("--trace", "-c", "queues")
     assert run.returncode == 0, run.stderr
     lines = run.stderr.splitlines()
-    assert "-> 00000041 0001:00000001:00000002 0000000B:version=2.0 0000000B:baseId=1000" in lines
-    assert "   INIT tid=1 version=2.0 baseId=1000" in lines
+    assert "-> 00000059 0001:00000001:00000003 0000000B:version=2.0 0000000B:baseId=1000 0000000E:dialect=native" in lines
+    assert "   INIT tid=1 version=2.0 baseId=1000 dialect=native" in lines
     assert "<- 00000017 0000:00000001:00000000" in lines
     assert "   OK tid=1" in lines
     assert any(line.startswith("   NEW_QUEUE tid=3 1000 1 ") for line in lines)
@@ -208,7 +209,7 @@ def test_trace_with_json_is_json_too():
     run = console("--trace", "--json", "-q", "-c", "nodes")
     records = [json.loads(line) for line in run.stdout.splitlines()]
     traces = [r for r in records if r["type"] == "trace"]
-    assert traces[0]["direction"] == "out" and traces[0]["decoded"] == "INIT tid=1 version=2.0 baseId=1000"
+    assert traces[0]["direction"] == "out" and traces[0]["decoded"] == "INIT tid=1 version=2.0 baseId=1000 dialect=native"
     assert not any(r["type"] == "event" for r in records)  # -q
 
 
@@ -409,3 +410,27 @@ def test_spawn_takes_the_rest_of_the_line():
         ["-c", "--spawn", "--trace"],
         ["ssh", "host", "proxy-agent", "-v"],
     )
+
+
+def test_event_lines_find_processes_by_job_and_rank():
+    from proxy_agent.client import ClientState
+    from proxy_agent.console.render import event_lines
+    from proxy_agent.protocol.messages import CommandId, ElementGroup, ElementKind, NewElements, Ok, ProcessChange
+    from proxy_agent.protocol.rangeset import RangeSet
+
+    state = ClientState()
+    init, _ = state.send(CommandId.INIT, ["version=2.0", "baseId=1000", "dialect=native"])
+    start, _ = state.send(CommandId.START_EVENTS)
+    events = [
+        Ok(init.tid),
+        NewElements(start.tid, ElementKind.QUEUE, "1000", [ElementGroup(RangeSet.parse("1002"), [("name", "q")])]),
+        NewElements(start.tid, ElementKind.JOB, "1002", [ElementGroup(RangeSet.parse("5000-5001"), [("name", "j")])]),
+        # rank 0 of two jobs: two processes
+        NewElements(start.tid, ElementKind.PROCESS, "5000", [ElementGroup(RangeSet.parse("0"), [("processState", "RUNNING")])]),
+        NewElements(start.tid, ElementKind.PROCESS, "5001", [ElementGroup(RangeSet.parse("0"), [("processIndex", "0")])]),
+        ProcessChange(start.tid, "5001", [ElementGroup(RangeSet.parse("0"), [("processExitCode", "3")])]),
+    ]
+    lines = [line for t in state.receive_data(b"".join(e.encode() for e in events)) if t.message is not None
+             for line in event_lines(state, t.message)]
+    assert lines[-3:] == ["process 5000:0 RUNNING new", "process 5001.0 new", "process 5001.0 exited with status 3"]
+    assert state.violations == []

@@ -333,6 +333,19 @@ def test_init_keeps_extra_attributes_and_any_order():
     assert init.get("token") == "abc=def" and init.get("nope") is None
 
 
+def test_init_keeps_unknown_attributes_and_names_the_dialect():
+    init = parse_init(["version=2.0", "baseId=16777216", "slurmdPath=", "slurmdArgs=-D", "dialect=native"])
+    assert init.dialect == "native" and init.get("slurmdPath") == "" and init.get("slurmdArgs") == "-D"
+    assert parse_init(["2.0", "1"]).dialect is None
+
+
+@pytest.mark.parametrize("code", ["1_0", "\u0661", " 1", "+1", "1.0", "", "9" * 21])
+def test_numbers_in_events_are_ascii_decimal_only(code):
+    with pytest.raises(ArgumentError, match="errorCode must be an integer"):
+        decode_event(frame_of(EventId.ERROR, "2", f"errorCode={code}", "errorMsg=x"))
+    assert decode_event(frame_of(EventId.ERROR, "2", "errorCode=-3", "errorMsg=x")).code == -3
+
+
 def test_init_returns_unsupported_versions_for_the_session_to_refuse():
     assert parse_init(["version=9.9", "baseId=1"]).version == "9.9"
 
@@ -352,6 +365,10 @@ def test_init_returns_unsupported_versions_for_the_session_to_refuse():
         (["2.0", "100", "7"], "3 bare arguments"),
         (["version=2.0", "baseId=1", "baseId=2"], "given twice"),
         (["version=2.0", "baseId=1", "=x"], "empty key"),
+        (["version=2.0", "baseId=1_0"], "non-negative decimal integer"),
+        (["version=2.0", "baseId= 10"], "non-negative decimal integer"),
+        (["version=2.0", "baseId=" + "1" * 21], "at most 20"),
+        (["version=2.0", "baseId=1", "dialect=native", "dialect=default"], "'dialect' given twice"),
     ],
 )
 def test_init_errors(args, words):

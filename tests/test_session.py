@@ -28,11 +28,14 @@ from proxy_agent.protocol.messages import (
     SubmitJobError,
     decode_event,
 )
+from proxy_agent.protocol.dialect import DEFAULT, KEY_SPACE, NATIVE
 from proxy_agent.protocol.rangeset import RangeSet
-from proxy_agent.protocol.session import AgentSession, Phase, ProtocolViolation
+from proxy_agent.protocol.session import Abandoned, AgentSession, Phase, ProtocolViolation
 from proxy_agent.protocol.wire import Decoder, ErrorKind, Frame, FrameError
 
-INIT_ARGS = ("version=2.0", "baseId=100")
+#: The tests below were written for the native dialect (the design's phase example).
+INIT_ARGS = ("version=2.0", "baseId=100", "dialect=native")
+DEFAULT_INIT_ARGS = ("version=2.0", "baseId=100")
 
 
 def cmd(command_id: int, tid: int, *args: str) -> Frame:
@@ -43,12 +46,12 @@ def send_all(session: AgentSession, events) -> list:
     return [session.send(event) for event in events]
 
 
-def session_in(phase: Phase) -> AgentSession:
+def session_in(phase: Phase, init_args=INIT_ARGS) -> AgentSession:
     """A session driven legally into ``phase`` (DISCOVERY with its MODEL_DEF done), using TIDs 1..5."""
     session = AgentSession()
     if phase is Phase.INITIALIZE:
         return session
-    session.receive(cmd(CommandId.INIT, 1, *INIT_ARGS))
+    session.receive(cmd(CommandId.INIT, 1, *init_args))
     session.send(Ok(1))
     session.receive(cmd(CommandId.MODEL_DEF, 2))
     session.send(Ok(2))
@@ -81,7 +84,7 @@ def test_phase_example_literally():
     assert session.phase is Phase.INITIALIZE
     r = session.receive(cmd(CommandId.INIT, 1, *INIT_ARGS))
     assert r.command is not None and r.command.command_id is CommandId.INIT and r.command.tid == 1
-    assert r.replies == [] and r.init == InitRequest("2.0", 100)
+    assert r.replies == [] and r.init == InitRequest("2.0", 100, (("dialect", "native"),))
     emit(Ok(1))
     # -- definition phase --
     assert session.phase is Phase.DISCOVERY
@@ -290,33 +293,124 @@ def test_agent_may_fail_init():
 
 
 @pytest.mark.parametrize("reuse", [CommandId.SUBMIT_JOB, CommandId.STOP_EVENTS, 0x99, CommandId.INIT])
-def test_tid_reuse_while_open_gets_message_and_keeps_the_open_command(reuse):
+def test_tid_reuse_while_open_gets_error_and_abandons_the_open_command(reuse):
     session = session_in(Phase.NORMAL)
-    r = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
-    assert r.command is not None
+    first = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
+    assert first.command is not None and first.transaction.tid == 9
     r = session.receive(cmd(reuse, 9, "jobSubId=b"))
     assert r.command is None
-    (message,) = r.replies
-    assert isinstance(message, Message) and message.tid == 9
-    assert message.code == ErrorCode.TID_IN_USE and message.level == MessageLevel.ERROR
-    assert not message.completes
-    assert "TID 9" in message.text and "SUBMIT_JOB" in message.text
+    (error,) = r.replies
+    assert isinstance(error, Error) and error.tid == 9 and error.code == ErrorCode.TID_IN_USE
+    assert "TID 9" in error.message and "SUBMIT_JOB" in error.message and "abandoned" in error.message
     send_all(session, r.replies)
-    assert session.is_open(9) and session.open[9] is CommandId.SUBMIT_JOB
-    assert session.phase is Phase.NORMAL
-    session.send(SubmitJobError(9, "a", ErrorCode.SUBMIT_FAILED, "no"))
-    assert not session.is_open(9)
+    assert not session.is_open(9) and session.phase is Phase.NORMAL
+    assert first.transaction.abandoned
+    # the abandoned submission may still finish inside the agent: nothing goes out for it
+    with pytest.raises(Abandoned):
+        session.send(SubmitJobError(9, "a", ErrorCode.SUBMIT_FAILED, "no"), first.transaction)
+    assert session.write(Ok(9), first.transaction) == b""
     # now free again
     assert session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=c")).command is not None
 
 
-def test_reusing_the_events_tid_does_not_stop_events():
+def test_a_late_answer_is_not_taken_for_the_next_command_on_the_tid():
+    session = session_in(Phase.NORMAL)
+    first = session.receive(cmd(CommandId.TERMINATE_JOB, 9, "jobId=1"))
+    send_all(session, session.receive(cmd(CommandId.LIST_FILTERS, 9)).replies)  # refused: 9 is in use
+    third = session.receive(cmd(CommandId.TERMINATE_JOB, 9, "jobId=2"))
+    assert third.transaction is not first.transaction
+    # the first terminate finishes now: its OK must not complete the third
+    assert session.write(Ok(9), first.transaction) == b""
+    assert session.is_open(9) and session.open[9] is third.transaction
+    assert session.write(Ok(9), third.transaction) == Ok(9).encode()
+    assert not session.is_open(9)
+    with pytest.raises(ProtocolViolation, match="already completed"):
+        session.send(Ok(9), third.transaction)
+
+
+def test_a_late_answer_by_tid_alone_is_withheld_when_the_tid_is_free():
+    session = session_in(Phase.NORMAL)
+    session.receive(cmd(CommandId.TERMINATE_JOB, 9, "jobId=1"))
+    send_all(session, session.receive(cmd(CommandId.LIST_FILTERS, 9)).replies)
+    with pytest.raises(Abandoned):
+        session.send(Message(9, MessageLevel.INFO, 0, "still working"))
+    with pytest.raises(Abandoned):
+        session.send(Ok(9))
+    # once its completion was withheld, nothing more is expected for it
+    with pytest.raises(ProtocolViolation) as info:
+        session.send(Ok(9))
+    assert not isinstance(info.value, Abandoned)
+
+
+def test_reusing_the_events_tid_stops_events():
     session = session_in(Phase.NORMAL)
     r = session.receive(cmd(CommandId.STOP_EVENTS, 3))
-    assert [type(e) for e in r.replies] == [Message] and r.replies[0].tid == 3
+    assert r.command is None
+    assert [type(e) for e in r.replies] == [Error] and r.replies[0].tid == 3
+    assert r.replies[0].code == ErrorCode.TID_IN_USE and "START_EVENTS" in r.replies[0].message
     send_all(session, r.replies)
-    assert session.events_flowing and session.events_tid == 3
+    # the client took TID 3 for completed: a model event under it would name a TID it does not know
+    assert not session.events_flowing and session.events_tid is None and session.phase is Phase.SUSPENDED
+    with pytest.raises(Abandoned):
+        session.send(RemoveAll(3))
+    assert session.write(RemoveAll(3)) == b""
+    r = session.receive(cmd(CommandId.START_EVENTS, 3))
+    assert r.command is not None and r.replies == [] and session.events_flowing
     session.send(RemoveAll(3))
+
+
+def test_reusing_the_stop_events_tid_abandons_it():
+    session = session_in(Phase.SUSPENDED)
+    assert session.stop_tid == 4
+    send_all(session, session.receive(cmd(CommandId.MODEL_DEF, 4)).replies)
+    assert session.stop_tid is None and not session.is_open(4)
+    r = session.receive(cmd(CommandId.START_EVENTS, 5))
+    assert r.replies == []  # no OK for the abandoned STOP_EVENTS
+
+
+def test_an_abandoned_init_still_initialises_but_an_abandoned_model_def_does_not_count():
+    session = AgentSession()
+    init = session.receive(cmd(CommandId.INIT, 0, *INIT_ARGS))
+    send_all(session, session.receive(cmd(CommandId.MODEL_DEF, 0)).replies)  # refused: 0 is INIT's
+    r = session.receive(cmd(CommandId.INIT, 1, *INIT_ARGS))
+    assert r.replies[0].code == ErrorCode.ILLEGAL_IN_PHASE and "in progress" in r.replies[0].message
+    send_all(session, r.replies)
+    assert session.write(Ok(0), init.transaction) == b""
+    assert session.phase is Phase.DISCOVERY
+    model_def = session.receive(cmd(CommandId.MODEL_DEF, 2))
+    send_all(session, session.receive(cmd(CommandId.LIST_FILTERS, 2)).replies)  # refused, abandons MODEL_DEF
+    assert session.write(Ok(2), model_def.transaction) == b""
+    assert not session.model_defined
+    r = session.receive(cmd(CommandId.START_EVENTS, 3))
+    assert r.replies[0].code == ErrorCode.ILLEGAL_IN_PHASE
+
+
+def test_quit_on_an_open_tid_is_carried_out():
+    session = session_in(Phase.NORMAL)
+    submit = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
+    r = session.receive(cmd(CommandId.QUIT, 3))  # the START_EVENTS' TID
+    assert r.command is not None and r.command.command_id is CommandId.QUIT
+    # START_EVENTS is abandoned without a word; the submission is abandoned by QUIT
+    assert [(type(e), e.tid) for e in r.replies] == [(Error, 9), (Shutdown, 3)]
+    send_all(session, r.replies)
+    assert session.phase is Phase.SHUTDOWN
+    assert session.write(Ok(9), submit.transaction) == b""
+
+
+def test_a_malformed_quit_on_an_open_tid_is_refused_like_any_command():
+    # found by random exploration: QUIT with an argument, on the START_EVENTS' TID
+    session = session_in(Phase.NORMAL)
+    r = session.receive(cmd(CommandId.QUIT, 3, "jobSubId=s"))
+    assert r.command is None and [(type(e), e.tid, e.code) for e in r.replies] == [(Error, 3, ErrorCode.TID_IN_USE)]
+    send_all(session, r.replies)
+    assert session.phase is Phase.SUSPENDED
+
+
+def test_send_refuses_an_answer_for_another_tids_transaction():
+    session = session_in(Phase.NORMAL)
+    submit = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
+    with pytest.raises(ProtocolViolation, match="answers SUBMIT_JOB of TID 9"):
+        session.send(Ok(10), submit.transaction)
 
 
 def test_tids_may_be_reused_after_completion_and_need_no_order():
@@ -375,6 +469,146 @@ def test_agent_failing_start_events_stops_events():
     r = session.receive(cmd(CommandId.START_EVENTS, 5))
     assert r.command is not None and r.replies == []
     assert session.events_flowing and session.events_tid == 5
+
+
+# ----------------------------------------------------------------- dialects
+
+
+def test_default_dialect_answers_stop_events_at_once():
+    session = session_in(Phase.NORMAL, DEFAULT_INIT_ARGS)
+    assert session.dialect is DEFAULT
+    r = session.receive(cmd(CommandId.STOP_EVENTS, 4))
+    assert r.command.command_id is CommandId.STOP_EVENTS
+    assert r.replies == [Ok(3), Ok(4)]
+    send_all(session, r.replies)
+    assert session.phase is Phase.SUSPENDED and session.open == {} and session.stop_tid is None
+    # two launches while events are stopped, then events again: nothing waits
+    for tid in (4, 5):
+        submit = session.receive(cmd(CommandId.SUBMIT_JOB, tid, f"jobSubId=s{tid}"))
+        session.send(Ok(tid), submit.transaction)
+    r = session.receive(cmd(CommandId.START_EVENTS, 4))
+    assert r.replies == [] and session.events_tid == 4 and session.events_flowing
+
+
+def test_native_dialect_completes_stop_events_at_the_next_start_events():
+    session = session_in(Phase.NORMAL)
+    assert session.dialect is NATIVE
+    r = session.receive(cmd(CommandId.STOP_EVENTS, 4))
+    assert r.replies == [Ok(3)] and session.stop_tid == 4
+    send_all(session, r.replies)
+    assert session.is_open(4)
+    assert session.receive(cmd(CommandId.START_EVENTS, 5)).replies == [Ok(4)]
+
+
+@pytest.mark.parametrize(
+    "args, dialect",
+    [
+        (("version=2.0", "baseId=100"), DEFAULT),
+        (("version=2.0", "baseId=100", "dialect=default"), DEFAULT),
+        (("version=2.0", "baseId=100", "dialect=native"), NATIVE),
+        (("2.0", "100", "dialect=native"), NATIVE),
+        # the PTP 4.0 client's SLURM resource manager adds attributes of its own
+        (("version=2.0", "baseId=16777216", "slurmdPath=", "slurmdArgs=-D -v", "x=a=b"), DEFAULT),
+    ],
+)
+def test_init_picks_the_dialect_and_ignores_unknown_attributes(args, dialect):
+    session = AgentSession()
+    r = session.receive(cmd(CommandId.INIT, 0, *args))
+    assert r.command is not None and r.replies == [] and r.transaction.tid == 0
+    assert session.dialect is dialect
+    assert ("slurmdPath", "") in r.init.attributes or "slurmdPath=" not in args
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (("version=2.0", "baseId=100", "dialect=klingon"), "unknown dialect 'klingon'; this agent speaks default, native"),
+        (("version=2.0", "baseId=100", "dialect=native", "dialect=native"), "'dialect' given twice"),
+        (("version=2.0", "baseId=\u0661\u0662"), "decimal"),
+        (("version=2.0", "baseId=1_0"), "decimal"),
+        (("version=2.0", "baseId=" + "9" * 5000), "at most 20"),
+    ],
+)
+def test_bad_init_attributes_get_error_in_the_default_dialect(args, words):
+    session = AgentSession()
+    r = session.receive(cmd(CommandId.INIT, 1, *args))
+    (error,) = r.replies
+    assert isinstance(error, Error) and error.code == ErrorCode.BAD_ARGUMENTS and words in error.message
+    assert session.dialect is DEFAULT and r.init is None
+    send_all(session, r.replies)
+    assert session.phase is Phase.INITIALIZE
+
+
+def test_default_dialect_refuses_a_base_id_whose_ids_would_not_fit_a_java_int():
+    largest = 2**31 - KEY_SPACE
+    session = AgentSession()
+    r = session.receive(cmd(CommandId.INIT, 1, "version=2.0", f"baseId={largest + 1}"))
+    (error,) = r.replies
+    assert error.code == ErrorCode.BAD_ARGUMENTS
+    assert f"at most {largest}" in error.message and "Java int" in error.message and "dialect=native" in error.message
+    send_all(session, r.replies)
+    assert session.receive(cmd(CommandId.INIT, 2, "version=2.0", f"baseId={largest}")).command is not None
+    # 10^30 was once taken; the native dialect takes up to a 64-bit id
+    native = AgentSession()
+    assert native.receive(cmd(CommandId.INIT, 1, "version=2.0", "baseId=16777216", "dialect=native")).command
+    for huge, words in ((10**19, "64-bit"), (10**30, "at most 20")):
+        native = AgentSession()
+        (error,) = native.receive(cmd(CommandId.INIT, 1, "version=2.0", f"baseId={huge}", "dialect=native")).replies
+        assert error.code == ErrorCode.BAD_ARGUMENTS and words in error.message
+
+
+def test_write_encodes_in_the_sessions_dialect():
+    default = session_in(Phase.NORMAL, DEFAULT_INIT_ARGS)
+    native = session_in(Phase.NORMAL)
+    change = ElementChange(3, ElementKind.NODE, [ElementGroup(RangeSet.parse("101"), ["name=Überprüfung\\x"])])
+    data = default.write(change)
+    assert data.isascii() and b"name=\\xdcberpr\\xfcfung\\\\x" in data
+    assert native.write(change) == change.encode()
+    assert default.model_frame(EventId.NODE_CHANGE, change.to_args()) == data
+    send_all(default, default.receive(cmd(CommandId.STOP_EVENTS, 4)).replies)
+    with pytest.raises(ProtocolViolation):
+        default.model_frame(EventId.NODE_CHANGE, change.to_args())
+    # replies too: an error message quoting what the client sent
+    session = AgentSession()
+    (error,) = session.receive(cmd(CommandId.INIT, 1, "version=2.0", "baseId=x\u00e9")).replies
+    assert session.write(error).isascii()
+
+
+# ----------------------------------------------------------------- job commands
+
+
+@pytest.mark.parametrize(
+    "command_id, args, words",
+    [
+        # the PTP 4.0 client's own command 7 (event filters)
+        (CommandId.MOVE_JOB, ("jobState=RUNNING", "filterChildren=true", "id=5"), "command 7 is MOVE_JOB here"),
+        (CommandId.MOVE_JOB, ("jobId=5", "queueId=6", "filterChildren=true"), "takes only jobId= and queueId="),
+        (CommandId.MOVE_JOB, ("jobId=5", "queueId=6", "jobId=7"), "jobId= given 2 times"),
+        (CommandId.MOVE_JOB, ("jobId=5", "queueId=q1"), "queueId must be an element id"),
+        (CommandId.TERMINATE_JOB, ("jobId=\u0661\u0662\u0663",), "plain decimal digits"),
+        (CommandId.TERMINATE_JOB, ("jobId=1_0_1",), "plain decimal digits"),
+        (CommandId.TERMINATE_JOB, ("jobId= 101",), "plain decimal digits"),
+        (CommandId.TERMINATE_JOB, ("jobId=+101",), "plain decimal digits"),
+        (CommandId.TERMINATE_JOB, ("jobId=101", "force=true"), "takes only jobId="),
+        (CommandId.CHANGE_JOB, ("jobId=0x10", "jobState=SUSPENDED"), "plain decimal digits"),
+        (CommandId.SUBMIT_JOB, ("jobSubId=s", "queueId=١"), "queueId must be an element id"),
+        (CommandId.SUBMIT_JOB, ("jobSubId=s", "jobSubId=t"), "jobSubId= given 2 times"),
+    ],
+)
+def test_job_commands_take_only_well_formed_decimal_ids(command_id, args, words):
+    session = session_in(Phase.NORMAL)
+    r = session.receive(cmd(command_id, 30, *args))
+    assert r.command is None
+    (error,) = r.replies
+    assert error.tid == 30 and error.code == ErrorCode.BAD_ARGUMENTS and words in error.message, error.message
+    send_all(session, r.replies)
+    assert not session.is_open(30)
+
+
+def test_well_formed_move_job_is_handed_over():
+    session = session_in(Phase.SUSPENDED)
+    r = session.receive(cmd(CommandId.MOVE_JOB, 30, "queueId=0008293", "jobId=12389"))
+    assert r.command is not None and r.transaction.command_id is CommandId.MOVE_JOB
 
 
 # ----------------------------------------------------------------- QUIT
@@ -451,9 +685,10 @@ def test_malformed_frame_without_tid_before_events_is_only_logged():
 def test_malformed_frame_reusing_an_open_tid():
     session = session_in(Phase.NORMAL)
     r = session.receive(FrameError(ErrorKind.BAD_ENCODING, "not UTF-8", 5, 3))
-    assert [type(e) for e in r.replies] == [Message] and r.replies[0].code == ErrorCode.TID_IN_USE
+    assert [type(e) for e in r.replies] == [Error] and r.replies[0].code == ErrorCode.TID_IN_USE
+    assert "malformed frame" in r.replies[0].message and "not UTF-8" in r.replies[0].message
     send_all(session, r.replies)
-    assert session.events_flowing
+    assert not session.events_flowing and not session.is_open(3)
 
 
 @pytest.mark.parametrize("phase", [Phase.DISCOVERY, Phase.NORMAL], ids=lambda p: p.name)
@@ -481,62 +716,89 @@ def test_session_accepts_frames_and_commands():
 RECEIVE_TRANSITIONS = {
     (Phase.DISCOVERY, Phase.NORMAL),  # START_EVENTS
     (Phase.SUSPENDED, Phase.NORMAL),  # START_EVENTS
-    (Phase.NORMAL, Phase.SUSPENDED),  # STOP_EVENTS
+    (Phase.NORMAL, Phase.SUSPENDED),  # STOP_EVENTS, or the START_EVENTS abandoned by a reused TID
 }
 SEND_TRANSITIONS = {
-    (Phase.INITIALIZE, Phase.DISCOVERY),  # OK for INIT
+    (Phase.INITIALIZE, Phase.DISCOVERY),  # OK for INIT (also an abandoned INIT's, withheld)
     (Phase.NORMAL, Phase.SUSPENDED),  # START_EVENTS completed by the agent
 } | {(p, Phase.SHUTDOWN) for p in Phase}
 
 command_ids = st.one_of(st.sampled_from(list(CommandId)), st.integers(0, 0xFFFF))
 arguments = st.lists(
     st.one_of(
-        st.sampled_from(["jobSubId=s", "jobId=7", "queueId=1", "version=2.0", "baseId=100", "2.0", "100", "x", "=", ""]),
+        st.sampled_from(["jobSubId=s", "jobId=7", "queueId=1", "version=2.0", "baseId=100", "2.0", "100", "x", "=",
+                         "", "dialect=native", "dialect=default", "dialect=x", "jobId=\u0667"]),
         st.text(max_size=6),
     ),
     max_size=3,
 ).map(tuple)
+init_args = st.sampled_from([INIT_ARGS, DEFAULT_INIT_ARGS, DEFAULT_INIT_ARGS + ("slurmdPath=",)])
 
 
 class SessionModel(RuleBasedStateMachine):
-    """Random commands and agent behaviour against a tally of open TIDs kept here.
+    """Random commands and agent behaviour against a tally of open commands kept here.
 
     The agent side behaves as the session asks: it sends every reply at once
-    and, for each command handed over, later sends anything it likes.  The
-    checks are the protocol's promises: nothing goes out under a TID that is
-    not open, nothing is completed twice, phases only move as documented,
-    and model events only flow in NORMAL under the START_EVENTS TID.
+    and, for each command handed over, later sends anything it likes for it,
+    through the command's transaction or by TID alone.  The checks are the
+    protocol's promises: nothing goes out under a TID that is not open, no
+    command is completed twice, every refused command is completed by the
+    session's own reply under its TID, nothing goes out for a command
+    abandoned by a reused TID, every command handed over and not abandoned
+    can still be completed, phases only move as documented, STOP_EVENTS is
+    answered as the dialect says, and model events only flow in NORMAL under
+    the START_EVENTS TID.
     """
 
-    @initialize(steps=st.integers(0, 4))
-    def start(self, steps=0):
+    @initialize(steps=st.integers(0, 4), init=init_args)
+    def start(self, steps=0, init=INIT_ARGS):
         self.session = AgentSession()
-        self.open: dict = {}  # tid -> command id, as far as this model knows
-        self.handed_over: list = []  # TIDs of commands given to the agent
+        self.init_args = init
+        self.open: dict = {}  # tid -> Transaction, as far as this model knows
+        self.handed_over: list = []  # transactions given to the agent, in order
+        self.abandoned: set = set()  # transactions abandoned by a reused TID or by QUIT
+        self.completions: dict = {}  # transaction -> completing events written for it
         for _ in range(steps):
             self.advance()
 
     # -- helpers
 
-    def deliver(self, event):
+    def deliver(self, event, transaction=None):
         """Send one event as the agent would, checking it against the model."""
         session = self.session
         tid = event.tid
         before = session.phase
         model_event = EventId.NEW_JOB <= event.event_id <= EventId.REMOVE_QUEUE
-        allowed = tid in self.open and (
-            not model_event or (before is Phase.NORMAL and session.events_tid == tid)
-        )
-        assert (tid in session.open) == (tid in self.open)
+        holder = self.open.get(tid)
+        if transaction is not None:
+            allowed = holder is transaction and transaction not in self.abandoned
+        else:
+            allowed = holder is not None
+        allowed = allowed and (not model_event or (before is Phase.NORMAL and session.events_tid == tid))
+        if model_event and before is Phase.NORMAL and session.events_tid == tid:
+            allowed = True
+        assert set(session.open) == set(self.open)
         try:
-            session.send(event)
+            data = session.write(event, transaction)
         except ProtocolViolation:
             assert not allowed, event
             assert session.phase is before
             return False
+        if not data:
+            # withheld: only ever for an abandoned command
+            assert not allowed, event
+            withheld = transaction if transaction is not None else None
+            assert withheld is None or withheld in self.abandoned
+            if session.phase is not before:
+                assert (before, session.phase) == (Phase.INITIALIZE, Phase.DISCOVERY), event
+            return False
         assert allowed, event
+        decoded = decode_event(Decoder_one(data))
+        assert decoded.tid == tid and decoded.event_id == event.event_id
         if event.completes:
-            del self.open[tid]  # KeyError would mean a second completion
+            done = self.open.pop(tid)
+            self.completions.setdefault(done, []).append(event)
+            assert len(self.completions[done]) == 1, "completed twice"
             if event.event_id is EventId.SHUTDOWN:
                 assert session.phase is Phase.SHUTDOWN
                 assert self.open == {}, "SHUTDOWN left commands open"
@@ -545,25 +807,46 @@ class SessionModel(RuleBasedStateMachine):
             assert (before, after) in SEND_TRANSITIONS, (before, after, event)
         return True
 
-    def take(self, received, tid, was_open):
+    def take(self, received, tid, was_open, command_id, args=()):
         session = self.session
         if was_open:
-            # A reused TID: refused with a MESSAGE, the open command untouched.
-            assert received.command is None
-            assert [type(e) for e in received.replies] == [Message]
-            assert received.replies[0].code == ErrorCode.TID_IN_USE and received.replies[0].tid == tid
+            held = self.open.pop(tid)
+            self.abandoned.add(held)
+            assert held.abandoned
+            if command_id is CommandId.QUIT and not args:
+                assert received.command is not None and received.replies[-1] == Shutdown(tid)
+            else:
+                # A reused TID: refused with ERROR under it, the open command abandoned.
+                assert received.command is None
+                assert [type(e) for e in received.replies] == [Error]
+                assert received.replies[0].code == ErrorCode.TID_IN_USE and received.replies[0].tid == tid
         if received.command is not None:
-            assert received.command.tid == tid and tid in session.open and not was_open
-            self.open[tid] = received.command.command_id
-            self.handed_over.append(tid)
+            transaction = received.transaction
+            assert received.command.tid == tid and transaction.tid == tid
+            assert session.open[tid] is transaction and not transaction.done
+            self.open[tid] = transaction
+            self.handed_over.append(transaction)
+        refused = received.command is None and received.replies
         for reply in received.replies:
-            if reply.tid == tid and tid not in self.open:
-                self.open[tid] = session.open[tid]  # opened just to be refused
+            if reply.tid not in self.open:
+                self.open[reply.tid] = session.open[reply.tid]  # opened just to be refused
+            if reply.event_id is EventId.ERROR and reply.code == ErrorCode.SHUTTING_DOWN:
+                self.abandoned.add(self._handed(reply.tid))
             assert reply.tid in session.open, reply
             assert self.deliver(reply), reply
+        if refused and tid >= 0:
+            # every refused command is completed by the session's own reply under its TID
+            assert any(r.tid == tid and r.completes for r in received.replies)
+            assert tid not in session.open
         if received.close:
             # The connection is over; carry on with a fresh one.
             self.start()
+
+    def _handed(self, tid):
+        for transaction in reversed(self.handed_over):
+            if transaction.tid == tid:
+                return transaction
+        return None
 
     # -- rules
 
@@ -575,7 +858,7 @@ class SessionModel(RuleBasedStateMachine):
                                       CommandId.STOP_EVENTS, CommandId.QUIT, CommandId.SUBMIT_JOB]),
           tid=st.integers(0, 6))
     def plausible_command(self, command_id, tid):
-        args = {CommandId.INIT: INIT_ARGS, CommandId.SUBMIT_JOB: ("jobSubId=j",)}.get(command_id, ())
+        args = {CommandId.INIT: self.init_args, CommandId.SUBMIT_JOB: ("jobSubId=j",)}.get(command_id, ())
         self.receive(Frame(int(command_id), tid, args))
 
     @rule(kind=st.sampled_from(list(ErrorKind)), tid=st.one_of(st.none(), st.integers(0, 6)))
@@ -588,16 +871,20 @@ class SessionModel(RuleBasedStateMachine):
         session = self.session
         free = [tid for tid in range(7) if tid not in session.open]
         if session.phase is Phase.SHUTDOWN:
-            self.start()
+            self.start(init=self.init_args)
         elif not free:
             return
         elif session.phase is Phase.INITIALIZE:
-            self.receive(Frame(CommandId.INIT, free[0], INIT_ARGS))
-            self.deliver(Ok(free[0]))
+            if any(t.command_id is CommandId.INIT and not t.done for t in self.handed_over):
+                return  # one is in progress (perhaps abandoned): the agent will answer it
+            self.receive(Frame(CommandId.INIT, free[0], self.init_args))
+            transaction = self.session.open.get(free[0])
+            if transaction is not None:
+                self.deliver(Ok(free[0]), transaction)
         elif session.phase is Phase.DISCOVERY:
             if not session.model_defined:
                 self.receive(Frame(CommandId.MODEL_DEF, free[0], ()))
-                self.deliver(Ok(free[0]))
+                self.deliver(Ok(free[0]), self.session.open.get(free[0]))
             else:
                 self.receive(Frame(CommandId.START_EVENTS, free[0], ()))
         elif session.phase is Phase.NORMAL:
@@ -608,27 +895,44 @@ class SessionModel(RuleBasedStateMachine):
     def receive(self, item):
         tid = getattr(item, "tid", None)
         fatal = isinstance(item, FrameError) and item.fatal
-        was_open = tid is not None and tid in self.session.open and not fatal
+        was_open = tid is not None and tid in self.session.open and not fatal and self.session.phase is not Phase.SHUTDOWN
+        command_id = None
+        if isinstance(item, Frame):
+            try:
+                command_id = CommandId(item.msg_id)
+            except ValueError:
+                command_id = item.msg_id
         before = self.session.phase
+        events_tid = self.session.events_tid
         received = self.session.receive(item)
         after = self.session.phase
         if after is not before:
             assert (before, after) in RECEIVE_TRANSITIONS, (before, after, item)
-            assert received.command is not None
-            expected = CommandId.START_EVENTS if after is Phase.NORMAL else CommandId.STOP_EVENTS
-            assert received.command.command_id is expected
+            abandoned_events = was_open and tid == events_tid
+            if not abandoned_events:
+                assert received.command is not None
+                expected = CommandId.START_EVENTS if after is Phase.NORMAL else CommandId.STOP_EVENTS
+                assert received.command.command_id is expected
         if before is Phase.SHUTDOWN:
             assert received.replies == [] and received.command is None
         if received.command is not None and received.command.command_id is CommandId.START_EVENTS:
             assert after is Phase.NORMAL and self.session.events_tid == tid
         if received.command is not None and received.command.command_id is CommandId.STOP_EVENTS:
-            assert after is Phase.SUSPENDED and self.session.stop_tid == tid
-        self.take(received, tid if tid is not None else -1, was_open)
+            assert after is Phase.SUSPENDED
+            if self.session.dialect.stop_events_at_once:
+                # answered at once: OK for START_EVENTS, then OK for STOP_EVENTS itself
+                assert received.replies == [Ok(events_tid), Ok(tid)] and self.session.stop_tid is None
+            else:
+                assert received.replies == [Ok(events_tid)] and self.session.stop_tid == tid
+        answerable = tid is not None and not fatal and before is not Phase.SHUTDOWN
+        self.take(received, tid if answerable else -1, was_open, command_id, getattr(item, "args", ()))
 
     @precondition(lambda self: self.handed_over)
-    @rule(pick=st.integers(0, 100), outcome=st.sampled_from(["ok", "error", "submit_error", "message", "attr_def"]))
-    def agent_answers(self, pick, outcome):
-        tid = self.handed_over[pick % len(self.handed_over)]
+    @rule(pick=st.integers(0, 100), outcome=st.sampled_from(["ok", "error", "submit_error", "message", "attr_def"]),
+          by_tid=st.booleans())
+    def agent_answers(self, pick, outcome, by_tid):
+        transaction = self.handed_over[pick % len(self.handed_over)]
+        tid = transaction.tid
         event = {
             "ok": Ok(tid),
             "error": Error(tid, ErrorCode.SCHEDULER, "failed"),
@@ -636,7 +940,11 @@ class SessionModel(RuleBasedStateMachine):
             "message": Message(tid, MessageLevel.INFO, 0, "progress"),
             "attr_def": AttrDef(tid, STANDARD_ATTRIBUTES[:1]),
         }[outcome]
-        self.deliver(event)
+        if by_tid:
+            # The TID alone: whichever command holds it now (the old way of sending).
+            self.deliver(event, None)
+        else:
+            self.deliver(event, transaction)
 
     @rule(tid=st.one_of(st.integers(0, 6), st.none()))
     def agent_model_event(self, tid):
@@ -652,6 +960,20 @@ class SessionModel(RuleBasedStateMachine):
             assert set(self.session.open) == set(self.open)
 
     @invariant()
+    def nothing_handed_over_is_lost(self):
+        """A command handed over and neither completed nor abandoned can still be answered."""
+        if not hasattr(self, "session"):
+            return
+        for transaction in self.handed_over:
+            if transaction in self.abandoned:
+                assert transaction.abandoned
+                assert self.session.open.get(transaction.tid) is not transaction
+            elif transaction not in self.completions and self.session.phase is not Phase.SHUTDOWN:
+                if transaction.command_id is CommandId.QUIT:
+                    continue
+                assert self.session.open.get(transaction.tid) is transaction, transaction
+
+    @invariant()
     def events_tid_is_open(self):
         if not hasattr(self, "session"):
             return
@@ -660,12 +982,20 @@ class SessionModel(RuleBasedStateMachine):
             assert session.events_tid in session.open
         if session.stop_tid is not None:
             assert session.stop_tid in session.open
+            assert not session.dialect.stop_events_at_once
         if session.events_flowing:
             assert session.phase is Phase.NORMAL
         if session.phase is Phase.NORMAL:
             assert session.events_tid is not None
         if session.phase is Phase.SHUTDOWN:
             assert session.open == {}
+
+
+def Decoder_one(data: bytes) -> Frame:
+    decoder = Decoder()
+    decoder.feed(data)
+    (frame,) = list(decoder)
+    return frame
 
 
 TestSessionModel = SessionModel.TestCase

@@ -7,26 +7,30 @@ from pathlib import Path
 
 import pytest
 
-from proxy_agent.protocol.attributes import STANDARD_ATTRIBUTES
+from proxy_agent.protocol.attributes import STANDARD_ATTRIBUTES, AttrType
+from proxy_agent.protocol.dialect import DEFAULT, DIALECTS, KEY_SPACE, NATIVE, unescape
 from proxy_agent.protocol.messages import ArgumentError, CommandId, ErrorCode, EventId, decode_event
 from proxy_agent.protocol.wire import Decoder, ErrorKind, Frame, encode_frame
 
 SPEC_PATH = Path(__file__).resolve().parent.parent / "spec" / "protocol.md"
 SPEC = SPEC_PATH.read_text(encoding="utf-8")
 
-_FRAME_BLOCK = re.compile(r"^```frame[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+# ```frame (the same in both dialects), ```frame default or ```frame native
+_FRAME_BLOCK = re.compile(r"^```frame(?: (default|native))?[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
-def example_lines() -> list:
+def example_blocks() -> list:
+    """(line number, line, dialect name or None) for every line of every frame block."""
     lines = []
     for block in _FRAME_BLOCK.finditer(SPEC):
-        start_line = SPEC.count("\n", 0, block.start(1)) + 1
-        for offset, line in enumerate(block.group(1).splitlines()):
-            lines.append((start_line + offset, line))
+        start_line = SPEC.count("\n", 0, block.start(2)) + 1
+        for offset, line in enumerate(block.group(2).splitlines()):
+            lines.append((start_line + offset, line, block.group(1)))
     return lines
 
 
-EXAMPLES = example_lines()
+BLOCK_LINES = example_blocks()
+EXAMPLES = [(lineno, line) for lineno, line, _ in BLOCK_LINES]
 
 
 def decode_line(line: str) -> Frame:
@@ -42,6 +46,30 @@ def decode_line(line: str) -> Frame:
 
 def test_the_spec_has_examples():
     assert len(EXAMPLES) >= 40
+    dialects = {dialect for _, _, dialect in BLOCK_LINES}
+    assert dialects == {None, "default", "native"}
+
+
+@pytest.mark.parametrize("lineno, line, dialect", BLOCK_LINES, ids=[f"line{n}" for n, _, _ in BLOCK_LINES])
+def test_example_frame_is_in_its_dialect(lineno, line, dialect):
+    frame = decode_line(line)
+    if dialect is None:
+        # the same bytes in both dialects: nothing to escape
+        assert line.isascii() and "\\" not in line, f"spec line {lineno} differs between the dialects"
+    elif dialect == "default":
+        assert line.isascii(), f"spec line {lineno}: the default dialect is US-ASCII"
+        text = tuple(unescape(arg) for arg in frame.args)
+        # re-encoding the text in the default dialect gives the line back
+        assert DEFAULT.encode_frame(frame.msg_id, frame.tid, text) == line.encode(), f"spec line {lineno}"
+
+
+def test_default_dialect_examples_are_native_ones_escaped():
+    native = [decode_line(line) for _, line, d in BLOCK_LINES if d == "native"]
+    escaped = {DEFAULT.encode_frame(f.msg_id, f.tid, f.args) for f in native}
+    default = [line for _, line, d in BLOCK_LINES if d == "default" and "\\" in line]
+    assert len(default) >= 2, "the spec shows too little escaped text"
+    for line in default:
+        assert line.encode() in escaped, line
 
 
 @pytest.mark.parametrize("lineno, line", EXAMPLES, ids=[f"line{n}" for n, _ in EXAMPLES])
@@ -150,3 +178,22 @@ def test_standard_attribute_table_matches_the_code():
             assert value in row[3].split(), (definition.id, value)
         if not definition.display:
             assert "not displayed" in row[3], definition.id
+
+
+def test_dialect_table_matches_the_code():
+    rows = {row[0]: row[1:] for row in table_rows(r"[a-zA-Z][^|]*") if len(row) == 3}
+    default_types, native_types = rows["attribute types in ATTR_DEF"]
+    assert set(default_types.replace(",", " ").split()) == {t.value for t in DEFAULT.attribute_types}
+    assert set(native_types.replace(",", " ").split()) == {t.value for t in NATIVE.attribute_types}
+    assert AttrType.ARRAY not in DEFAULT.attribute_types
+    default_ids, native_ids = rows["element ids"]
+    assert str(DEFAULT.max_element_id) in default_ids and str(DEFAULT.max_element_id - KEY_SPACE + 1) in default_ids
+    assert str(NATIVE.max_element_id) in native_ids
+    stop_default, stop_native = rows["STOP_EVENTS"]
+    assert DEFAULT.stop_events_at_once and "at once" in stop_default
+    assert not NATIVE.stop_events_at_once and "next START_EVENTS" in stop_native
+    low, high = DEFAULT.integer_bounds
+    assert f"{low} .. {high}" in rows["INTEGER values in events"][0]
+    assert KEY_SPACE == 2**24 and "**2^24** (16777216)" in SPEC
+    for name in DIALECTS:
+        assert f"dialect={name}" in SPEC

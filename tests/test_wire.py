@@ -395,6 +395,43 @@ noisy_streams = st.one_of(
 )
 
 
+# Inputs whose outcome once depended on where the stream was cut.
+CHUNKING_CASES = [
+    b"00000000\x00",  # length 0, then a byte that is not a space: cut after the digits it differed
+    b"00000000",
+    b"00000000 0003:00000003:00000000",
+    b"0000001Fxyz",
+    b"00000017",
+    b"00000017 0003",
+    b"FFFFFFFF ",
+    b"0000001G ",
+    GOOD_BYTES + b"00000000\x00",
+]
+
+
+@pytest.mark.parametrize("stream", CHUNKING_CASES)
+@pytest.mark.parametrize("eof", [False, True])
+@pytest.mark.parametrize("cap", [40, DEFAULT_MAX_FRAME_SIZE])
+def test_outcome_does_not_depend_on_chunking(stream, eof, cap):
+    whole = decode_all(stream, eof=eof, max_frame_size=cap)
+    for cut in range(1, len(stream)):
+        assert decode_chunks([stream[:cut], stream[cut:]], eof=eof, max_frame_size=cap) == whole, cut
+    assert decode_chunks([stream[i:i + 1] for i in range(len(stream))], eof=eof, max_frame_size=cap) == whole
+
+
+def test_length_zero_is_refused_from_the_digits_alone():
+    (error,) = decode_chunks([b"00000000"])
+    assert error.kind is ErrorKind.MISSING_SPACE and "length 0" in error.message
+    (error,) = decode_all(b"00000000\x00")
+    assert error.kind is ErrorKind.MISSING_SPACE and "length 0" in error.message
+
+
+def test_missing_space_shows_the_same_bytes_however_much_is_buffered():
+    (short,) = decode_chunks([b"0000001Fx"])
+    (long,) = decode_all(b"0000001Fxyzabcdefghijklmnop")
+    assert short == long and "b'0000001Fx'" in long.message
+
+
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(stream=noisy_streams, cap=st.sampled_from([40, 100, 1000]), eof=st.booleans(), data=st.data())
 def test_arbitrary_bytes_never_raise_and_stay_bounded(stream, cap, eof, data):
@@ -434,3 +471,25 @@ def test_in_place_parsing_agrees_with_the_reference_parser(body):
         assert len(items) == 1 and items[0].fatal
     else:
         assert items == [expected]
+
+
+def test_non_ascii_frames_measure_each_argument_in_bytes():
+    args = ["a" * 5000, "é", "plain", "ジョブ" * 2000, ""]
+    data = encode_frame(0xE6, 3, args)
+    (frame,) = decode_all(data)
+    assert frame.args == tuple(args)
+
+
+def test_a_lone_surrogate_travels_as_the_replacement_character():
+    (frame,) = decode_all(encode_frame(0xE6, 3, ["out=\udcff!", "pair=\ud83d\ude42", "ok"]))
+    assert frame.args == ("out=\ufffd!", "pair=\U0001f642", "ok")
+
+
+def test_ascii_frames_encode_the_same_either_way_and_other_text_is_refused():
+    from proxy_agent.protocol.wire import encode_ascii_frame
+
+    args = ["1", "12389", "2", "name=a\\b", "x" * 5000]
+    assert encode_ascii_frame(0xE6, 3, args) == encode_frame(0xE6, 3, args)
+    assert encode_ascii_frame(0xE6, 3, ["name=é"]) is None
+    with pytest.raises(ValueError, match="TID"):
+        encode_ascii_frame(0xE6, 2**32, [])

@@ -39,6 +39,7 @@ from ..protocol.messages import (
     SubmitJobError,
     TerminateJobError,
 )
+from ..protocol.dialect import DEFAULT, NATIVE
 from ..protocol.wire import DEFAULT_MAX_FRAME_SIZE
 from .errors import (
     AgentExited,
@@ -291,6 +292,16 @@ class AgentClient:
     as :class:`ProtocolViolationError` in every current and later wait or
     command, and on leaving the block if nobody saw it.  Either way every
     violation is listed in :attr:`violations`.
+
+    ``dialect``: what :meth:`init` asks for; ``"native"`` unless ``reference``.
+    ``"default"`` sends no ``dialect`` attribute (as the PTP 4.0 client does).
+
+    ``reference``: behave as the Eclipse PTP 4.0 client needs, and fail
+    loudly where that client would break: the default dialect, strict, and
+    the reference checks of :class:`ClientState` (strict US-ASCII, the seven
+    attribute types, no array values in element events, process ranks below
+    the job's process count, Java int bounds, every command answered by a
+    completing event).
     """
 
     def __init__(
@@ -301,12 +312,19 @@ class AgentClient:
         strict: bool = True,
         peer: str = "agent",
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
+        reference: bool = False,
+        dialect: Optional[str] = None,
     ) -> None:
+        if reference and dialect not in (None, DEFAULT.name):
+            raise ValueError(f"a reference-mode client speaks the default dialect only, not {dialect!r}")
         self.stream = stream
         self.process = process
-        self.strict = strict
+        self.reference = reference
+        self.strict = strict or reference
         self.peer = peer
-        self.state = ClientState(max_frame_size)
+        #: the dialect init() asks for by default
+        self.dialect = dialect or (DEFAULT.name if reference else NATIVE.name)
+        self.state = ClientState(max_frame_size, reference=reference)
         #: attribute definitions returned by the last model_def()
         self.attribute_definitions: List[Any] = []
         self._send_lock = trio.Lock()
@@ -334,6 +352,8 @@ class AgentClient:
         strict: bool = True,
         capture_stderr: bool = True,
         exit_grace: float = EXIT_GRACE,
+        reference: bool = False,
+        dialect: Optional[str] = None,
     ) -> "AgentClient":
         """Start the agent as a child and talk to it over its stdin/stdout.
 
@@ -342,29 +362,43 @@ class AgentClient:
         """
         process = await AgentProcess.start(argv, env, cwd, capture_stderr=capture_stderr, exit_grace=exit_grace)
         stream = trio.StapledStream(process.process.stdin, process.process.stdout)
-        return cls(stream, process=process, strict=strict, peer=f"agent (pid {process.pid})")
+        return cls(
+            stream, process=process, strict=strict, peer=f"agent (pid {process.pid})", reference=reference, dialect=dialect
+        )
 
     @classmethod
-    async def connect_tcp(cls, host: str, port: int, *, strict: bool = True) -> "AgentClient":
+    async def connect_tcp(
+        cls, host: str, port: int, *, strict: bool = True, reference: bool = False, dialect: Optional[str] = None
+    ) -> "AgentClient":
         """Connect to an agent started with ``--listen``."""
         try:
             stream = await trio.open_tcp_stream(host, port)
         except OSError as exc:
             raise ConnectError(f"cannot connect to {host}:{port}: {_os_reason(exc)}") from None
-        return cls(stream, strict=strict, peer=f"{host}:{port}")
+        return cls(stream, strict=strict, peer=f"{host}:{port}", reference=reference, dialect=dialect)
 
     @classmethod
-    async def connect_unix(cls, path: str, *, strict: bool = True) -> "AgentClient":
+    async def connect_unix(
+        cls, path: str, *, strict: bool = True, reference: bool = False, dialect: Optional[str] = None
+    ) -> "AgentClient":
         """Connect to an agent started with ``--unix PATH``."""
         try:
             stream = await trio.open_unix_socket(path)
         except OSError as exc:
             raise ConnectError(f"cannot connect to {path}: {_os_reason(exc)}") from None
-        return cls(stream, strict=strict, peer=path)
+        return cls(stream, strict=strict, peer=path, reference=reference, dialect=dialect)
 
     @classmethod
-    def from_stream(cls, stream: trio.abc.Stream, *, strict: bool = True, peer: str = "agent") -> "AgentClient":
-        return cls(stream, strict=strict, peer=peer)
+    def from_stream(
+        cls,
+        stream: trio.abc.Stream,
+        *,
+        strict: bool = True,
+        peer: str = "agent",
+        reference: bool = False,
+        dialect: Optional[str] = None,
+    ) -> "AgentClient":
+        return cls(stream, strict=strict, peer=peer, reference=reference, dialect=dialect)
 
     async def __aenter__(self) -> "AgentClient":
         if self._nursery is not None:
@@ -450,6 +484,12 @@ class AgentClient:
         if self.state.shutdown:
             self._end(ConnectionClosed("the agent has shut down"))
             return
+        if self.reference:
+            # The agent ended the session: whatever it left unanswered, the
+            # PTP 4.0 client would have waited for in vain.
+            unanswered = self.state.unanswered()
+            if unanswered:
+                self._fail(ProtocolViolationError(unanswered[0]))
         process = self.process
         if process is not None:
             with trio.move_on_after(2.0):
@@ -667,12 +707,24 @@ class AgentClient:
         bare: bool = False,
         *,
         version: str = PROTOCOL_VERSION,
+        dialect: Optional[str] = None,
+        extra: Sequence[str] = (),
         timeout: Optional[float] = 30,
     ) -> Event:
-        """INIT: ``version=2.0 baseId=N`` (or the bare form), plus ``token=...`` if given."""
+        """INIT: ``version=2.0 baseId=N`` (or the bare form), the dialect, ``token=...`` if given.
+
+        ``dialect`` (default: the client's, see :class:`AgentClient`) is sent
+        as ``dialect=NAME``, except ``"default"``, which is asked for by saying
+        nothing.  ``extra`` arguments follow as given (the PTP 4.0 client sends
+        ``key=value`` attributes of its own there).
+        """
+        name = dialect if dialect is not None else self.dialect
         args = [version, str(base_id)] if bare else [f"version={version}", f"baseId={base_id}"]
+        if name != DEFAULT.name:
+            args.append(f"dialect={name}")
         if token is not None:
             args.append(f"token={token}")
+        args.extend(extra)
         command = await self.send_command(CommandId.INIT, args)
         return await self.reply(command, timeout)
 
@@ -705,10 +757,14 @@ class AgentClient:
         return command
 
     async def stop_events(self, *, timeout: Optional[float] = 30) -> OpenCommand:
-        """STOP_EVENTS; returns once the open START_EVENTS has completed with OK."""
+        """STOP_EVENTS; returns once the open START_EVENTS has completed with OK.
+
+        In the default dialect STOP_EVENTS is answered at once, so this also
+        waits for its own OK (native: it stays open until START_EVENTS).
+        """
         start = self.state.open_command(CommandId.START_EVENTS)
         command = await self.send_command(CommandId.STOP_EVENTS)
-        if start is None:
+        if start is None or self.state.dialect.stop_events_at_once:
             await self.wait_for(lambda: command.done, timeout, description="the reply to STOP_EVENTS")
         else:
             await self.wait_for(lambda: start.done or command.done, timeout, description="the agent to accept STOP_EVENTS")
@@ -836,6 +892,13 @@ class AgentClient:
         except KeyError:
             raise UnknownElementError(f"no element {element_id} in the model") from None
 
+    def job_process(self, job: Union[str, Element], rank: Union[int, str]) -> Element:
+        """The process of ``rank`` (0 .. n-1) in ``job`` (element id, jobSubId or the job)."""
+        found = self.state.process(self._job_id(job), rank)
+        if found is None:
+            raise UnknownElementError(f"no process of rank {rank} in job {self._job_id(job)}")
+        return found
+
     def children(self, element: Union[str, Element], kind: Optional[str] = None) -> List[Element]:
         parent = element if isinstance(element, Element) else self.element(element)
         found = [self.state.elements[c] for c in parent.children if c in self.state.elements]
@@ -908,7 +971,13 @@ class AgentListener:
         return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     async def accept(
-        self, *, process: Optional[AgentProcess] = None, timeout: Optional[float] = 30, strict: bool = True
+        self,
+        *,
+        process: Optional[AgentProcess] = None,
+        timeout: Optional[float] = 30,
+        strict: bool = True,
+        reference: bool = False,
+        dialect: Optional[str] = None,
     ) -> AgentClient:
         """Wait for the agent to connect; with ``process``, fail early if it exits first."""
         accepted: List[trio.abc.Stream] = []
@@ -934,7 +1003,14 @@ class AgentListener:
                     if process.capture_stderr:
                         nursery.start_soon(process.pump_stderr)
         if accepted:
-            return AgentClient(accepted[0], process=process, strict=strict, peer=f"agent connected to {self.address}")
+            return AgentClient(
+                accepted[0],
+                process=process,
+                strict=strict,
+                peer=f"agent connected to {self.address}",
+                reference=reference,
+                dialect=dialect,
+            )
         if exited and process is not None:
             tail = process.stderr_tail()
             shown = f"; its last output:\n{tail}" if tail else ""

@@ -8,23 +8,43 @@ and which rules of the protocol the agent broke by sending it.  Along the
 way it keeps a mirror of the agent's model (machines, nodes, queues, jobs,
 processes and their attributes, process output).
 
+The dialect is the one the client asked for in its INIT (``dialect=...``;
+none: the default dialect).  In the default dialect every argument received
+is unescaped (:func:`proxy_agent.protocol.dialect.unescape`) before it is
+read, so the mirror always holds the real text.
+
 The rules checked here are the ones a client depends on:
 
 * every event carries the TID of a command that is still open, and a
   completing event (OK, ERROR, SHUTDOWN, SUBMITJOB_ERROR, TERMINATEJOB_ERROR)
-  closes it;
+  closes it; a command sent under a TID still open is refused with ERROR
+  ``TID_IN_USE`` under that TID, which abandons the command that held it (no
+  later event may name it);
 * model events carry the TID of the open START_EVENTS; ATTR_DEF belongs to a
   MODEL_DEF, SUBMITJOB_ERROR to a SUBMIT_JOB (with its jobSubId),
   TERMINATEJOB_ERROR to a TERMINATE_JOB (with its jobId), SHUTDOWN to a QUIT;
 * START_EVENTS completes with OK only once STOP_EVENTS or QUIT was sent after
-  it (likewise STOP_EVENTS with a later START_EVENTS or QUIT), and by
-  SHUTDOWN nothing else is left open;
+  it; in the native dialect likewise STOP_EVENTS with a later START_EVENTS or
+  QUIT, while in the default dialect STOP_EVENTS is answered at once (its OK
+  right after the START_EVENTS' OK); by SHUTDOWN nothing else is left open;
 * NEW events name ids not in the model and a parent of the right kind
   (machines and queues under the resource manager, nodes under machines,
   jobs under queues, processes under jobs); CHANGE and REMOVE events name
   elements that exist and are of the kind the event is about; process
-  events name a known job and processes of that job;
-* frames are well formed and events have their documented layout.
+  events name a known job and processes of that job, by rank;
+* frames are well formed and events have their documented layout;
+* in the default dialect: every byte is US-ASCII and every escape valid,
+  ATTR_DEF uses only the seven types the PTP 4.0 client parses, no NEW or
+  CHANGE event carries an array value (a repeated key, ``progArgs``, ``env``
+  or another ARRAY attribute), INTEGER values and element ids fit a Java
+  int, and element ids are numbers.
+
+With ``reference=True`` the state also holds the agent to what the Eclipse
+PTP 4.0 client itself needs (it then speaks the default dialect only):
+process ranks below the job's ``jobNumProcs``, ENUMERATED values from the
+declared list, no MESSAGE standing in for a refusal (that client would wait
+for ever), no FILTER_DEF (unknown to it), and no command left unanswered when
+the agent ends the connection (:meth:`ClientState.unanswered`).
 
 Breaking a rule is recorded as a :class:`Violation`; the I/O layer decides
 how loudly to complain.
@@ -32,10 +52,13 @@ how loudly to complain.
 
 from __future__ import annotations
 
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 import attrs
 
+from ..protocol.attributes import STANDARD_ATTRIBUTES, AttrType
+from ..protocol.dialect import CLIENT_ARRAY_ATTRIBUTES, DEFAULT, Dialect, DialectError, EscapeError, dialect_named
+from ..protocol.ids import is_decimal
 from ..protocol.messages import (
     COMPLETING_EVENTS,
     ArgumentError,
@@ -56,9 +79,10 @@ from ..protocol.messages import (
     RemoveProcesses,
     Shutdown,
     decode_event,
+    parse_init,
 )
 from ..protocol.rangeset import RangeSet
-from ..protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, Frame, FrameError, encode_frame
+from ..protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, ErrorKind, Frame, FrameError, encode_frame
 
 __all__ = [
     "ClientState",
@@ -68,7 +92,6 @@ __all__ = [
     "Traffic",
     "Violation",
     "canonical_id",
-    "process_key",
     "RM",
     "PROTOCOL_VERSION",
 ]
@@ -90,6 +113,8 @@ STATE_KEYS = {
 }
 #: Element ids one event may make the client expand; more is treated as hostile.
 MAX_IDS_PER_EVENT = 1_000_000
+#: How a process is keyed in the mirror: (job id, rank).
+ProcessKey = Tuple[str, str]
 
 _PARENT_KIND = {
     ElementKind.MACHINE: RM,
@@ -100,16 +125,13 @@ _PARENT_KIND = {
 }
 _MODEL_EVENTS = frozenset(e for e in EventId if EventId.NEW_JOB <= e <= EventId.REMOVE_QUEUE)
 _COMPLETING_IDS = frozenset(int(e) for e in COMPLETING_EVENTS)
-
-
-def process_key(job: str, rank: str) -> str:
-    """How the mirror keys a process: its job's id and its rank within the job (``12:0``)."""
-    return f"{job}:{rank}"
+# INTEGER attributes the PTP 4.0 client knows without being told (its own definitions).
+_STANDARD_INTEGERS = frozenset(d.id for d in STANDARD_ATTRIBUTES if d.type is AttrType.INTEGER)
 
 
 def canonical_id(text: str) -> str:
     """Element ids as the mirror keys them: decimal ids without leading zeros."""
-    if text.isascii() and text.isdigit():
+    if is_decimal(text):
         return str(int(text))
     return text
 
@@ -129,7 +151,8 @@ class Violation:
 
 @attrs.frozen
 class OutputLine:
-    process: str
+    #: the process's key in the mirror: (job id, rank)
+    process: ProcessKey
     stream: str  # "stdout" or "stderr"
     text: str
 
@@ -138,21 +161,35 @@ class OutputLine:
 class Element:
     """One element of the mirrored model.
 
-    ``attributes`` maps attribute ids to strings, or to lists of strings for
-    ARRAY attributes (``progArgs``, ``env``...).  Processes and jobs collect
-    ``output`` (a job's holds the lines of all its processes in arrival
-    order).  ``states`` is the sequence of distinct states the element went
-    through, as seen by the client.
+    ``id`` is the id the agent uses on the wire: an element id, or for a
+    process its rank within its job.  ``key`` is how the mirror holds it:
+    the id, or for a process ``(job id, rank)``.  ``attributes`` maps
+    attribute ids to strings, or to lists of strings for ARRAY attributes
+    (``progArgs``, ``env``...).  Processes and jobs collect ``output`` (a
+    job's holds the lines of all its processes in arrival order).
+    ``states`` is the sequence of distinct states the element went through,
+    as seen by the client.
     """
 
     id: str
     kind: str
     parent: Optional[str]
     attributes: Dict[str, Union[str, List[str]]] = attrs.Factory(dict)
-    children: Dict[str, None] = attrs.Factory(dict)
+    children: Dict[Hashable, None] = attrs.Factory(dict)
     output: List[OutputLine] = attrs.Factory(list)
     states: List[str] = attrs.Factory(list)
     removed: bool = False
+
+    @property
+    def key(self) -> Hashable:
+        if self.kind == "process":
+            return (self.parent, self.id)
+        return self.id
+
+    @property
+    def rank(self) -> Optional[int]:
+        """A process's rank within its job (None for other kinds)."""
+        return int(self.id) if self.kind == "process" and is_decimal(self.id) else None
 
     def get(self, key: str, default=None):
         return self.attributes.get(key, default)
@@ -181,7 +218,8 @@ class Element:
         extra = f" {self.name!r}" if self.name else ""
         state = f" {self.state}" if self.state else ""
         gone = " (removed)" if self.removed else ""
-        return f"<{self.kind} {self.id}{extra}{state}{gone}>"
+        where = f" of job {self.parent}" if self.kind == "process" else ""
+        return f"<{self.kind} {self.id}{where}{extra}{state}{gone}>"
 
 
 @attrs.define(eq=False)
@@ -196,11 +234,16 @@ class OpenCommand:
     #: the event that completed it (None while open, or if the completion was malformed)
     completion: Optional[Event] = None
     done: bool = False
-    #: why it completed without a usable event (malformed reply, session over)
+    #: why it completed without a usable event (malformed reply, abandoned, session over)
     failure: Optional[str] = None
     #: START_EVENTS: a STOP_EVENTS or QUIT was sent after it (so OK is now due);
-    #: STOP_EVENTS: a START_EVENTS or QUIT was sent after it.
+    #: STOP_EVENTS (native dialect): a START_EVENTS or QUIT was sent after it.
     released: bool = False
+    #: START_EVENTS: the TID of the STOP_EVENTS that released it (default dialect)
+    released_by: Optional[int] = None
+    #: a later command reused this one's TID while it was open, so the agent
+    #: sends nothing more for it
+    abandoned: bool = False
 
     @property
     def name(self) -> str:
@@ -253,12 +296,19 @@ def _ids(ids: Union[RangeSet, str]) -> Iterator[str]:
 
 
 class ClientState:
-    """Session bookkeeping, protocol checks and the mirrored model, without I/O."""
+    """Session bookkeeping, protocol checks and the mirrored model, without I/O.
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:
+    ``reference``: also check what the Eclipse PTP 4.0 client needs (see the
+    module docstring); such a state speaks only the default dialect.
+    """
+
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *, reference: bool = False) -> None:
         self._decoder = Decoder(max_frame_size)
         self._raw = bytearray()
         self._next_tid = 1
+        self.reference = reference
+        #: the dialect of the session: the one the last INIT sent asked for
+        self.dialect: Dialect = DEFAULT
         self.open: Dict[int, OpenCommand] = {}
         #: the agent ended the session on its own (SHUTDOWN not answering a QUIT)
         self.agent_stopped = False
@@ -269,12 +319,16 @@ class ClientState:
         self.messages: List[Message] = []
         self.attr_defs: Dict[str, object] = {}
         self.filter_defs: List[FilterDef] = []
-        self.elements: Dict[str, Element] = {}
-        self.by_kind: Dict[str, Dict[str, Element]] = {k: {} for k in (RM, *STATE_KEYS)}
+        #: every element by its key: element id, or (job id, rank) for processes
+        self.elements: Dict[Hashable, Element] = {}
+        self.by_kind: Dict[str, Dict[Hashable, Element]] = {k: {} for k in (RM, *STATE_KEYS)}
         self.jobs_by_sub: Dict[str, Element] = {}
         self._array_keys = set(DEFAULT_ARRAY_KEYS)
-        # commands sent on purpose under a TID still open, waiting for their refusal
+        self._integer_keys: Set[str] = set(_STANDARD_INTEGERS)
+        # commands sent on purpose under a TID still open, oldest first
         self._reusing: Dict[int, List[OpenCommand]] = {}
+        # default dialect: the TID of the STOP_EVENTS whose OK must be the very next frame
+        self._stop_due: Optional[int] = None
         #: count of model events applied (handy for "something happened" waits)
         self.model_events = 0
 
@@ -300,6 +354,28 @@ class ClientState:
     def is_array(self, key: str) -> bool:
         return key in self._array_keys
 
+    def process(self, job_id: str, rank: Union[int, str]) -> Optional[Element]:
+        """The process of rank ``rank`` in job ``job_id``, if the mirror has it."""
+        return self.elements.get((canonical_id(str(job_id)), canonical_id(str(rank))))
+
+    def unanswered(self) -> List[Violation]:
+        """Commands still waiting for their completing event, as violations (recorded too).
+
+        For when the agent has ended the connection: a command it never
+        answered would wait for ever in the PTP 4.0 client.
+        """
+        found = [
+            Violation(
+                "unanswered",
+                f"{command.name} (TID {command.tid}) never got a completing event before the connection ended",
+                command.tid,
+            )
+            for command in self.open.values()
+            if not command.done
+        ]
+        self.violations.extend(found)
+        return found
+
     # ------------------------------------------------------------------ output
 
     def new_tid(self) -> int:
@@ -314,8 +390,10 @@ class ClientState:
 
         ``tid`` may be given to reuse one on purpose (protocol testing).  A
         command sent under the TID of a command still open does not replace
-        it: the agent refuses it with a MESSAGE (code TID_IN_USE) under that
-        TID, which completes the returned command with a ``failure``.
+        it: the agent refuses it with ERROR ``TID_IN_USE`` under that TID,
+        which completes the returned command and abandons the one that held
+        the TID (QUIT is the exception: it is carried out, and the held
+        command is abandoned).
         """
         if tid is None:
             tid = self.new_tid()
@@ -330,14 +408,18 @@ class ClientState:
                     other.released = True
         elif cid == CommandId.STOP_EVENTS:
             for other in self.open.values():
-                if other.command_id == CommandId.START_EVENTS:
+                if other.command_id == CommandId.START_EVENTS and not other.released:
                     other.released = True
+                    other.released_by = tid
         elif cid == CommandId.QUIT:
             for other in self.open.values():
                 if other.command_id in (CommandId.START_EVENTS, CommandId.STOP_EVENTS):
                     other.released = True
         elif cid == CommandId.INIT:
             self.base_id = _base_id_of(args)
+            self.dialect = _dialect_of(args)
+            if self.reference and self.dialect is not DEFAULT:
+                raise ValueError(f"a reference-mode client speaks the default dialect only, not {self.dialect.name!r}")
         command = OpenCommand(tid, cid, args)
         if tid in self.open:
             self._reusing.setdefault(tid, []).append(command)
@@ -363,7 +445,10 @@ class ClientState:
         out = []
         for item in self._decoder:
             if isinstance(item, FrameError) and item.fatal:
-                raw = bytes(self._raw[:256])
+                # Only the bytes the decoder judged, so the record does not
+                # depend on how much else happened to arrive with them.
+                size = {ErrorKind.BAD_LENGTH: 8, ErrorKind.FRAME_TOO_LARGE: 8, ErrorKind.MISSING_SPACE: 9}.get(item.kind, 256)
+                raw = bytes(self._raw[:size])
                 self._raw.clear()
             else:
                 length = int(self._raw[:8], 16)
@@ -374,6 +459,31 @@ class ClientState:
 
     def _frame(self, item: Union[Frame, FrameError], raw: bytes) -> Traffic:
         problems: List[Violation] = []
+        tid = item.tid
+        default = self.dialect.ascii_only
+        if default and not raw.isascii():
+            offset = next(i for i, byte in enumerate(raw) if byte > 0x7F)
+            problems.append(
+                Violation(
+                    "non-ascii",
+                    f"byte 0x{raw[offset]:02X} at offset {offset} of a frame (TID {tid}): the default dialect "
+                    "sends US-ASCII only (the PTP 4.0 client disconnects on any other byte)",
+                    tid,
+                    raw,
+                )
+            )
+        if self._stop_due is not None:
+            due, self._stop_due = self._stop_due, None
+            if not (isinstance(item, Frame) and item.msg_id == EventId.OK and item.tid == due):
+                problems.append(
+                    Violation(
+                        "stop-events-late",
+                        f"STOP_EVENTS (TID {due}) was not answered at once: its OK must follow the "
+                        "START_EVENTS' OK directly in the default dialect",
+                        due,
+                        raw,
+                    )
+                )
         if isinstance(item, FrameError):
             where = f" (event {item.msg_id}, TID {item.tid})" if item.tid is not None else ""
             rule = "framing" if item.fatal else "malformed-frame"
@@ -381,6 +491,11 @@ class ClientState:
             command, completed = self._complete_broken(item.msg_id, item.tid, f"malformed reply: {item.message}")
             self.violations.extend(problems)
             return Traffic("in", raw, item, None, command, completed, tuple(problems))
+        if default and b"\\" in raw:
+            try:
+                item = Frame(item.msg_id, item.tid, tuple(self.dialect.unescape(arg) for arg in item.args))
+            except EscapeError as exc:
+                problems.append(Violation("bad-escape", f"{_event_name(item.msg_id)} (TID {tid}): {exc}", tid, raw))
         try:
             event = decode_event(item)
         except (ArgumentError, ValueError) as exc:
@@ -402,12 +517,34 @@ class ClientState:
         command = self.open.get(tid) if tid is not None else None
         if command is None or msg_id not in _COMPLETING_IDS:
             return command, False
-        del self.open[tid]
-        command.done = True
+        self._close(command)
         command.failure = why
         return command, True
 
+    def _close(self, command: OpenCommand) -> None:
+        """Take a completed command off its TID; a command queued behind it on that TID takes its place."""
+        del self.open[command.tid]
+        command.done = True
+        queued = self._reusing.get(command.tid)
+        if queued:
+            self.open[command.tid] = queued.pop(0)
+            if not queued:
+                del self._reusing[command.tid]
+
     # ------------------------------------------------------------------ events
+
+    def _reuse_refusal(self, event: Event) -> Optional[OpenCommand]:
+        """The queued command this completing event answers, if it is the refusal of a reused TID."""
+        queued = self._reusing.get(event.tid)
+        if not queued:
+            return None
+        if event.event_id is EventId.ERROR and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
+            return queued[0]
+        if event.event_id is EventId.SHUTDOWN:
+            for command in queued:
+                if command.command_id == CommandId.QUIT:
+                    return command
+        return None
 
     def _event(self, event: Event, problems: List[Violation]) -> Tuple[Optional[OpenCommand], bool]:
         eid = event.event_id
@@ -420,6 +557,19 @@ class ClientState:
                 Violation("unknown-tid", f"{name} with TID {tid}{after}, which matches no open command", tid)
             )
             return None, False
+        if eid in COMPLETING_EVENTS:
+            refused = self._reuse_refusal(event)
+            if refused is not None:
+                # The command that held the TID is abandoned: the agent says no more about it.
+                del self.open[tid]
+                command.done = command.abandoned = True
+                command.failure = f"abandoned: TID {tid} was reused by {refused.name} while it was open"
+                queued = self._reusing[tid]
+                queued.remove(refused)
+                if not queued:
+                    del self._reusing[tid]
+                self.open[tid] = refused
+                command = refused
         cid = command.command_id
         if eid in _MODEL_EVENTS:
             if cid != CommandId.START_EVENTS:
@@ -435,13 +585,15 @@ class ClientState:
             return command, False
         if eid is EventId.MESSAGE:
             self.messages.append(event)  # type: ignore[arg-type]
-            reusing = self._reusing.get(tid)
-            if reusing and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
-                refused = reusing.pop(0)
-                refused.events.append(event)
-                refused.done = True
-                refused.failure = f"refused: {event.text}"  # type: ignore[attr-defined]
-                return refused, True
+            if self.reference and event.code == ErrorCode.TID_IN_USE and event.level in ("ERROR", "FATAL"):  # type: ignore[attr-defined]
+                problems.append(
+                    Violation(
+                        "message-refusal",
+                        f"MESSAGE (TID {tid}) refuses a command: a MESSAGE completes nothing, so the PTP 4.0 "
+                        "client would wait for ever; a refusal must be an ERROR",
+                        tid,
+                    )
+                )
             command.events.append(event)
             return command, False
         if eid is EventId.ATTR_DEF:
@@ -449,13 +601,29 @@ class ClientState:
                 problems.append(Violation("attr-def-tid", f"ATTR_DEF under TID {tid} of {command.name}, not MODEL_DEF", tid))
             for definition in event.definitions:  # type: ignore[attr-defined]
                 self.attr_defs[definition.id] = definition
-                if _type_name(definition) == "ARRAY":
+                kind = _type_name(definition)
+                if kind == "ARRAY":
                     self._array_keys.add(definition.id)
+                elif kind == "INTEGER":
+                    self._integer_keys.add(definition.id)
+                if self.dialect.ascii_only and definition.type not in self.dialect.attribute_types:
+                    problems.append(
+                        Violation(
+                            "attr-type",
+                            f"ATTR_DEF (TID {tid}) defines {definition.id!r} as {kind}: the default dialect "
+                            f"sends only {', '.join(sorted(t.value for t in self.dialect.attribute_types))}",
+                            tid,
+                        )
+                    )
             command.events.append(event)
             return command, False
         if eid is EventId.FILTER_DEF:
             if cid not in (CommandId.MODEL_DEF, CommandId.LIST_FILTERS):
                 problems.append(Violation("filter-def-tid", f"FILTER_DEF under TID {tid} of {command.name}", tid))
+            if self.reference:
+                problems.append(
+                    Violation("unknown-event", f"FILTER_DEF (TID {tid}): event 250 is unknown to the PTP 4.0 client", tid)
+                )
             self.filter_defs.append(event)  # type: ignore[arg-type]
             command.events.append(event)
             return command, False
@@ -464,7 +632,8 @@ class ClientState:
             return command, False
         # completing events
         if eid is EventId.OK:
-            if cid in (CommandId.START_EVENTS, CommandId.STOP_EVENTS) and not command.released:
+            at_once = self.dialect.stop_events_at_once and cid == CommandId.STOP_EVENTS
+            if cid in (CommandId.START_EVENTS, CommandId.STOP_EVENTS) and not command.released and not at_once:
                 later = "STOP_EVENTS" if cid == CommandId.START_EVENTS else "START_EVENTS"
                 problems.append(
                     Violation(
@@ -473,6 +642,10 @@ class ClientState:
                         tid,
                     )
                 )
+            if cid == CommandId.START_EVENTS and self.dialect.stop_events_at_once and command.released_by is not None:
+                stop = self.open.get(command.released_by)
+                if stop is not None and stop.command_id == CommandId.STOP_EVENTS:
+                    self._stop_due = stop.tid
             if cid == CommandId.INIT:
                 self._initialized()
         elif eid is EventId.SHUTDOWN:
@@ -480,12 +653,17 @@ class ClientState:
             if cid == CommandId.QUIT and left:
                 names = ", ".join(f"{c.name} (TID {c.tid})" for c in left)
                 problems.append(Violation("shutdown-open", f"SHUTDOWN while commands were still open: {names}", tid))
-            # Under another open command it is the agent stopping on its own (a signal): every
-            # command still open ends with it.
+            # Under another open command it is the agent stopping on its own (a signal, after a
+            # MESSAGE saying so): every command still open ends with it.
             self.agent_stopped = cid != CommandId.QUIT
             for other in left:
                 other.done = True
                 other.failure = "the agent shut down without answering it"
+            for queued in self._reusing.values():
+                for other in queued:
+                    other.done = True
+                    other.failure = "the agent shut down without answering it"
+            self._reusing.clear()
             self.open = {tid: command}
             self.shutdown = True
         elif eid is EventId.SUBMITJOB_ERROR:
@@ -512,8 +690,7 @@ class ClientState:
                         tid,
                     )
                 )
-        del self.open[tid]
-        command.done = True
+        self._close(command)
         command.completion = event
         return command, True
 
@@ -537,8 +714,13 @@ class ClientState:
                 Violation("too-many-ids", f"{name} names {total} elements (more than {MAX_IDS_PER_EVENT}); not applied")
             )
             return
+        if self.dialect.ascii_only:
+            self._check_ids(event, problems)
         if isinstance(event, NewElements):
-            self._new(event, problems)
+            if event.kind is ElementKind.PROCESS:
+                self._new_processes(event, problems)
+            else:
+                self._new(event, problems)
         elif isinstance(event, ProcessChange):
             self._process_change(event, problems)
         elif isinstance(event, ElementChange):
@@ -555,7 +737,27 @@ class ClientState:
                 if element.kind != RM:
                     self._remove(element)
 
-    def _expect(self, eid: str, kind: str, event: str, problems: List[Violation]) -> Optional[Element]:
+    def _check_ids(self, event: Event, problems: List[Violation]) -> None:
+        """Default dialect: element ids are numbers the client can hold as a Java int."""
+        name = event.event_id.name
+        highest = self.dialect.max_element_id
+        scoped = isinstance(event, (ProcessChange, RemoveProcesses)) or (
+            isinstance(event, NewElements) and event.kind is ElementKind.PROCESS
+        )
+        # The id in front (parent, or the job of a process event) is an element id too.
+        head = getattr(event, "parent_id", None) or getattr(event, "job_id", None)
+        texts = [head] if head is not None else []
+        for text in texts:
+            if not is_decimal(text) or int(text) > highest:
+                problems.append(Violation("element-id", f"{name} names element {text!r}: {_id_rule(highest)}"))
+        for ids in _event_id_sets(event):
+            if isinstance(ids, str):
+                problems.append(Violation("element-id", f"{name} names element {ids!r}: {_id_rule(highest)}"))
+            elif ids and ids.last > highest:
+                what = "process rank" if scoped else "element id"
+                problems.append(Violation("element-id", f"{name} names {what} {ids.last}: {_id_rule(highest)}"))
+
+    def _expect(self, eid: Hashable, kind: str, event: str, problems: List[Violation]) -> Optional[Element]:
         element = self.elements.get(eid)
         if element is None:
             problems.append(Violation("unknown-element", f"{event} for unknown {kind} {eid}"))
@@ -565,7 +767,7 @@ class ClientState:
             return None
         return element
 
-    def _new(self, event: NewElements, problems: List[Violation]) -> None:
+    def _parent(self, event: NewElements, problems: List[Violation]) -> Tuple[str, Optional[Element]]:
         name = event.event_id.name
         kind = event.kind.value
         parent_id = canonical_id(event.parent_id)
@@ -578,11 +780,16 @@ class ClientState:
             problems.append(
                 Violation("wrong-parent", f"{name} with parent {parent_id}, a {parent.kind}; a {kind}'s parent is {what}")
             )
+            parent = None
+        return parent_id, parent
+
+    def _new(self, event: NewElements, problems: List[Violation]) -> None:
+        name = event.event_id.name
+        kind = event.kind.value
+        parent_id, parent = self._parent(event, problems)
         for group in event.groups:
-            values = self._values(group.attributes)
+            values = self._values(group.attributes, name, problems)
             for eid in _ids(group.ids):
-                if kind == "process":
-                    eid = process_key(parent_id, eid)
                 existing = self.elements.get(eid)
                 if existing is not None:
                     problems.append(Violation("duplicate-id", f"{name} for id {eid}, already a {existing.kind} in the model"))
@@ -597,11 +804,53 @@ class ClientState:
                     parent.children[eid] = None
                 self._set(element, values)
 
+    def _new_processes(self, event: NewElements, problems: List[Violation]) -> None:
+        job_id, job = self._parent(event, problems)
+        if job is None:
+            return
+        for group in event.groups:
+            values = self._values(group.attributes, "NEW_PROCESS", problems)
+            self._check_ranks(job, group.ids, "NEW_PROCESS", problems)
+            for rank in _ids(group.ids):
+                key = (job_id, rank)
+                existing = self.elements.get(key)
+                if existing is not None:
+                    problems.append(Violation("duplicate-id", f"NEW_PROCESS for rank {rank} of job {job_id}, already in the model"))
+                    self._set(existing, values)
+                    continue
+                process = Element(rank, "process", job_id)
+                self.elements[key] = process
+                self.by_kind["process"][key] = process
+                job.children[key] = None
+                self._set(process, values)
+
+    def _check_ranks(self, job: Element, ids: Union[RangeSet, str], event: str, problems: List[Violation]) -> None:
+        """Reference mode: ranks are below the job's process count, as the PTP 4.0 client indexes them."""
+        if not self.reference or isinstance(ids, str) or not ids:
+            return
+        count_text = job.get("jobNumProcs")
+        if not isinstance(count_text, str) or not is_decimal(count_text):
+            problems.append(
+                Violation(
+                    "process-rank",
+                    f"{event} for job {job.id}, whose process count (jobNumProcs) the client was not told",
+                )
+            )
+            return
+        if ids.last >= int(count_text):
+            problems.append(
+                Violation(
+                    "process-rank",
+                    f"{event} names rank {ids.last} of job {job.id}, which has {count_text} processes "
+                    f"(ranks 0..{int(count_text) - 1})",
+                )
+            )
+
     def _change(self, event: ElementChange, problems: List[Violation]) -> None:
         name = event.event_id.name
         kind = RM if event.kind is None else event.kind.value
         for group in event.groups:
-            values = self._values(group.attributes)
+            values = self._values(group.attributes, name, problems)
             for eid in _ids(group.ids):
                 element = self._expect(eid, kind, name, problems)
                 if element is not None:
@@ -613,21 +862,25 @@ class ClientState:
             return
         for group in event.groups:
             output = [(OUTPUT_KEYS[k], v) for k, v in group.attributes if k in OUTPUT_KEYS]
-            values = self._values([(k, v) for k, v in group.attributes if k not in OUTPUT_KEYS])
-            for rank in _ids(group.ids):
-                pid = process_key(job.id, rank)
-                process = self._expect(pid, "process", "PROCESS_CHANGE", problems)
-                if process is None:
-                    continue
-                if process.parent != job.id:
-                    problems.append(
-                        Violation("wrong-job", f"PROCESS_CHANGE for process {pid} under job {job.id}; it belongs to job {process.parent}")
+            if self.dialect.ascii_only and len({stream for stream, _ in output}) != len(output):
+                problems.append(
+                    Violation(
+                        "array-value",
+                        f"PROCESS_CHANGE for job {job.id} repeats an output attribute in one group: the default "
+                        "dialect joins a process's lines into one value",
                     )
+                )
+            values = self._values([(k, v) for k, v in group.attributes if k not in OUTPUT_KEYS], "PROCESS_CHANGE", problems)
+            self._check_ranks(job, group.ids, "PROCESS_CHANGE", problems)
+            for rank in _ids(group.ids):
+                key = (job.id, rank)
+                process = self._expect(key, "process", "PROCESS_CHANGE", problems)
+                if process is None:
                     continue
                 self._set(process, values)
                 for stream, value in output:
                     for text in value.split("\n"):
-                        line = OutputLine(pid, stream, text)
+                        line = OutputLine(key, stream, text)
                         process.output.append(line)
                         job.output.append(line)
 
@@ -635,41 +888,77 @@ class ClientState:
         job = self._expect(canonical_id(event.job_id), "job", "REMOVE_PROCESS", problems)
         if job is None:
             return
+        self._check_ranks(job, event.ids, "REMOVE_PROCESS", problems)
         for rank in _ids(event.ids):
-            pid = process_key(job.id, rank)
-            process = self._expect(pid, "process", "REMOVE_PROCESS", problems)
-            if process is None:
-                continue
-            if process.parent != job.id:
-                problems.append(
-                    Violation("wrong-job", f"REMOVE_PROCESS for process {pid} under job {job.id}; it belongs to job {process.parent}")
-                )
-                continue
-            self._remove(process)
+            process = self._expect((job.id, rank), "process", "REMOVE_PROCESS", problems)
+            if process is not None:
+                self._remove(process)
 
     def _remove(self, element: Element) -> None:
+        key = element.key
         for child in list(element.children):
             node = self.elements.get(child)
             if node is not None and node.parent == element.id:
                 self._remove(node)
-        self.elements.pop(element.id, None)
-        self.by_kind[element.kind].pop(element.id, None)
+        self.elements.pop(key, None)
+        self.by_kind[element.kind].pop(key, None)
         parent = self.elements.get(element.parent) if element.parent is not None else None
         if parent is not None:
-            parent.children.pop(element.id, None)
+            parent.children.pop(key, None)
         sub = element.sub_id
         if sub is not None and self.jobs_by_sub.get(sub) is element:
             del self.jobs_by_sub[sub]
         element.removed = True
 
-    def _values(self, pairs: Iterable[Tuple[str, str]]) -> Dict[str, Union[str, List[str]]]:
+    def _values(
+        self, pairs: Iterable[Tuple[str, str]], event: str = "", problems: Optional[List[Violation]] = None
+    ) -> Dict[str, Union[str, List[str]]]:
         grouped: Dict[str, List[str]] = {}
         for key, value in pairs:
             grouped.setdefault(key, []).append(value)
+        if problems is not None and (self.dialect.ascii_only or self.reference):
+            self._check_values(grouped, event, problems)
         return {
             key: (values if len(values) > 1 or key in self._array_keys else values[0])
             for key, values in grouped.items()
         }
+
+    def _check_values(self, grouped: Dict[str, List[str]], event: str, problems: List[Violation]) -> None:
+        """Default dialect (and reference mode): the values of one group of a NEW or CHANGE event."""
+        dialect = self.dialect
+        for key, values in grouped.items():
+            if len(values) > 1 or key in CLIENT_ARRAY_ATTRIBUTES or _type_name(self.attr_defs.get(key)) == "ARRAY":
+                problems.append(
+                    Violation(
+                        "array-value",
+                        f"{event} carries {key!r} ({len(values)} value{'s' if len(values) > 1 else ''}): the default "
+                        "dialect sends no multi-valued attribute in element events (the PTP 4.0 client's merge "
+                        "of array values stops its event thread)",
+                    )
+                )
+            if key in self._integer_keys:
+                for value in values:
+                    if dialect.integer_text(value) != value:
+                        problems.append(
+                            Violation(
+                                "integer-range",
+                                f"{event} carries {key}={value!r}: INTEGER values are plain decimal within a Java int "
+                                f"({dialect.integer_bounds[0]}..{dialect.integer_bounds[1]})",  # type: ignore[index]
+                            )
+                        )
+            if self.reference:
+                definition = self.attr_defs.get(key)
+                legal = getattr(definition, "values", ())
+                if legal and _type_name(definition) == "ENUMERATED":
+                    for value in values:
+                        if value not in legal:
+                            problems.append(
+                                Violation(
+                                    "enum-value",
+                                    f"{event} carries {key}={value!r}, not one of the declared values "
+                                    f"({', '.join(legal)}): the PTP 4.0 client drops it",
+                                )
+                            )
 
     def _set(self, element: Element, values: Dict[str, Union[str, List[str]]]) -> None:
         element.attributes.update((k, list(v) if isinstance(v, list) else v) for k, v in values.items())
@@ -681,6 +970,10 @@ class ClientState:
         sub = values.get("jobSubId")
         if element.kind == "job" and isinstance(sub, str):
             self.jobs_by_sub[sub] = element
+
+
+def _id_rule(highest: int) -> str:
+    return f"the default dialect's element ids are decimal numbers up to {highest} (a Java int)"
 
 
 def _event_id_sets(event: Event) -> Iterator[Union[RangeSet, str]]:
@@ -715,3 +1008,12 @@ def _base_id_of(args: Sequence[str]) -> Optional[str]:
     if len(bare) >= 2:
         return canonical_id(bare[1])
     return None
+
+
+def _dialect_of(args: Sequence[str]) -> Dialect:
+    """The dialect an INIT asks for, decided as the agent decides it."""
+    try:
+        return dialect_named(parse_init(args).dialect)
+    except (ArgumentError, DialectError, ValueError):
+        # The agent refuses such an INIT, and answers it in the default dialect.
+        return DEFAULT

@@ -203,7 +203,8 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                 lines.append(f"{_PLURAL[kind]} {group.ids} ({len(group.ids)}) {state_value} new".replace("  ", " "))
                 continue
             for eid in ids:
-                element = state.elements.get(eid)
+                # processes are numbered by rank within their job (the event's parent)
+                element = state.process(event.parent_id, eid) if kind == "process" else state.elements.get(eid)
                 if element is None:
                     continue
                 carried = _group_attrs(group)
@@ -226,7 +227,7 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                 lines.append(f"processes {group.ids} of job {event.job_id}: {_attrs_text(attrs)}")
                 continue
             for pid in ids:
-                process = state.elements.get(pid)
+                process = state.process(event.job_id, pid)
                 if process is None:
                     continue
                 label = process_label(state, process)

@@ -6,6 +6,7 @@
 * :mod:`.attributes` -- attribute definitions and values
 * :mod:`.ids` -- element-id allocation from the base id
 * :mod:`.session` -- phases and transaction ids on the agent's side
+* :mod:`.dialect` -- every rule that differs between the default and native dialects
 """
 
 from .wire import DEFAULT_MAX_FRAME_SIZE, Decoder, ErrorKind, Frame, FrameError, encode_frame
@@ -38,6 +39,7 @@ from .messages import (
     encode_event,
     parse_init,
 )
-from .session import AgentSession, Phase, ProtocolViolation, Received
+from .dialect import DEFAULT, NATIVE, Dialect, DialectError, EscapeError, ValueRule, dialect_named
+from .session import Abandoned, AgentSession, Phase, ProtocolViolation, Received, Transaction
 
 __all__ = [name for name in dir() if not name.startswith("_")]

@@ -11,8 +11,10 @@ ATTR_DEF event it is written as::
     NUM_ARGS ID TYPE NAME DESCRIPTION DISPLAY DEFAULT [EXTRAS...]
 
 with NUM_ARGS the decimal count of the strings after it and the extras
-depending on TYPE: INTEGER and DOUBLE ``[MIN MAX]``, ENUMERATED the legal
-values, DATE ``DATE_STYLE TIME_STYLE LOCALE [MIN MAX]``.
+depending on TYPE: INTEGER, BIGINTEGER and DOUBLE ``[MIN MAX]``, ENUMERATED
+the legal values, DATE ``DATE_STYLE TIME_STYLE LOCALE [MIN MAX]``.  Which
+types a client may be sent is a rule of the dialect
+(:mod:`proxy_agent.protocol.dialect`).
 
 Compatibility notes about the IDE's reader (worth knowing when defining
 attributes): it parses the DEFAULT of INTEGER and DOUBLE definitions as
@@ -74,6 +76,8 @@ _DOUBLE_RE = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _EPOCH_RE = re.compile(r"-?[0-9]+")
 # Longest integer text worth converting: anything longer is out of range anyway.
 _MAX_INTEGER_CHARS = 20
+# BIGINTEGER has no bound of its own; this only keeps int() from slow conversions.
+_MAX_BIGINTEGER_CHARS = 100
 _MAX_DOUBLE_CHARS = 400
 
 
@@ -110,12 +114,17 @@ class AttrType(enum.Enum):
     """Attribute types of the protocol; each value is its wire spelling."""
 
     ARRAY = "ARRAY"
+    BIGINTEGER = "BIGINTEGER"
     BOOLEAN = "BOOLEAN"
     DATE = "DATE"
     DOUBLE = "DOUBLE"
     ENUMERATED = "ENUMERATED"
     INTEGER = "INTEGER"
     STRING = "STRING"
+
+
+_NUMBER_TYPES = frozenset({AttrType.INTEGER, AttrType.BIGINTEGER, AttrType.DOUBLE})
+_BOUNDED_TYPES = _NUMBER_TYPES | {AttrType.DATE}
 
 
 def _to_attr_type(value: Union[AttrType, str]) -> AttrType:
@@ -152,6 +161,14 @@ def _parse_integer(attr_id: str, value: str) -> int:
     if not INT32_MIN <= number <= INT32_MAX:
         raise AttributeValueError(attr_id, value, "is out of the 32-bit integer range")
     return number
+
+
+def _parse_big_integer(attr_id: str, value: str) -> int:
+    if len(value) > _MAX_BIGINTEGER_CHARS or not _INTEGER_RE.fullmatch(value):
+        if _INTEGER_RE.fullmatch(value):
+            raise AttributeValueError(attr_id, value, f"has more than {_MAX_BIGINTEGER_CHARS} characters")
+        raise AttributeValueError(attr_id, value, "is not an integer (optional sign, then ASCII digits)")
+    return int(value)
 
 
 def _parse_double(attr_id: str, value: str) -> float:
@@ -200,7 +217,7 @@ def _check_text(what: str, value: object) -> None:
 class AttributeDefinition:
     """Meta-data about one attribute id, as sent in ATTR_DEF.
 
-    ``minimum``/``maximum`` apply to INTEGER, DOUBLE and DATE and are kept
+    ``minimum``/``maximum`` apply to INTEGER, BIGINTEGER, DOUBLE and DATE and are kept
     as wire strings.  Either may be given alone: it is then enforced by
     :meth:`validate` but not sent, because the wire carries bounds only as
     a pair.  ``values`` lists the legal ENUMERATED values (required for that
@@ -244,7 +261,7 @@ class AttributeDefinition:
         elif self.values:
             raise ValueError(f"{kind.value} attribute {self.id!r} cannot have enumerated values")
         bounds = [b for b in (self.minimum, self.maximum) if b is not None]
-        if bounds and kind not in (AttrType.INTEGER, AttrType.DOUBLE, AttrType.DATE):
+        if bounds and kind not in _BOUNDED_TYPES:
             raise ValueError(f"{kind.value} attribute {self.id!r} cannot have a minimum or maximum")
         for bound in bounds:
             _check_text(f"bound of attribute {self.id!r}", bound)
@@ -276,6 +293,8 @@ class AttributeDefinition:
         label = f"{self.id} ({what})"
         if self.type is AttrType.INTEGER:
             return _parse_integer(label, bound)
+        if self.type is AttrType.BIGINTEGER:
+            return _parse_big_integer(label, bound)
         if self.type is AttrType.DOUBLE:
             return _parse_double(label, bound)
         return _parse_date(label, bound)
@@ -286,7 +305,8 @@ class AttributeDefinition:
         """Return *value* normalized for this attribute, or raise AttributeValueError.
 
         INTEGER: optional sign and ASCII digits, a 32-bit int within the
-        bounds; normalized to plain decimal.  DOUBLE: decimal notation
+        bounds; normalized to plain decimal.  BIGINTEGER: the same without
+        the 32-bit limit (up to 100 characters).  DOUBLE: decimal notation
         (no nan/inf, no '_', no spaces), finite, within the bounds;
         normalized to Python's shortest round-trip form.  BOOLEAN:
         true/false in any case; normalized to lower case.  ENUMERATED: one
@@ -316,6 +336,10 @@ class AttributeDefinition:
             number = _parse_integer(self.id, value)
             self._check_bounds(value, number)
             return str(number)
+        if kind is AttrType.BIGINTEGER:
+            number = _parse_big_integer(self.id, value)
+            self._check_bounds(value, number)
+            return str(number)
         if kind is AttrType.DOUBLE:
             real = _parse_double(self.id, value)
             self._check_bounds(value, real)
@@ -339,7 +363,7 @@ class AttributeDefinition:
         kind = self.type
         extras: List[str] = []
         has_bounds = self.minimum is not None and self.maximum is not None
-        if kind is AttrType.INTEGER or kind is AttrType.DOUBLE:
+        if kind in _NUMBER_TYPES:
             if has_bounds:
                 extras = [self.minimum, self.maximum]  # type: ignore[list-item]
         elif kind is AttrType.ENUMERATED:
@@ -392,7 +416,7 @@ class AttributeDefinition:
         if display_word not in ("true", "false"):
             raise ValueError(f"{where}: DISPLAY is {display_text!r}, expected 'true' or 'false'")
         fields: Dict[str, object] = {}
-        if kind in (AttrType.INTEGER, AttrType.DOUBLE):
+        if kind in _NUMBER_TYPES:
             if len(extras) not in (0, 2):
                 raise ValueError(
                     f"{where}: {kind.value} takes no extras or MIN MAX, got {len(extras)} extras"

@@ -23,10 +23,39 @@ from __future__ import annotations
 import operator
 from typing import Dict, List
 
-__all__ = ["IdAllocator", "STRING_ID_SEPARATOR"]
+__all__ = ["IdAllocator", "STRING_ID_SEPARATOR", "is_decimal", "parse_decimal"]
 
 #: Separator between the base id and the caller's unique part of a string id.
 STRING_ID_SEPARATOR = ":"
+
+#: Longest run of digits read as a number from the wire; no id or count needs more.
+MAX_DECIMAL_DIGITS = 20
+
+
+def is_decimal(text: str) -> bool:
+    """True for ASCII digits 0-9 only (no sign, blank, '_' or other scripts' digits).
+
+    Python's ``int()`` also takes ``' 7'``, ``'+7'``, ``'1_0_1'`` and
+    ``'\u0661\u0662'`` (Arabic-Indic digits): none of those is an id or a
+    number on the wire, so nothing read from the wire goes to ``int()``
+    without passing this first.
+    """
+    return text.isascii() and text.isdigit()
+
+
+def parse_decimal(text: str, what: str = "element id") -> int:
+    """An id or count from the wire: ASCII decimal digits only, at most 20 of them.
+
+    Raises ValueError naming ``what`` and the text.
+    """
+    if not isinstance(text, str):
+        raise TypeError(f"{what} must be str, not {type(text).__name__}")
+    if not is_decimal(text):
+        shown = text if len(text) <= 40 else text[:40] + "..."
+        raise ValueError(f"{what} must be plain decimal digits 0-9, got {shown!r}")
+    if len(text) > MAX_DECIMAL_DIGITS:
+        raise ValueError(f"{what} has {len(text)} digits; at most {MAX_DECIMAL_DIGITS} are accepted")
+    return int(text)
 
 
 class IdAllocator:

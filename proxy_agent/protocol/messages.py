@@ -4,6 +4,17 @@ Commands travel from the client (the IDE's resource manager, or the test
 console) to the agent; events travel back.  Both share the frame layout of
 :mod:`proxy_agent.protocol.wire`.  This module turns frames into typed values
 and back, following the argument layouts in ``spec/protocol.md``.
+
+:meth:`Event.encode` writes the text as it is (UTF-8): that is the native
+dialect.  An agent encodes through its session's dialect
+(:meth:`proxy_agent.protocol.dialect.Dialect.encode`), which escapes text for
+the default dialect; a client unescapes arguments before decoding them here.
+
+Element ids in events are decimal range sets (or, in the native dialect only,
+single string ids).  Process events are the exception: the ids of
+NEW_PROCESS, PROCESS_CHANGE and REMOVE_PROCESS are the *ranks* of the
+processes within their job (0 .. n-1), scoped by the job id the event
+carries (the parent of NEW_PROCESS, the first argument of the other two).
 """
 
 from __future__ import annotations
@@ -14,6 +25,7 @@ from typing import Iterable, Optional, Sequence, Tuple, Union
 import attrs
 
 from .attributes import AttributeDefinition, decode_attr_defs, encode_attr_defs, split_attribute
+from .ids import MAX_DECIMAL_DIGITS, is_decimal
 from .rangeset import RangeSet, RangeSetError
 from .wire import Frame, encode_frame
 
@@ -221,7 +233,8 @@ class Command:
 class InitRequest:
     version: str
     base_id: int
-    #: Any further ``key=value`` arguments (e.g. ``token=...``).
+    #: Any further ``key=value`` arguments (``dialect=...``, ``token=...``, and
+    #: whatever else a client sends, such as the PTP client's ``slurmdPath=``).
     attributes: Tuple[Tuple[str, str], ...] = ()
 
     def get(self, key: str) -> Optional[str]:
@@ -230,14 +243,25 @@ class InitRequest:
                 return v
         return None
 
+    @property
+    def dialect(self) -> Optional[str]:
+        """The dialect asked for (None: the default dialect)."""
+        return self.get("dialect")
+
+
+# INIT keys that may appear once only.
+_INIT_SINGLE_KEYS = ("version", "baseId", "dialect")
+
 
 def parse_init(args: Sequence[str]) -> InitRequest:
     """Parse INIT arguments in either accepted form.
 
     ``version=2.0 baseId=100 [key=value...]`` (reference client) or
-    ``2.0 100 [key=value...]`` (the design's bare form).  Raises
-    :class:`ArgumentError` for a missing or non-numeric base id; the version is
-    returned as given (the session decides whether it is supported).
+    ``2.0 100 [key=value...]`` (the design's bare form).  Further attributes are
+    kept whatever their key.  Raises :class:`ArgumentError` for a missing or
+    non-numeric base id (ASCII digits only, at most 20) or a repeated
+    ``version``/``baseId``/``dialect``; the version and the dialect are
+    returned as given (the session decides whether they are spoken).
     """
     version: Optional[str] = None
     base: Optional[str] = None
@@ -259,16 +283,21 @@ def parse_init(args: Sequence[str]) -> InitRequest:
             version = value
         elif key == "baseId" and base is None:
             base = value
-        elif key in ("version", "baseId"):
-            raise ArgumentError(f"INIT argument {key!r} given twice")
+        elif key in _INIT_SINGLE_KEYS:
+            if key != "dialect" or any(k == key for k, _ in extra):
+                raise ArgumentError(f"INIT argument {key!r} given twice")
+            extra.append((key, value))
         else:
             extra.append((key, value))
     if version is None:
         raise ArgumentError("INIT is missing the protocol version (version=2.0)")
     if base is None:
         raise ArgumentError("INIT is missing the base id (baseId=N)")
-    if not (base.isascii() and base.isdigit()):
-        raise ArgumentError(f"INIT base id must be a non-negative decimal integer, got {base!r}")
+    if not is_decimal(base):
+        shown = base if len(base) <= 40 else base[:40] + "..."
+        raise ArgumentError(f"INIT base id must be a non-negative decimal integer, got {shown!r}")
+    if len(base) > MAX_DECIMAL_DIGITS:
+        raise ArgumentError(f"INIT base id has {len(base)} digits; at most {MAX_DECIMAL_DIGITS} are accepted")
     return InitRequest(version, int(base), tuple(extra))
 
 
@@ -374,10 +403,10 @@ def _expect_attrs(args: Sequence[str], keys: Sequence[str], event: str) -> list:
 
 
 def _int_value(text: str, what: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise ArgumentError(f"{what} must be an integer, got {text!r}") from None
+    digits = text[1:] if text[:1] == "-" else text
+    if not is_decimal(digits) or len(digits) > MAX_DECIMAL_DIGITS:
+        raise ArgumentError(f"{what} must be an integer (ASCII digits, optional '-'), got {text!r}")
+    return int(text)
 
 
 class Event:
@@ -537,7 +566,11 @@ class FilterDef(Event):
 
 @attrs.frozen(slots=True)
 class NewElements(Event):
-    """NEW_MACHINE / NEW_NODE / NEW_QUEUE / NEW_JOB / NEW_PROCESS."""
+    """NEW_MACHINE / NEW_NODE / NEW_QUEUE / NEW_JOB / NEW_PROCESS.
+
+    For NEW_PROCESS the parent is the job and the groups' ids are the ranks
+    of the new processes within that job (0 .. n-1), not element ids.
+    """
 
     tid: int
     kind: ElementKind
@@ -597,6 +630,8 @@ class ElementChange(Event):
 
 @attrs.frozen(slots=True)
 class ProcessChange(Event):
+    """PROCESS_CHANGE: the job's element id, then groups whose ids are ranks within that job."""
+
     tid: int
     job_id: str
     groups: Tuple[ElementGroup, ...] = attrs.field(converter=tuple)
@@ -646,6 +681,8 @@ class RemoveElements(Event):
 
 @attrs.frozen(slots=True)
 class RemoveProcesses(Event):
+    """REMOVE_PROCESS: the job's element id, then the ranks (within that job) of the processes removed."""
+
     tid: int
     job_id: str
     ids: Union[RangeSet, str]

@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Iterator, Optional, Sequence, Union
+from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import attrs
 
@@ -43,6 +43,7 @@ __all__ = [
     "FrameError",
     "assemble_frame",
     "encode_args",
+    "encode_ascii_frame",
     "encode_frame",
 ]
 
@@ -121,12 +122,8 @@ def _show(data: bytes, limit: int = 24) -> str:
     return text + ("..." if len(data) > limit else "")
 
 
-def encode_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> bytes:
-    """Encode one frame.  Argument lengths count UTF-8 bytes.
-
-    Raises :class:`ValueError` if ``msg_id`` does not fit 4 hex digits or
-    ``tid`` does not fit 8: a wider field would silently break the framing.
-    """
+def _frame_text(msg_id: int, tid: int, args: Sequence[str]) -> Tuple[str, str]:
+    """The frame's header and its text, with length fields right for ASCII arguments."""
     if not 0 <= msg_id <= 0xFFFF:
         raise ValueError(f"message id {msg_id} does not fit in 4 hex digits")
     if not 0 <= tid <= 0xFFFFFFFF:
@@ -139,10 +136,52 @@ def encode_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> bytes:
         parts = [prefixes[len(arg)] + arg for arg in args]
     except IndexError:
         parts = [(prefixes[len(arg)] if len(arg) < limit else " %08X:" % len(arg)) + arg for arg in args]
-    text = header + "".join(parts)
+    return header, header + "".join(parts)
+
+
+def encode_ascii_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> Optional[bytes]:
+    """:func:`encode_frame` for arguments that are all ASCII; None (at the same cost) if one is not.
+
+    For an encoder that must treat other text first (the default dialect
+    escapes it): the usual, all-ASCII frame is built once and checked once.
+    """
+    _, text = _frame_text(msg_id, tid, args)
     if not text.isascii():
+        return None
+    body = text.encode("ascii")
+    return b"%08X" % len(body) + body
+
+
+def encode_frame(msg_id: int, tid: int, args: Sequence[str] = ()) -> bytes:
+    """Encode one frame.  Argument lengths count UTF-8 bytes.
+
+    A lone surrogate in an argument cannot be written in UTF-8 and is sent as
+    U+FFFD.
+
+    Raises :class:`ValueError` if ``msg_id`` does not fit 4 hex digits or
+    ``tid`` does not fit 8: a wider field would silently break the framing.
+    """
+    header, text = _frame_text(msg_id, tid, args)
+    if not text.isascii():
+        prefixes = _ARG_PREFIXES
+        limit = len(prefixes)
         # Some argument is not ASCII: its length field must count UTF-8 bytes.
-        text = header + "".join([" %08X:%s" % (len(arg.encode("utf-8")), arg) for arg in args])
+        # Only those arguments are measured again; the others keep their prefix.
+        parts = []
+        for arg in args:
+            if arg.isascii():
+                size = len(arg)
+            else:
+                try:
+                    size = len(arg.encode("utf-8"))
+                except UnicodeEncodeError:
+                    # A lone surrogate (from output that was not UTF-8) has no UTF-8
+                    # form at all; it travels as U+FFFD.  (The default dialect
+                    # escapes it instead, losing nothing.)
+                    arg = _without_surrogates(arg)
+                    size = len(arg.encode("utf-8"))
+            parts.append((prefixes[size] if size < limit else " %08X:" % size) + arg)
+        text = header + "".join(parts)
     body = text.encode("utf-8")
     return b"%08X" % len(body) + body
 
@@ -154,6 +193,7 @@ def encode_args(args: Sequence[str]) -> bytes:
     limit = len(prefixes)
     text = "".join([(prefixes[len(arg)] if len(arg) < limit else " %08X:" % len(arg)) + arg for arg in args])
     if not text.isascii():
+        args = [_without_surrogates(arg) for arg in args]
         text = "".join([" %08X:%s" % (len(arg.encode("utf-8")), arg) for arg in args])
     return text.encode("utf-8")
 
@@ -166,6 +206,9 @@ def assemble_frame(msg_id: int, tid: int, nargs: int, args: bytes) -> bytes:
         raise ValueError(f"TID {tid} does not fit in 8 hex digits")
     body = b" %04X:%08X:%08X" % (msg_id, tid, nargs) + args
     return b"%08X" % len(body) + body
+def _without_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate replaced by U+FFFD (pairs are joined into their character)."""
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _parse_body(body: bytes) -> Union[Frame, FrameError]:
@@ -358,19 +401,27 @@ class Decoder:
         digits = bytes(buf[pos:pos + _LENGTH_DIGITS])
         if _HEX8.fullmatch(digits) is None:
             return self._fail(ErrorKind.BAD_LENGTH, f"frame length is not 8 hex digits: {_show(digits)}")
+        # Each verdict below is reached from the same bytes whatever the chunking:
+        # the first three from the 8 length digits alone, the fourth from exactly
+        # one more byte, and nothing is decided from bytes that merely happen to
+        # be buffered already.
         length = int(digits, 16)
         if length > self.max_frame_size:
             return self._fail(
                 ErrorKind.FRAME_TOO_LARGE,
                 f"frame length {length} exceeds the limit of {self.max_frame_size} bytes",
             )
-        if available > _LENGTH_DIGITS and buf[pos + _LENGTH_DIGITS] != 0x20:
-            return self._fail(
-                ErrorKind.MISSING_SPACE,
-                f"frame length is not followed by a space: {_show(buf[pos:pos + 16])}",
-            )
         if length == 0:
             return self._fail(ErrorKind.MISSING_SPACE, "frame length 0: the body must start with a space")
+        if available == _LENGTH_DIGITS:
+            if self._eof:
+                return self._fail(ErrorKind.TRUNCATED, f"stream ended after 0 of {length} frame bytes")
+            return None
+        if buf[pos + _LENGTH_DIGITS] != 0x20:
+            return self._fail(
+                ErrorKind.MISSING_SPACE,
+                f"frame length is not followed by a space: {_show(buf[pos:pos + _LENGTH_DIGITS + 1])}",
+            )
         end = pos + _LENGTH_DIGITS + length
         if end > len(buf):
             if self._eof:
