@@ -218,9 +218,10 @@ def ptp_view(model, base_id: int) -> dict:
 def mirror_view(client) -> dict:
     """The client's mirror in the shape of :func:`ptp_view` (output left out)."""
     out = {}
-    for eid, element in client.state.elements.items():
+    for element in client.state.elements.values():
         if element.removed or element.kind == "rm":
             continue
+        eid = f"{element.parent}:{element.id}" if element.kind == "process" else element.id
         attrs = {
             k: (list(v) if isinstance(v, list) else [v])
             for k, v in element.attributes.items()

@@ -148,7 +148,7 @@ async def test_bad_input_gets_errors_and_agent_keeps_serving():
 
 def rank(process) -> int:
     """A process's rank within its job: the id the agent names it by."""
-    return int(process.id.rpartition(":")[2])
+    return process.rank
 
 
 async def start(client: AgentClient, base_id: int = 1000, token=None) -> None:

@@ -698,7 +698,7 @@ async def test_real_local_agent_session(tmp_path):
         assert done.get("jobStatus") == "FINISHED"
         assert sorted(client.job_output(job).splitlines()) == sorted(["0 hi there", "1 hi there", "2 hi there"] + [str(tmp_path)] * 3)
         processes = client.children(job, "process")
-        assert sorted(p.id.rpartition(":")[2] for p in processes) == ["0", "1", "2"]
+        assert sorted(p.id for p in processes) == ["0", "1", "2"]
         assert all(p.get("processExitCode") == "0" and p.state == "COMPLETED" for p in processes)
 
         failing = await client.submit("sh", ["-c", "echo oops >&2; exit 4"])

@@ -432,5 +432,5 @@ def test_event_lines_find_processes_by_job_and_rank():
     ]
     lines = [line for t in state.receive_data(b"".join(e.encode() for e in events)) if t.message is not None
              for line in event_lines(state, t.message)]
-    assert lines[-3:] == ["process 5000:0 RUNNING new", "process 5001.0 new", "process 5001.0 exited with status 3"]
+    assert lines[-3:] == ["process 5000.0 RUNNING new", "process 5001.0 new", "process 5001.0 exited with status 3"]
     assert state.violations == []

@@ -110,11 +110,8 @@ def _quote(text: str) -> str:
 
 def process_label(state: ClientState, process: Element) -> str:
     """``1042.0``: the job's id and the process's rank within it."""
-    index = process.get("processIndex")
     job = process.parent or "?"
-    if not isinstance(index, str):
-        index = process.id.rpartition(":")[2]
-    return visible(f"{job}.{index}")
+    return visible(f"{job}.{process.id}")
 
 
 def output_line(state: ClientState, line: OutputLine) -> str:

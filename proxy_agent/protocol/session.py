@@ -165,9 +165,10 @@ _ATTRIBUTE_COMMANDS = {
     CommandId.CHANGE_JOB: ("jobId",),
     CommandId.SET_FILTERS: (),
 }
-# Keys that may appear once only, with a decimal element id as value.
+# Keys that may appear once only, with a decimal element id as value.  (A submission's
+# queueId may also name queues, or list several for a broker: the front-end reads it.)
 _ID_KEYS = {
-    CommandId.SUBMIT_JOB: ("jobSubId", "queueId"),
+    CommandId.SUBMIT_JOB: ("jobSubId",),
     CommandId.TERMINATE_JOB: ("jobId",),
     CommandId.MOVE_JOB: ("jobId", "queueId"),
     CommandId.CHANGE_JOB: ("jobId",),
