@@ -174,8 +174,8 @@ def test_every_service_state_has_one_ptp_state():
 def test_render_rules_of_a_dialect():
     model, machine, queue = make_model()
     job = model.add(Kind.JOB, queue, {K.NAME: "a=b c", K.ARGUMENTS: ("x",), K.NUM_PROCS: "99999999999"})
-    rules = RenderRules(text=lambda s: s.replace(" ", "_"), arrays=False,
-                        integer_ids=["jobNumProcs"], integer_range=(0, 1000))
+    rules = RenderRules(text=lambda s: s.replace(" ", "_"), arrays=False, integer_ids=["jobNumProcs"],
+                        integer=lambda text: text if text.isdigit() and int(text) <= 1000 else None)
     mirror = Mirror().apply(Client(model, rules=rules).snapshot())
     attrs = mirror.elements[str(BASE + job)][2]
     assert attrs["name"] == "a=b_c"
@@ -583,3 +583,18 @@ def test_any_base_id(base):
     client = Client(model, base=base)
     mirror = Mirror().apply(client.snapshot())
     assert mirror.structure() == expected_structure(model, base)
+
+
+def test_the_default_dialect_renders_ascii_and_java_ints_only():
+    from proxy_agent.frontends.ptp.session import render_rules
+    from proxy_agent.protocol.dialect import DEFAULT, NATIVE
+
+    model, machine, queue = make_model()
+    job = model.add(Kind.JOB, queue, {K.NAME: "Grüße", K.ARGUMENTS: ("a", "b c"), K.NUM_PROCS: "4294967294"})
+    default = render_rules(DEFAULT, [])
+    assert render_rules(DEFAULT, []) is default  # clients alike share their rules (and renderings)
+    frames = b"".join(ModelView(model, BASE, default).subscribe_frames(3))
+    assert frames.isascii() and b"Gr\\xfc\\xdfe" in frames
+    assert b"progArgs" not in frames and b"jobNumProcs" not in frames
+    native = b"".join(ModelView(model, BASE, render_rules(NATIVE, [])).subscribe_frames(3))
+    assert "Grüße".encode() in native and b"progArgs=b c" in native and b"jobNumProcs=4294967294" in native

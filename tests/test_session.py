@@ -26,6 +26,7 @@ from proxy_agent.protocol.messages import (
     RemoveAll,
     Shutdown,
     SubmitJobError,
+    TerminateJobError,
     decode_event,
 )
 from proxy_agent.protocol.dialect import DEFAULT, KEY_SPACE, NATIVE
@@ -224,8 +225,8 @@ def test_bad_arguments_get_error(phase, command_id, args, words):
     r = session.receive(cmd(command_id, 50, *args))
     assert r.command is None
     (error,) = r.replies
-    # A refused submission is reported the way clients match submissions: by jobSubId.
-    expected = SubmitJobError if command_id is CommandId.SUBMIT_JOB else Error
+    # A refused submission (termination) is reported the way clients match them: by jobSubId (jobId).
+    expected = {CommandId.SUBMIT_JOB: SubmitJobError, CommandId.TERMINATE_JOB: TerminateJobError}.get(command_id, Error)
     assert type(error) is expected and error.tid == 50 and error.code == ErrorCode.BAD_ARGUMENTS
     assert words in error.message and command_id.name in error.message
     if command_id is CommandId.SUBMIT_JOB:

@@ -73,6 +73,7 @@ from .messages import (
     Ok,
     Shutdown,
     SubmitJobError,
+    TerminateJobError,
     SUPPORTED_VERSIONS,
     parse_init,
 )
@@ -288,6 +289,10 @@ class AgentSession:
         if command.command_id is CommandId.SUBMIT_JOB and code is ErrorCode.BAD_ARGUMENTS:
             # A submission's problems are reported the way the client matches them: by jobSubId.
             return Received(replies=[SubmitJobError(command.tid, _sub_id(command.args), code, text)])
+        if command.command_id is CommandId.TERMINATE_JOB and code is ErrorCode.BAD_ARGUMENTS:
+            # Likewise a termination's, by the jobId it named (the IDE's launch code reads those).
+            job_id = next((a[len("jobId="):] for a in command.args if a.startswith("jobId=")), "")
+            return Received(replies=[TerminateJobError(command.tid, job_id, code, text)])
         return Received(replies=[Error(command.tid, code, text)])
 
     def _command(self, command: Command) -> Received:

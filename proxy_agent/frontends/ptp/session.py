@@ -38,7 +38,8 @@ from ...protocol.messages import (
     SubmitJobError,
     TerminateJobError,
 )
-from ...protocol.session import AgentSession, ProtocolViolation
+from ...protocol.dialect import Dialect
+from ...protocol.session import AgentSession, ProtocolViolation, Transaction
 from ...protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, encode_frame
 from ...service.jobs import ErrorKind, JobError, ServiceError, SubmitError
 from ...service.model import Kind, UnknownElement
@@ -101,17 +102,21 @@ class PtpSession:
 
     # ------------------------------------------------------------------ output
 
-    def emit(self, event: Event) -> bool:
-        """Check, encode and queue one event.  Returns False if it may not be sent."""
+    def emit(self, event: Event, transaction: Optional[Transaction] = None) -> bool:
+        """Check, encode (in the session's dialect) and queue one event; ``transaction`` is
+        the command it answers.  Returns False if it may not be sent (its command was
+        abandoned or already completed)."""
         try:
-            self.session.send(event)
+            data = self.session.write(event, transaction)
         except ProtocolViolation as exc:
-            # The command was already completed (e.g. abandoned by QUIT).
             log.debug("not sent: %s", exc)
+            return False
+        if not data:
+            log.debug("not sent: %s answers an abandoned command", event)
             return False
         if log.isEnabledFor(logging.DEBUG):
             log.debug("sending %s", event)
-        self._out += event.encode()
+        self._out += data
         self._poke()
         return True
 
@@ -282,47 +287,50 @@ class PtpSession:
 
     async def _dispatch(self, command: Command, received) -> None:
         cid = command.command_id
+        transaction = received.transaction
         if cid is CommandId.QUIT:
             self.quit_requested = True
             log.info("QUIT received")
             return
         if cid is CommandId.INIT:
-            self._init(command, received.init)
+            self._init(command, received.init, transaction)
         elif cid is CommandId.MODEL_DEF:
-            await self._model_def(command)
+            await self._model_def(command, transaction)
         elif cid is CommandId.START_EVENTS:
-            await self._start_events(command)
+            await self._start_events(command, transaction)
         elif cid is CommandId.STOP_EVENTS:
             log.debug("events stopped (TID %d)", command.tid)
             if self.view is not None:
                 self.view.set_reading(False, "events were stopped")
         elif cid is CommandId.LIST_FILTERS:
-            self.emit(Ok(command.tid))
+            self.emit(Ok(command.tid), transaction)
         elif cid is CommandId.SET_FILTERS:
-            self.emit(Error(command.tid, ErrorCode.NOT_SUPPORTED, "this agent supports no event filters"))
+            self.emit(Error(command.tid, ErrorCode.NOT_SUPPORTED, "this agent supports no event filters"), transaction)
         else:
-            self._nursery.start_soon(self._job_command, command)  # type: ignore[union-attr]
+            self._nursery.start_soon(self._job_command, command, transaction)  # type: ignore[union-attr]
 
-    def _init(self, command: Command, init) -> None:
+    def _init(self, command: Command, init, transaction: Optional[Transaction]) -> None:
         expected = self.config.token
         if expected is not None:
             given = init.get("token") or ""
             if not hmac.compare_digest(given.encode(), expected.encode()):
                 reason = "missing" if not given else "wrong"
                 log.warning("%s sent a %s token; closing the connection", self.peer, reason)
-                self.emit(Error(command.tid, ErrorCode.AUTHENTICATION, f"authentication failed: {reason} token"))
+                self.emit(Error(command.tid, ErrorCode.AUTHENTICATION, f"authentication failed: {reason} token"),
+                          transaction)
                 self._closing = True
                 return
         self.authenticated = True
+        self.rules = render_rules(self.session.dialect, self.service.attributes())
         self.view = ModelView(self.service.model, init.base_id, self.rules, self._model_changed)
-        log.info("session initialised: base id %d", init.base_id)
-        self.emit(Ok(command.tid))
+        log.info("session initialised: base id %d, %s dialect", init.base_id, self.session.dialect.name)
+        self.emit(Ok(command.tid), transaction)
 
-    async def _service_ready(self, command: Command) -> bool:
+    async def _service_ready(self, command: Command, transaction: Optional[Transaction] = None) -> bool:
         await self.service.ready.wait()
         failure = self.service.failure
         if failure is not None:
-            self.emit(Error(command.tid, ErrorCode.SCHEDULER, failure))
+            self.emit(Error(command.tid, ErrorCode.SCHEDULER, failure), transaction)
             return False
         return True
 
@@ -334,16 +342,17 @@ class PtpSession:
         assert self.view is not None
         return str(self.view.element_id(queue))
 
-    async def _model_def(self, command: Command) -> None:
-        if not await self._service_ready(command):
+    async def _model_def(self, command: Command, transaction: Optional[Transaction]) -> None:
+        if not await self._service_ready(command, transaction):
             return
         defs = mapping.attribute_definitions(self.service.attributes(), self._default_queue_id())
+        defs = self.session.dialect.attribute_definitions(defs)
         for start in range(0, len(defs), DEFS_PER_EVENT):
-            self.emit(AttrDef(command.tid, defs[start:start + DEFS_PER_EVENT]))
-        self.emit(Ok(command.tid))
+            self.emit(AttrDef(command.tid, defs[start:start + DEFS_PER_EVENT]), transaction)
+        self.emit(Ok(command.tid), transaction)
 
-    async def _start_events(self, command: Command) -> None:
-        if not await self._service_ready(command):
+    async def _start_events(self, command: Command, transaction: Optional[Transaction]) -> None:
+        if not await self._service_ready(command, transaction):
             return
         if not self._snapshot_started and self.view is not None and self.session.events_flowing:
             # The whole model, at this instant, ahead of anything said later: a client can use
@@ -396,20 +405,20 @@ class PtpSession:
             raise ServiceError(f"no queue with id {text!r}", ErrorKind.NO_SUCH_QUEUE)
         return raw
 
-    async def _job_command(self, command: Command) -> None:
+    async def _job_command(self, command: Command, transaction: Optional[Transaction]) -> None:
         attrs_ = AttributeSet.parse(command.args)
         if self.view is None:
-            self._fail(command, attrs_, ErrorCode.ILLEGAL_IN_PHASE, "the session is not initialised")
+            self._fail(command, transaction, attrs_, ErrorCode.ILLEGAL_IN_PHASE, "the session is not initialised")
             return
-        if not await self._service_ready(command):
+        if not await self._service_ready(command, transaction):
             return
         # A request, once made, is carried out even if the client leaves meanwhile (a job
         # submitted but not recorded would run unseen); bounded so shutdown still ends.
         with trio.CancelScope(shield=True):
             with trio.move_on_after(_REQUEST_BOUND):
-                await self._carry_out(command, attrs_)
+                await self._carry_out(command, transaction, attrs_)
 
-    async def _carry_out(self, command: Command, attrs_: AttributeSet) -> None:
+    async def _carry_out(self, command: Command, transaction: Optional[Transaction], attrs_: AttributeSet) -> None:
         cid = command.command_id
         tid = command.tid
         assert self.view is not None
@@ -421,7 +430,7 @@ class PtpSession:
                 try:
                     key = await service.submit(spec)
                     log.info("submitted %s as job %d", spec.client_ref, self.view.element_id(key))
-                    self.emit(Ok(tid))
+                    self.emit(Ok(tid), transaction)
                 finally:
                     self._hold -= 1
                     self._model_changed()
@@ -446,21 +455,47 @@ class PtpSession:
             code = mapping.error_code(exc.kind)
             if isinstance(exc, SubmitError) and exc.kind is ErrorKind.SUBMIT_FAILED:
                 code = ErrorCode.SUBMIT_FAILED
-            self._fail(command, attrs_, code, exc.message)
+            self._fail(command, transaction, attrs_, code, exc.message)
         except Exception as exc:  # noqa: BLE001 - one command's failure must not end the session
             log.exception("internal error in %s (TID %d)", command.name, tid)
-            self._fail(command, attrs_, ErrorCode.INTERNAL, f"internal error: {describe(exc)}")
+            self._fail(command, transaction, attrs_, ErrorCode.INTERNAL, f"internal error: {describe(exc)}")
         else:
-            self.emit(Ok(tid))
+            self.emit(Ok(tid), transaction)
 
-    def _fail(self, command: Command, attrs_: AttributeSet, code: int, message: str) -> None:
+    def _fail(self, command: Command, transaction: Optional[Transaction], attrs_: AttributeSet, code: int,
+              message: str) -> None:
         cid = command.command_id
         if cid is CommandId.SUBMIT_JOB:
-            self.emit(SubmitJobError(command.tid, attrs_.get("jobSubId") or "", code, message))
+            self.emit(SubmitJobError(command.tid, attrs_.get("jobSubId") or "", code, message), transaction)
         elif cid is CommandId.TERMINATE_JOB:
-            self.emit(TerminateJobError(command.tid, attrs_.get("jobId") or "", code, message))
+            self.emit(TerminateJobError(command.tid, attrs_.get("jobId") or "", code, message), transaction)
         else:
-            self.emit(Error(command.tid, code, message))
+            self.emit(Error(command.tid, code, message), transaction)
+
+
+_RULES: dict = {}
+
+
+def render_rules(dialect: Dialect, infos) -> RenderRules:
+    """How a client of ``dialect`` is sent values, given what the backends describe (the
+    INTEGER attributes among them); one object per combination, so that clients alike share
+    the rendering of the initial model."""
+    definitions = mapping.attribute_definitions(infos, None)
+    types = {d.id: d.type for d in definitions}
+    integers = frozenset(i for i, t in types.items() if dialect.value_rule(i, t).name == "INTEGER")
+    omit = frozenset(i for i, t in types.items() if dialect.value_rule(i, t).name == "OMIT")
+    key = (dialect.name, integers, omit)
+    rules = _RULES.get(key)
+    if rules is None:
+        rules = _RULES[key] = RenderRules(
+            text=dialect.escape if dialect.ascii_only else None,
+            arrays=dialect.array_values_in_events,
+            integer_ids=integers,
+            integer=dialect.integer_text if dialect.integer_bounds is not None else None,
+            omit=omit,
+            max_id=dialect.max_element_id,
+        )
+    return rules
 
 
 def _redacted(item) -> object:

@@ -75,8 +75,10 @@ class RenderRules:
     """How values are written for one client (its dialect decides).
 
     ``text`` escapes a text value (None: sent as it is); ``arrays`` allows multi-valued
-    attributes in element events; ``integer_ids`` are attribute ids of INTEGER type whose
-    values must fit ``integer_range`` (others are left out).
+    attributes in element events; ``omit`` are attribute ids never put in element events;
+    ``integer_ids`` are attribute ids of INTEGER type whose values go through ``integer``
+    (which returns the text to send, or None to leave the attribute out); ``max_id`` is the
+    highest element id the client can hold.
     """
 
     def __init__(
@@ -84,12 +86,16 @@ class RenderRules:
         text: Optional[Callable[[str], str]] = None,
         arrays: bool = True,
         integer_ids: Iterable[str] = (),
-        integer_range: Optional[Tuple[int, int]] = None,
+        integer: Optional[Callable[[str], Optional[str]]] = None,
+        omit: Iterable[str] = (),
+        max_id: Optional[int] = None,
     ) -> None:
         self.text = text
         self.arrays = arrays
-        self.integer_ids = frozenset(integer_ids)
-        self.integer_range = integer_range
+        self.integer_ids = frozenset(integer_ids) if integer is not None else frozenset()
+        self.integer = integer
+        self.omit = frozenset(omit)
+        self.max_id = max_id
 
 
 NATIVE_RULES = RenderRules()
@@ -139,7 +145,7 @@ class _Renderer:
                 return mapping.executable_args
             return lambda value: mapping.executable_args(escape(value))
         ptp_id = mapping.ptp_attribute(kind, name)
-        if ptp_id is None:
+        if ptp_id is None or ptp_id in rules.omit:
             return None
         prefix = ptp_id + "="
         if name in REFERENCES:
@@ -147,17 +153,16 @@ class _Renderer:
             if base is None:
                 return lambda value: [_Ref(prefix, value)] if value.__class__ is int else [prefix + str(value)]
             return lambda value: [prefix + str(base + value)] if value.__class__ is int else [prefix + str(value)]
-        bounds = rules.integer_range if ptp_id in rules.integer_ids else None
         arrays = rules.arrays
-        if bounds is not None:
-            low, high = bounds
+        check = rules.integer if ptp_id in rules.integer_ids else None
+        if check is not None:
 
-            def integer(value, prefix=prefix, low=low, high=high):
+            def integer(value, prefix=prefix, check=check):
                 if value.__class__ is not str:
                     return []
-                text = value.strip()
-                if len(text) > 12 or not text.lstrip("-").isdigit() or not low <= int(text) <= high:
-                    return []  # out of range for this client: absent, never a wrong number
+                text = check(value)
+                if text is None:
+                    return []  # beyond what this client can hold: absent, never a wrong number
                 return [prefix + text]
 
             return integer
@@ -794,7 +799,8 @@ def _ids_text(members: List[int]) -> str:
 
 def _joined(blocks: Deque[Tuple[str, str]]) -> Iterator[Tuple[str, str]]:
     """Held output as (key, text) values: consecutive blocks of one stream joined into texts
-    of about :data:`_OUTPUT_CHUNK` characters, a bigger block cut at its line ends."""
+    of at most :data:`_OUTPUT_CHUNK` characters where the lines allow, a bigger block cut at
+    its line ends (a line is never cut: the splitter already made every line short enough)."""
     key = None
     buf: List[str] = []
     size = 0
@@ -804,15 +810,9 @@ def _joined(blocks: Deque[Tuple[str, str]]) -> Iterator[Tuple[str, str]]:
             buf, size = [], 0
         key = k
         while len(text) > _OUTPUT_CHUNK:
-            cut = text.rfind("\n", 0, _OUTPUT_CHUNK)
-            if cut <= 0:
-                cut = _OUTPUT_CHUNK  # one line longer than a chunk stays whole up to here
-                piece, text = text[:cut], text[cut:]
-                if buf:
-                    yield key, "\n".join(buf)  # type: ignore[misc]
-                    buf, size = [], 0
-                yield key, piece  # type: ignore[misc]
-                continue
+            cut = text.rfind("\n", 0, _OUTPUT_CHUNK + 1)
+            if cut < 0:
+                break  # one line longer than a chunk: it travels whole
             if buf:
                 yield key, "\n".join(buf)  # type: ignore[misc]
                 buf, size = [], 0
