@@ -29,6 +29,10 @@ it), it moved to another parent, or a process wrote a line of output.  Mutations
 subscriber can send what belongs together as one message.  Coalescing (what to send while a
 client is not reading) is the subscriber's business.
 
+An *observer* (:meth:`ServiceModel.observe`) hears the same changes but belongs to the model:
+it keeps figures derived from other elements (a queue's waiting jobs) and writes them when it
+is flushed, first, so that they reach the subscribers in the same batch as their cause.
+
 Output
 ------
 Process output goes to the subscribers, a text of one or more lines at a time (joined by
@@ -248,6 +252,8 @@ class ServiceModel:
         self._by_kind: Dict[Kind, Dict[int, None]] = {kind: {} for kind in Kind}
         self._next_key = 1
         self._sinks: List[ChangeSink] = []
+        #: sinks that are part of the model (see :meth:`observe`)
+        self._observers: List[ChangeSink] = []
         self._quiet = 0
         self._missed = False
         self._backlog: Dict[int, OutputBacklog] = {}
@@ -331,6 +337,13 @@ class ServiceModel:
 
     def subscribe(self, sink: ChangeSink) -> None:
         self._sinks.append(sink)
+
+    def observe(self, sink: ChangeSink) -> None:
+        """Hear every change as a subscriber does, as a part of the model rather than a reader of
+        it: an observer gets no output and does not count as a subscriber (output is still kept
+        while nobody else listens), and it is flushed before the subscribers, so that what it
+        changes in its :meth:`ChangeSink.flush` (figures it derives) joins the same batch."""
+        self._observers.append(sink)
 
     def unsubscribe(self, sink: ChangeSink) -> None:
         try:
@@ -463,6 +476,8 @@ class ServiceModel:
             else:
                 parent.children.append(element.key)
         self.version += 1
+        for sink in self._observers:
+            sink.created(element)
         for sink in self._sinks:
             sink.created(element)
 
@@ -494,6 +509,8 @@ class ServiceModel:
         if changed is None:
             return False
         self.version += 1
+        for sink in self._observers:
+            sink.changed(element, changed)
         for sink in self._sinks:
             sink.changed(element, changed)
         self._notify()
@@ -536,6 +553,8 @@ class ServiceModel:
         del self._by_kind[element.kind][element.key]
         if element.kind is Kind.JOB:
             self._backlog.pop(element.key, None)
+        for sink in self._observers:
+            sink.removed(element)
         for sink in self._sinks:
             sink.removed(element)
 
@@ -560,6 +579,8 @@ class ServiceModel:
         else:
             parent.children.append(key)
         self.version += 1
+        for sink in self._observers:
+            sink.moved(element, old)
         for sink in self._sinks:
             sink.moved(element, old)
         self._notify()
@@ -599,6 +620,14 @@ class ServiceModel:
         if self._quiet:
             self._missed = True
             return
+        if self._observers:
+            self._quiet += 1  # what the observers change now belongs to this flush
+            try:
+                for sink in self._observers:
+                    sink.flush()
+            finally:
+                self._quiet -= 1
+                self._missed = False
         for sink in self._sinks:
             sink.flush()
 

@@ -7,7 +7,8 @@ reported and the rest carry on.
 
 Requests name queues and jobs by service key, or queues by name: ``NAME`` (searched in every
 backend, in the order they were given) or ``BACKEND:NAME``.  A submission that names no queue
-goes to the first backend's default queue.
+goes to the first backend's default queue.  One that names several (or none, while a broker is
+chosen) goes where a broker says (:mod:`.broker`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import trio
 
 from ..schedulers.base import Backend, BackendContext
 from .attributes import AttrInfo
+from .broker import ATTRIBUTES as BROKER_ATTRIBUTES
+from .broker import Brokering, Placement
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from .model import K, Kind, ServiceModel, UnknownElement
 
@@ -46,6 +49,8 @@ class JobService:
         self._listeners: List[Notice] = []
         self._closing = False
         self._nursery: Optional[trio.Nursery] = None
+        #: brokers, and the queue figures they rank by
+        self.brokering = Brokering(self.model)
 
     # ------------------------------------------------------------------ set-up
 
@@ -58,6 +63,7 @@ class JobService:
             raise ValueError(f"scheduler {backend.name!r} given twice")
         self.backends.append(backend)
         self._by_name[backend.name] = backend
+        self.brokering.track(backend.name, backend.queue_load)
 
     def backend(self, name: str) -> Backend:
         try:
@@ -177,6 +183,8 @@ class JobService:
                 continue
             for info in backend.attributes():
                 seen.setdefault(info.name, info)
+        for info in BROKER_ATTRIBUTES:
+            seen.setdefault(info.name, info)
         return list(seen.values())
 
     def running_backends(self) -> List[Backend]:
@@ -224,13 +232,28 @@ class JobService:
                 return backend, queue
         raise SubmitError("no scheduler has a queue to submit to", ErrorKind.UNAVAILABLE)
 
-    def route(self, spec: JobSpec) -> Tuple[Backend, int]:
-        """The backend and queue a submission goes to."""
-        if spec.queue is None or spec.queue == "":
-            if spec.candidates:
-                return self._owner_of(self.queue_key(spec.candidates[0]))
-            return self.default_queue()
-        return self._owner_of(self.queue_key(spec.queue))
+    def route(self, spec: JobSpec) -> Placement:
+        """Where a submission goes: unpacks as ``(backend, queue)``.
+
+        One queue named: that one.  Several, or none while a broker is chosen (the
+        submission's or the agent's default): a broker picks among them, or among every queue
+        of every running backend (without a broker, ``Null``: the first that can run the
+        job); the placement then carries the broker's decision.  None and no broker: the
+        first backend's default queue.
+        """
+        if spec.queue is not None and spec.queue != "":
+            return Placement(*self._owner_of(self.queue_key(spec.queue)))
+        broker = spec.broker or self.brokering.default
+        if not spec.candidates and not broker:
+            return Placement(*self.default_queue())
+        running = [b.name for b in self.running_backends()]
+        if spec.candidates:
+            queues = [self.queue_key(name) for name in spec.candidates]
+        else:
+            queues = self.brokering.all_queues(running)
+        unusable = {key: "its scheduler is not running" for key in queues if self.model.get(key).owner not in running}
+        decision = self.brokering.decide(spec, queues, broker, unusable)
+        return Placement(*self._owner_of(decision.queue), decision)
 
     def _owner_of(self, queue: int) -> Tuple[Backend, int]:
         owner = self.model.get(queue).owner
@@ -255,8 +278,10 @@ class JobService:
         """Submit a job; returns its key once it is in the model."""
         if self._closing:
             raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
-        backend, queue = self.route(spec)
-        return await backend.submit(spec, queue)
+        placement = self.route(spec)
+        key = await placement.backend.submit(spec, placement.queue)
+        self.brokering.record(key, placement)
+        return key
 
     async def terminate(self, job: int) -> None:
         await self._job_owner(job).terminate(job)
