@@ -180,12 +180,13 @@ def _figure(value: Any) -> Optional[float]:
 
 
 def _duration(seconds: int) -> str:
-    """Seconds as ``[D-]H:MM:SS``."""
+    """Seconds as ``H:MM:SS``, or ``D-HH:MM:SS`` from a day on (SLURM's way)."""
     days, rest = divmod(int(seconds), 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
-    text = f"{hours}:{minutes:02d}:{secs:02d}"
-    return f"{days}-{text}" if days else text
+    if days:
+        return f"{days}-{hours:02d}:{minutes:02d}:{secs:02d}"
+    return f"{hours}:{minutes:02d}:{secs:02d}"
 
 
 def exclusion(job: JobSpec, queue: Candidate) -> Optional[str]:
@@ -656,11 +657,10 @@ class Brokering:
             broker = self._brokers[key] = make_broker(text)
         return broker
 
-    def decide(self, job: JobSpec, queues: Sequence[int], broker_name: Optional[str],
-               unusable: Optional[Mapping[int, str]] = None) -> Decision:
-        """Choose among ``queues`` (keys, in the order given) for ``job``; ``unusable`` gives
-        queues left out beforehand and why.  SubmitError when none can run the job."""
-        broker = self.broker(broker_name) if broker_name else NullBroker()
+    def screen(self, job: JobSpec, queues: Sequence[int], unusable: Optional[Mapping[int, str]] = None
+               ) -> Tuple[List[Candidate], List[Tuple[str, str]]]:
+        """The queues (keys, repeats dropped) that can run ``job``, in the order given, and
+        (label, why) for each of the others; ``unusable`` names queues left out beforehand."""
         left_out: List[Tuple[str, str]] = []
         kept: List[Candidate] = []
         seen: Set[int] = set()
@@ -674,6 +674,15 @@ class Brokering:
                 kept.append(candidate)
             else:
                 left_out.append((candidate.label, why))
+        return kept, left_out
+
+    def decide(self, job: JobSpec, queues: Sequence[int], broker_name: Optional[str],
+               unusable: Optional[Mapping[int, str]] = None) -> Decision:
+        """Choose among ``queues`` (keys, in the order given) for ``job`` with the broker
+        named (None: Null); ``unusable`` as for :meth:`screen`.  SubmitError when no queue can
+        run the job, BrokerError when the broker is unknown or fails."""
+        broker = self.broker(broker_name) if broker_name else NullBroker()
+        kept, left_out = self.screen(job, queues, unusable)
         if not kept:
             if not left_out:
                 raise SubmitError("there is no queue to submit to", ErrorKind.UNAVAILABLE)
