@@ -145,3 +145,30 @@ def test_the_console_submits_to_several_queues_with_a_broker():
     first, second = re.findall(r"^submitted job \d+ \(\S+\) to (\S+) \((.*)\)$", run.stdout, re.M)
     assert first[0].startswith("sim:") and re.fullmatch(r"FastestQueue: \d+ waiting of \d+ slots", first[1])
     assert second[0] == "sim:long" and second[1].startswith("Null: first in the order given; left out local:default")
+
+
+async def test_a_user_broker_as_the_agents_default_and_its_prints_stay_off_the_protocol(tmp_path):
+    module = tmp_path / "chatty_broker.py"
+    module.write_text(
+        "print('imported')\n"
+        "class Emptiest:\n"
+        "    def __init__(self, argument):\n"
+        "        print('created with', argument)\n"
+        "        self.argument = argument\n"
+        "    def rank(self, job, candidates):\n"
+        "        print('ranking', len(candidates))\n"
+        "        return sorted(candidates, key=lambda c: (c.waiting is None, c.waiting or 0))\n"
+        "    def reason(self, job, candidate):\n"
+        "        return f'{self.argument}: {candidate.waiting} waiting'\n"
+    )
+    argv = agent_argv(*SIM, "--broker", f"{module}:Emptiest:quietest")
+    with trio.fail_after(60):
+        async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
+            await _start(client, "compat")
+            job = await _brokered(client, await client.submit("/bin/true", queue="sim:batch,local:default"))
+            assert _label(client.element(job.parent)) == "local:default"
+            assert job.get("broker") == f"{module}:Emptiest:quietest"
+            assert job.get("brokerReason") == f"{module}:Emptiest:quietest: quietest: 0 waiting"
+            assert client.violations == []
+            await client.quit()
+        assert "imported" in client.process.stderr_tail(lines=100)

@@ -35,6 +35,7 @@ label, the broker and its reason become attributes of the job (:data:`JOB_BROKER
 from __future__ import annotations
 
 import configparser
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -42,6 +43,7 @@ import importlib.util
 import math
 import os
 import random
+import sys
 import threading
 from fractions import Fraction
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
@@ -510,8 +512,11 @@ def _load_user_broker(name: str) -> UserBroker:
     class_name, sep, argument = rest.partition(":")
     if not module_name or not class_name.isidentifier():
         raise BrokerError(f"broker {name!r}: expected module:Class or module:Class:ARGUMENT", ErrorKind.BAD_REQUEST)
+    # What the user's code prints goes to stderr: before the agent has set its standard
+    # output aside, that still is the protocol's channel.
     try:
-        module = _import(module_name)
+        with contextlib.redirect_stdout(sys.stderr):
+            module = _import(module_name)
     except BrokerError:
         raise
     except BaseException as exc:  # noqa: BLE001 - a module that fails to import is the user's error
@@ -521,7 +526,8 @@ def _load_user_broker(name: str) -> UserBroker:
     if not callable(cls):
         raise BrokerError(f"broker {name!r}: {module_name} has no class {class_name}", ErrorKind.BAD_REQUEST)
     try:
-        instance = cls(argument) if sep else cls()
+        with contextlib.redirect_stdout(sys.stderr):
+            instance = cls(argument) if sep else cls()
     except BaseException as exc:  # noqa: BLE001
         raise BrokerError(f"broker {name!r}: creating {class_name} failed: {_describe(exc)}",
                           ErrorKind.BAD_REQUEST) from None
