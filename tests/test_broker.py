@@ -783,3 +783,27 @@ def test_the_service_describes_the_broker_attributes():
     names = {info.name for info in service.attributes()}
     assert {"broker", "brokerQueue", "brokerReason", K.WAITING, K.FREE_SLOTS} <= names
     assert next(i for i in service.attributes() if i.name == "broker").settable
+
+
+# --------------------------------------------------------------------------- how PTP clients ask
+
+
+def test_submit_job_attributes_name_several_queues_and_a_broker():
+    from proxy_agent.frontends.ptp import mapping
+    from proxy_agent.protocol.attributes import AttributeSet
+
+    def spec(*args):
+        return mapping.job_spec(AttributeSet.parse(["jobSubId=s", "execName=true", *args]),
+                                lambda text: int(text) - 1000 if text.isdigit() else text)
+
+    several = spec("queueId=1007, sim:debug,,slurm:long ", "broker=FastestQueue")
+    assert (several.queue, several.candidates, several.broker) == (None, (7, "sim:debug", "slurm:long"), "FastestQueue")
+    one = spec("queueId=1007,", "broker=Random")
+    assert (one.queue, one.candidates, one.broker) == (7, (), "Random")
+    anywhere = spec("broker=Benchmark:specfp2000")
+    assert (anywhere.queue, anywhere.candidates, anywhere.broker) == (None, (), "Benchmark:specfp2000")
+    partitions = spec("partition=debug,long")
+    assert (partitions.queue, partitions.candidates) == (None, ("debug", "long"))
+    assert spec("partition=1007").queue == "1007"  # a partition is a name
+    plain = spec()
+    assert (plain.queue, plain.candidates, plain.broker) == (None, (), None)

@@ -409,3 +409,12 @@ def test_spawn_takes_the_rest_of_the_line():
         ["-c", "--spawn", "--trace"],
         ["ssh", "host", "proxy-agent", "-v"],
     )
+
+
+def test_submit_parsing_several_queues_and_a_broker():
+    request = parse_submit(["-q", "sim:batch,sim:debug", "--broker", "FastestQueue", "true"])
+    assert (request.queue, request.attributes) == ("sim:batch,sim:debug", {"broker": "FastestQueue"})
+    request = parse_submit(["--broker=Random:3", "-b", "Null", "true"])
+    assert request.attributes == {"broker": "Null"}
+    with pytest.raises(CommandError, match="--broker needs a value"):
+        parse_submit(["--broker"])
