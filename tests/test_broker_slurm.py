@@ -43,7 +43,7 @@ async def test_brokering_across_slurm_partitions(tmp_path):
     argv = agent_argv("--scheduler", "local,slurm", "--slurm-poll-interval", "1", "--broker-config", str(config))
     native_ids = []
     try:
-        with trio.fail_after(120):
+        with trio.fail_after(60):
             async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
                 await client.init(1000)
                 await client.model_def()
@@ -89,9 +89,8 @@ async def test_brokering_across_slurm_partitions(tmp_path):
                     f"no queue can run this job (slurm:debug: {slots + 1} slots needed, the queue has {slots}; "
                     f"slurm:long: {slots + 1} slots needed, the queue has {slots})"
                 )
-                for native in native_ids:
-                    job = next(j for j in client.jobs.values() if j.get("nativeId") == native)
-                    await client.wait_job_state(job, "COMPLETED", timeout=60)
+                # (the jobs need not run: where SLURM holds them is the point, and the cluster
+                # may be busy; they are cancelled below)
                 assert client.violations == []
                 await client.quit()
     finally:
