@@ -80,6 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-file", metavar="PATH", help="write the log here (mode 0600) instead of stderr")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for protocol detail)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument("--broker", metavar="NAME",
+                        help="the broker for submissions that name several queues or none: Null, Random[:SEED], "
+                        "FastestQueue, Benchmark[:NAME] or module:Class; without one, the first queue named that can "
+                        "run the job, or the default queue")
+    parser.add_argument("--broker-config", metavar="FILE",
+                        help="benchmark figures per queue for the Benchmark broker (INI: [SCHEDULER:QUEUE] sections "
+                        "of BENCHMARK = FIGURE lines)")
     for name in BACKENDS:
         backend_class(name).add_arguments(parser)
     return parser
@@ -299,6 +306,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"proxy-agent: {exc.message}", file=sys.stderr)
             return 2
         service = build_service(args, names, state)
+        service.brokering.configure(args.broker, args.broker_config)
     except ValueError as exc:
         print(f"proxy-agent: {exc}", file=sys.stderr)
         return 2

@@ -434,3 +434,12 @@ def test_event_lines_find_processes_by_job_and_rank():
              for line in event_lines(state, t.message)]
     assert lines[-3:] == ["process 5000.0 RUNNING new", "process 5001.0 new", "process 5001.0 exited with status 3"]
     assert state.violations == []
+
+
+def test_submit_parsing_several_queues_and_a_broker():
+    request = parse_submit(["-q", "sim:batch,sim:debug", "--broker", "FastestQueue", "true"])
+    assert (request.queue, request.attributes) == ("sim:batch,sim:debug", {"broker": "FastestQueue"})
+    request = parse_submit(["--broker=Random:3", "-b", "Null", "true"])
+    assert request.attributes == {"broker": "Null"}
+    with pytest.raises(CommandError, match="--broker needs a value"):
+        parse_submit(["--broker"])

@@ -789,16 +789,27 @@ class AgentClient:
         count: int = 1,
         env: Union[Mapping[str, str], Iterable[str], None] = None,
         cwd: Optional[str] = None,
-        queue: Optional[str] = None,
+        queue: Union[str, Sequence[str], None] = None,
         sub_id: Optional[str] = None,
         timeout: Optional[float] = 60,
+        broker: Optional[str] = None,
         **attributes: Any,
     ) -> str:
-        """SUBMIT_JOB, waiting only for its OK; returns the jobSubId."""
+        """SUBMIT_JOB, waiting only for its OK; returns the jobSubId.
+
+        ``queue`` is one queue (element id, name, or SCHEDULER:NAME) or several, as a list or
+        comma-separated, for the agent's broker to choose among (``broker`` names the broker:
+        Null, Random, FastestQueue, Benchmark or module:Class)."""
         sub_id = sub_id or self.new_sub_id()
         if queue is not None:
-            found = self._find_queue(queue)
-            queue = found.id if found is not None else queue
+            parts = [p.strip() for p in queue.split(",")] if isinstance(queue, str) else [str(p) for p in queue]
+            resolved = []
+            for part in parts:
+                found = self._find_queue(part)
+                resolved.append(found.id if found is not None else part)
+            queue = ",".join(resolved)
+        if broker is not None:
+            attributes["broker"] = broker
         args_ = job_attributes(exec_path, args, count=count, env=env, cwd=cwd, queue=queue, sub_id=sub_id, **attributes)
         command = await self.send_command(CommandId.SUBMIT_JOB, args_)
         await self.reply(command, timeout)

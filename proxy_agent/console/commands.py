@@ -59,7 +59,8 @@ class CommandSpec:
 
 COMMANDS: Tuple[CommandSpec, ...] = (
     CommandSpec("submit", "submit [OPTIONS] [KEY=VALUE...] EXECUTABLE [ARG...] [--wait]",
-                "submit a job; options: -n/--count N, -e/--env NAME=VALUE, -d/--dir DIR, -q/--queue QUEUE, "
+                "submit a job; options: -n/--count N, -e/--env NAME=VALUE, -d/--dir DIR, -q/--queue QUEUE[,QUEUE...] "
+                "(several: a broker chooses), -b/--broker NAME (Null, Random, FastestQueue, Benchmark, module:Class), "
                 "--sub-id ID, -w/--wait (wait for it to end, print its output, fail if it failed), -t/--timeout S"),
     CommandSpec("jobs", "jobs", "list the jobs"),
     CommandSpec("nodes", "nodes", "list the nodes"),
@@ -191,6 +192,8 @@ def parse_submit(args: Sequence[str]) -> SubmitRequest:
             options["cwd"] = get()
         elif flag in ("-q", "--queue"):
             options["queue"] = get()
+        elif flag in ("-b", "--broker"):
+            options["attributes"]["broker"] = get()
         elif flag == "--sub-id":
             options["sub_id"] = get()
         elif flag in ("-t", "--timeout"):
@@ -592,8 +595,14 @@ class Console:
         job_id = await client.submit(request.executable, request.args, **kwargs)
         job = client.job(job_id)
         self.last_job = job.id
+        if job.get("brokerReason"):
+            # a broker chose the queue: say where and why
+            extra.update(queue=job.get("brokerQueue"), broker_reason=job.get("brokerReason"))
         if not request.wait:
-            self.result("submit", [f"submitted job {job.id} ({job.sub_id})"], job=render.element_id_value(job.id), sub_id=job.sub_id, **extra)
+            line = f"submitted job {job.id} ({job.sub_id})"
+            if job.get("brokerReason"):
+                line += f" to {job.get('brokerQueue')} ({job.get('brokerReason')})"
+            self.result("submit", [line], job=render.element_id_value(job.id), sub_id=job.sub_id, **extra)
             return
         if not self.json:
             self.out.line(f"submitted job {job.id} ({job.sub_id}), waiting for it to end")

@@ -61,6 +61,11 @@ class Backend(abc.ABC):
     name: ClassVar[str]
     #: one line for ``--help``
     summary: ClassVar[str] = ""
+    #: how the service keeps the load figures of this backend's queues (waiting and running
+    #: jobs, free slots) from the jobs in the model: None (the backend or its scheduler reports
+    #: them, or nobody), "queue" (each queue has its own ``totalSlots``) or "shared" (the queues
+    #: draw on the same slots); see :mod:`proxy_agent.service.figures`
+    queue_load: ClassVar[Optional[str]] = None
 
     def __init__(self, model: ServiceModel, options: Any = None, context: Optional[BackendContext] = None) -> None:
         self.model = model

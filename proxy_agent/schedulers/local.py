@@ -183,6 +183,8 @@ class LocalBackend(Backend):
 
     name = "local"
     summary = "programs run directly on this machine as local processes"
+    #: the queue's slots are this host's CPUs; the service counts its waiting and running jobs
+    queue_load = "queue"
 
     def __init__(self, model: ServiceModel, options: Optional[LocalOptions] = None,
                  context: Optional[BackendContext] = None) -> None:

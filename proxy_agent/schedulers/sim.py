@@ -5,7 +5,9 @@ seed gives the same cluster:
 
 * one machine ``sim`` with ``options.sim_nodes`` nodes ``n00000``,
   ``n00001``... (``nodeState``, ``nodeNumber``, ``cpus``; a few start DOWN);
-* queues ``batch``, ``debug`` and ``long``;
+* queues ``batch``, ``debug`` and ``long``, each spanning the whole machine (``totalSlots``
+  is the CPUs of the nodes that are UP; the service keeps their waiting and running jobs and
+  free slots, see :mod:`proxy_agent.service.figures`);
 * ``options.sim_jobs`` existing jobs spread over the queues in mixed states
   (pending, held, running, suspended, finished, failed, canceled), named and
   owned from small pools of names and users, as on a real cluster.
@@ -157,6 +159,8 @@ class SimBackend(Backend):
 
     name = "sim"
     summary = "a deterministic simulated cluster for demos, client development and scale tests"
+    #: every queue spans the whole machine: its slots are the CPUs of the nodes that are UP
+    queue_load = "shared"
 
     def __init__(
         self,
@@ -182,6 +186,9 @@ class SimBackend(Backend):
         self.node_ids: range = range(0)
         self.queue_ids: Dict[str, int] = {}
         self._node_up = bytearray()
+        self._node_cpus: List[int] = []
+        #: CPUs of the nodes that are UP: every queue's totalSlots
+        self._slots = 0
         #: keys of existing (and churn-made) jobs that have not ended, for churn to pick from;
         #: entries that ended some other way are dropped when picked
         self._active: List[int] = []
@@ -401,11 +408,13 @@ class SimBackend(Backend):
                 owner=owner,
             )
         self._node_up = up
+        self._node_cpus = [int(c) for c in cpus]
+        self._slots = sum(c for c, is_up in zip(self._node_cpus, up) if is_up)
         for name in QUEUE_NAMES:
             queue_id = model.add(
                 Kind.QUEUE, None,
                 {K.NAME: name, K.STATE: "NORMAL", K.BACKEND: owner,
-                 K.DEFAULT: "true" if name == QUEUE_NAMES[0] else "false"},
+                 K.DEFAULT: "true" if name == QUEUE_NAMES[0] else "false", K.TOTAL_SLOTS: str(self._slots)},
                 owner=owner,
             )
             self.queue_ids[name] = queue_id
@@ -562,7 +571,10 @@ class SimBackend(Backend):
 
     def _flip_node(self, index: int) -> None:
         up = self._node_up[index] = 0 if self._node_up[index] else 1
-        self.model.update(self.node_ids[index], {K.STATE: "UP" if up else "DOWN"})
+        self._slots += self._node_cpus[index] if up else -self._node_cpus[index]
+        with self.model.batch():
+            self.model.update(self.node_ids[index], {K.STATE: "UP" if up else "DOWN"})
+            self.model.update_many(self.queue_ids.values(), {K.TOTAL_SLOTS: str(self._slots)})
 
     def _existing_native(self, job_id: int) -> Optional[str]:
         if job_id not in self.model:

@@ -29,6 +29,10 @@ it), it moved to another parent, or a process wrote a line of output.  Mutations
 subscriber can send what belongs together as one message.  Coalescing (what to send while a
 client is not reading) is the subscriber's business.
 
+An *observer* (:meth:`ServiceModel.observe`) hears the same changes but belongs to the model:
+it keeps figures derived from other elements (a queue's waiting jobs) and writes them when it
+is flushed, first, so that they reach the subscribers in the same batch as their cause.
+
 Output
 ------
 Process output goes to the subscribers, a text of one or more lines at a time (joined by
@@ -253,6 +257,8 @@ class ServiceModel:
         self._sinks: List[ChangeSink] = []
         #: the subscribers that take output
         self._readers: List[ChangeSink] = []
+        #: sinks that are part of the model (see :meth:`observe`)
+        self._observers: List[ChangeSink] = []
         self._quiet = 0
         self._missed = False
         self._backlog: Dict[int, OutputBacklog] = {}
@@ -339,6 +345,13 @@ class ServiceModel:
     def subscribe(self, sink: ChangeSink) -> None:
         self._sinks.append(sink)
         self._readers = [s for s in self._sinks if s.takes_output]
+
+    def observe(self, sink: ChangeSink) -> None:
+        """Hear every change as a subscriber does, as a part of the model rather than a reader of
+        it: an observer gets no output and does not count as a subscriber (output is still kept
+        while nobody else listens), and it is flushed before the subscribers, so that what it
+        changes in its :meth:`ChangeSink.flush` (figures it derives) joins the same batch."""
+        self._observers.append(sink)
 
     def unsubscribe(self, sink: ChangeSink) -> None:
         try:
@@ -476,6 +489,8 @@ class ServiceModel:
             else:
                 parent.children.append(element.key)
         self.version += 1
+        for sink in self._observers:
+            sink.created(element)
         for sink in self._sinks:
             sink.created(element)
 
@@ -507,6 +522,8 @@ class ServiceModel:
         if changed is None:
             return False
         self.version += 1
+        for sink in self._observers:
+            sink.changed(element, changed)
         for sink in self._sinks:
             sink.changed(element, changed)
         self._notify()
@@ -550,6 +567,8 @@ class ServiceModel:
         if element.kind is Kind.JOB:
             self._backlog.pop(element.key, None)
             self._next_ranks.pop(element.key, None)
+        for sink in self._observers:
+            sink.removed(element)
         for sink in self._sinks:
             sink.removed(element)
 
@@ -574,6 +593,8 @@ class ServiceModel:
         else:
             parent.children.append(key)
         self.version += 1
+        for sink in self._observers:
+            sink.moved(element, old)
         for sink in self._sinks:
             sink.moved(element, old)
         self._notify()
@@ -614,6 +635,14 @@ class ServiceModel:
         if self._quiet:
             self._missed = True
             return
+        if self._observers:
+            self._quiet += 1  # what the observers change now belongs to this flush
+            try:
+                for sink in self._observers:
+                    sink.flush()
+            finally:
+                self._quiet -= 1
+                self._missed = False
         for sink in self._sinks:
             sink.flush()
 

@@ -10,7 +10,8 @@ reported and the rest carry on.
 
 Requests name queues and jobs by service key, or queues by name: ``NAME`` (searched in every
 backend, in the order they were given) or ``BACKEND:NAME``.  A submission that names no queue
-goes to the first backend's default queue.
+goes to the first backend's default queue.  One that names several (or none, while a broker is
+chosen) goes where a broker says (:mod:`.broker`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import trio
 
 from ..schedulers.base import Backend, BackendContext
 from .attributes import AttrInfo
+from .broker import ATTRIBUTES as BROKER_ATTRIBUTES
+from .broker import Brokering, Placement
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement
 from .store import JobStore, StoredJob
@@ -83,7 +86,7 @@ class JobService:
                 self.model.reserve_keys(store.max_key())
             except sqlite3.Error as exc:
                 self._store_failed(exc)
-            self.model.subscribe(_StoreRecorder(self))
+            self.model.observe(_StoreRecorder(self))
         self.backends: List[Backend] = []
         self._by_name: Dict[str, Backend] = {}
         #: backends that could not start: name -> why
@@ -94,6 +97,8 @@ class JobService:
         self.standing: List[Tuple[str, str]] = []
         self._closing = False
         self._nursery: Optional[trio.Nursery] = None
+        #: brokers, and the queue figures they rank by
+        self.brokering = Brokering(self.model)
 
     # ------------------------------------------------------------------ set-up
 
@@ -106,6 +111,7 @@ class JobService:
             raise ValueError(f"scheduler {backend.name!r} given twice")
         self.backends.append(backend)
         self._by_name[backend.name] = backend
+        self.brokering.track(backend.name, backend.queue_load)
 
     def backend(self, name: str) -> Backend:
         try:
@@ -284,6 +290,8 @@ class JobService:
                 continue
             for info in backend.attributes():
                 seen.setdefault(info.name, info)
+        for info in BROKER_ATTRIBUTES:
+            seen.setdefault(info.name, info)
         return list(seen.values())
 
     def running_backends(self) -> List[Backend]:
@@ -331,13 +339,28 @@ class JobService:
                 return backend, queue
         raise SubmitError("no scheduler has a queue to submit to", ErrorKind.UNAVAILABLE)
 
-    def route(self, spec: JobSpec) -> Tuple[Backend, int]:
-        """The backend and queue a submission goes to."""
-        if spec.queue is None or spec.queue == "":
-            if spec.candidates:
-                return self._owner_of(self.queue_key(spec.candidates[0]))
-            return self.default_queue()
-        return self._owner_of(self.queue_key(spec.queue))
+    def route(self, spec: JobSpec) -> Placement:
+        """Where a submission goes: unpacks as ``(backend, queue)``.
+
+        One queue named: that one.  Several, or none while a broker is chosen (the
+        submission's or the agent's default): a broker picks among them, or among every queue
+        of every running backend (without a broker, ``Null``: the first that can run the
+        job); the placement then carries the broker's decision.  None and no broker: the
+        first backend's default queue.
+        """
+        if spec.queue is not None and spec.queue != "":
+            return Placement(*self._owner_of(self.queue_key(spec.queue)))
+        broker = spec.broker or self.brokering.default
+        if not spec.candidates and not broker:
+            return Placement(*self.default_queue())
+        running = [b.name for b in self.running_backends()]
+        if spec.candidates:
+            queues = [self.queue_key(name) for name in spec.candidates]
+        else:
+            queues = self.brokering.all_queues(running)
+        unusable = {key: "its scheduler is not running" for key in queues if self.model.get(key).owner not in running}
+        decision = self.brokering.decide(spec, queues, broker, unusable)
+        return Placement(*self._owner_of(decision.queue), decision)
 
     def _owner_of(self, queue: int) -> Tuple[Backend, int]:
         owner = self.model.get(queue).owner
@@ -366,7 +389,8 @@ class JobService:
         """
         if self._closing:
             raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
-        backend, queue = self.route(spec)
+        placement = self.route(spec)
+        backend, queue = placement.backend, placement.queue
         key = self.model.new_keys(1)[0]
         store = self.store
         if store is not None:
@@ -392,6 +416,7 @@ class JobService:
                 self.stored.add(actual)
             except sqlite3.Error as exc:
                 self._store_failed(exc)
+        self.brokering.record(actual, placement)
         return actual
 
     async def terminate(self, job: int) -> None:

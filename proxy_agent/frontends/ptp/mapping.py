@@ -265,15 +265,18 @@ def job_spec(attributes: AttributeSet, queue_key: Callable[[str], Union[int, str
         num_procs = parse_decimal(get(A.JOB_NUM_PROCS), A.JOB_NUM_PROCS, 1, INT32_MAX)
     queue: Optional[Union[int, str]] = None
     candidates: Tuple[Union[int, str], ...] = ()
+    # One queue, or several (comma-separated) for a broker; SLURM users' ``partition`` too
+    # (partitions by name only).
     queue_text = (get(A.QUEUE_ID) or "").strip()
-    if queue_text:
-        parts = [p.strip() for p in queue_text.split(",") if p.strip()]
-        if len(parts) == 1:
-            queue = queue_key(parts[0])
-        else:
-            candidates = tuple(queue_key(p) for p in parts)
-    elif get("partition"):
-        queue = get("partition")
+    reference = queue_key
+    if not queue_text:
+        queue_text = (get("partition") or "").strip()
+        reference = str
+    parts = [p.strip() for p in queue_text.split(",") if p.strip()]
+    if len(parts) == 1:
+        queue = reference(parts[0])
+    elif parts:
+        candidates = tuple(reference(p) for p in parts)
     extra = tuple((key, value) for key, value in attributes.items if key not in _KNOWN)
     if queue_text and get("partition"):
         # Both name a queue: the backend that knows partitions refuses them if they differ.
