@@ -13,8 +13,9 @@ and ``qmod`` all accept.
 
 Exit statuses lie
 -----------------
-``qmod -sj`` on a pending job, ``qalter -q`` on a running job and ``qrls`` of a job that is
-not held all exit 0; ``qhold`` of an unknown job exits 3.  :func:`check_job_command` reads
+``qmod -sj`` on a pending job and ``qalter -q`` on a running job exit 0 without doing
+anything; ``qhold`` of a held job and ``qrls`` of one that is not held print nothing;
+``qhold`` of an unknown job exits 3.  :func:`check_job_command` reads
 the output instead and raises a :class:`~proxy_agent.service.jobs.JobError` that says what
 Grid Engine said.
 """
@@ -152,7 +153,7 @@ def final_record(records: Sequence[NativeJob]) -> Optional[NativeJob]:
 # --------------------------------------------------------------------------- ids and names
 
 _JOB_ID = re.compile(r"[1-9][0-9]*(?:\.[1-9][0-9]*(?:-[0-9]+(?::[0-9]+)?)?(?:,[1-9][0-9]*(?:-[0-9]+(?::[0-9]+)?)?)*)?\Z")
-_QUEUE = re.compile(r"[A-Za-z0-9_.-]+(?:@[A-Za-z0-9_.@-]+)?\Z")
+_QUEUE = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.-]*(?:@[A-Za-z0-9_.@-]+)?\Z")
 
 
 def check_job_id(job_id: str) -> str:
@@ -196,9 +197,9 @@ def status_argv(all_users: bool = False, user: Optional[str] = None) -> List[str
 
 
 def queues_argv() -> List[str]:
-    """Queue instances with their slots and states, and the running jobs in them (``-s r``:
-    pending jobs, which belong to no queue, would only make the answer long)."""
-    return ["qstat", "-f", "-xml", "-u", "*", "-s", "r"]
+    """Queue instances with their slots and states, and the running and suspended jobs in
+    them (``-s rs``: pending jobs, which belong to no queue, would only make it long)."""
+    return ["qstat", "-f", "-xml", "-u", "*", "-s", "rs"]
 
 
 def hosts_argv() -> List[str]:
@@ -290,6 +291,8 @@ def check_job_command(argv: Sequence[str], returncode: int, stdout: str, stderr:
     if done is None:
         raise ValueError(f"not a job command of this module: {list(argv)!r}")
     lines = [line for line in output.splitlines() if line.strip()]
+    if not lines and returncode == 0 and key in ("qhold", "qrls"):
+        return  # a job already held (released) is left as it is, without a word
     succeeded = [line for line in lines if done.search(line)]
     failed = [line for line in lines if not done.search(line)]
     if succeeded and not failed:

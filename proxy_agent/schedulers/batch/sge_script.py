@@ -82,7 +82,9 @@ _FORBIDDEN = ("\n", "\r", "\0")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESOURCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 _RESOURCE_VALUE = re.compile(r"[A-Za-z0-9_.+:-]+\Z")
-_QUEUE = re.compile(r"[A-Za-z0-9_.*-]+(?:@[A-Za-z0-9_.*@-]+)?(?:,[A-Za-z0-9_.*-]+(?:@[A-Za-z0-9_.*@-]+)?)*\Z")
+# One queue or a list; wildcards allowed; never starting with "-" (it would read as an option).
+_QUEUE_ONE = r"[A-Za-z0-9_.*][A-Za-z0-9_.*-]*(?:@[A-Za-z0-9_.*@-]+)?"
+_QUEUE = re.compile(rf"{_QUEUE_ONE}(?:,{_QUEUE_ONE})*\Z")
 _ACCOUNT = re.compile(r"[\x21-\x7e]+\Z")
 _NAME_FORBIDDEN = set("/:@\\*?")
 _ARRAY = re.compile(r"([1-9][0-9]*)(?:-([1-9][0-9]*)(?::([1-9][0-9]*))?)?(?:%([1-9][0-9]*))?\Z")
