@@ -112,6 +112,7 @@ def test_plain_listing_without_requests():
     jobs = by_id(sge_parse.parse_jobs(data("qstat-plain.xml")))
     held = jobs[ROLES["held"]["id"]]
     assert held.native_state == "hqw" and held.time_limit is None  # no -r: no requests
+    assert jobs[ROLES["long_name"]["id"]].name == ROLES["names"]["long"]
 
 
 def test_full_queue_listing_gives_the_same_jobs():
@@ -285,6 +286,8 @@ def test_running_array_and_several_details():
     assert array.job_id == role_id("array") and TIME.match(array.start_time)
     two = sge_parse.parse_job_detail(data("qstat-j-two.xml"))
     assert [j.job_id for j in two] == [ROLES["held"]["id"], ROLES["moved"]["id"]]
+    # qalter -q rewrote the moved job's queue list (with another wrapping element).
+    assert [j.queue for j in two] == ["", "short.q"] and two[0].time_limit == 300
 
 
 def test_unknown_job_detail():

@@ -501,30 +501,32 @@ def _clean_message(text: str) -> str:
 
 
 def _path_list(elem: ET.Element, tag: str) -> str:
-    for path in elem.iterfind(f"{tag}/path_list/PN_path"):
+    for path in elem.iterfind(f"{tag}/*/PN_path"):
         if path.text:
             return _unescape(path.text)
     return ""
 
 
+# The element wrapping each item of a list varies with how the list was last set (a queue
+# list is "destin_ident_list" after qsub, "element" after qalter): match any.
 def _detail_job(elem: ET.Element, messages: Dict[str, List[str]]) -> Optional[NativeJob]:
     number = _child_text(elem, "JB_job_number")
     if not number.isdigit():
         return None
     errors: List[str] = []
     start = ""
-    for task in elem.iterfind("JB_ja_tasks/ulong_sublist"):
-        for message in task.iterfind("JAT_message_list/ulong_sublist/QIM_message"):
+    for task in elem.iterfind("JB_ja_tasks/*"):
+        for message in task.iterfind("JAT_message_list/*/QIM_message"):
             text = _clean_message(_unescape(message.text))
             if text and text not in errors:
                 errors.append(text)
         start = start or normalize_time(_child_text(task, "JAT_start_time"))
     time_limit = None
-    for request in elem.iterfind("JB_hard_resource_list/qstat_l_requests"):
+    for request in elem.iterfind("JB_hard_resource_list/*"):
         if _child_text(request, "CE_name") == "h_rt":
             time_limit = parse_duration(_child_text(request, "CE_stringval"))
-    queues = [_unescape(q.text) for q in elem.iterfind("JB_hard_queue_list/destin_ident_list/QR_name")]
-    slots = _int(elem.findtext("JB_pe_range/ranges/RN_max"))
+    queues = [_unescape(q.text) for q in elem.iterfind("JB_hard_queue_list/*/QR_name")]
+    slots = _int(elem.findtext("JB_pe_range/*/RN_max"))
     # Why it fails (error messages) beats why it waits (scheduler messages).
     reason = "; ".join(errors) or "; ".join(messages.get(number, []))
     return NativeJob(
@@ -556,12 +558,12 @@ def parse_job_detail(data: Text) -> List[NativeJob]:
     if root.tag == "unknown_jobs":
         return []
     messages: Dict[str, List[str]] = {}
-    for message in root.iterfind("messages/element/SME_message_list/element"):
+    for message in root.iterfind("messages/*/SME_message_list/*"):
         text = _clean_message(_child_text(message, "MES_message"))
-        for job in message.iterfind("MES_job_number_list/ulong_sublist/ULNG_value"):
+        for job in message.iterfind("MES_job_number_list/*/ULNG_value"):
             messages.setdefault(_unescape(job.text), []).append(text)
     jobs = []
-    for elem in root.iterfind("djob_info/element"):
+    for elem in root.iterfind("djob_info/*"):
         job = _detail_job(elem, messages)
         if job is not None:
             jobs.append(job)
