@@ -185,6 +185,36 @@ def test_unreadable_output_raises_a_clear_error(text):
     assert "qstat -xml" in str(err.value)
 
 
+PARSERS = [sge_parse.parse_jobs, sge_parse.parse_queues, sge_parse.parse_queue_instances,
+           sge_parse.parse_hosts, sge_parse.parse_job_detail, sge_parse.unknown_job_ids,
+           sge_parse.parse_qacct, sge_parse.parse_qsub_terse, sge_parse.parse_queue_config]
+RECORDINGS = sorted(p.name for p in DATA.iterdir() if p.suffix in (".xml", ".txt"))
+
+
+@given(st.one_of(st.text(max_size=300), st.binary(max_size=300)))
+@settings(max_examples=300)
+def test_parsers_never_fail_other_than_clearly_on_noise(noise):
+    for parser in PARSERS:
+        try:
+            parser(noise)
+        except SgeParseError:
+            pass
+
+
+@given(st.sampled_from(RECORDINGS), st.integers(min_value=0), st.integers(min_value=0, max_value=400),
+       st.text(max_size=20))
+@settings(max_examples=300, deadline=None)
+def test_parsers_on_damaged_recordings(name, start, length, insert):
+    text = data(name)
+    start %= max(1, len(text))
+    damaged = text[:start] + insert + text[start + length:]
+    for parser in PARSERS:
+        try:
+            parser(damaged)
+        except SgeParseError:
+            pass
+
+
 def test_huge_name_does_not_break_parsing():
     name = "x" * 200_000
     text = data("qstat.xml").replace("<full_job_name>held</full_job_name>", f"<full_job_name>{name}</full_job_name>")

@@ -35,6 +35,7 @@ local time as ``YYYY-MM-DDTHH:MM:SS``.
 from __future__ import annotations
 
 import re
+import signal
 import time
 import xml.etree.ElementTree as ET
 from typing import Dict, Iterable, List, Optional, Tuple, Union
@@ -599,8 +600,6 @@ def parse_qacct_records(data: Text) -> List[Dict[str, str]]:
 
 
 def _signal_name(number: int) -> str:
-    import signal  # a table of names; no I/O
-
     try:
         return signal.Signals(number).name
     except ValueError:
