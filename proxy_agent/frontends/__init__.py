@@ -1,0 +1,1 @@
+"""Front-ends: the protocols the job service is spoken in."""
