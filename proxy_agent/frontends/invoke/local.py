@@ -6,7 +6,7 @@ scheduler (``local``), one queue (``default``).
 How a job runs:
 
 * It is ACCEPTED when submitted.  With ``slots`` set, at most that many jobs run at once and
-  the others wait QUEUING, in submission order.
+  the others wait QUEUING, and start in submission order.
 * ``num_procs`` copies of the program start from an argv list (never a shell), each in a
   session and process group of its own, with stdin from /dev/null and ``working_dir`` as
   the working directory.  The environment is the server's plus the job's variables.
@@ -30,7 +30,8 @@ import signal
 import stat
 from contextlib import asynccontextmanager
 from subprocess import DEVNULL
-from typing import AsyncIterator, Dict, List, Optional
+from collections import deque
+from typing import AsyncIterator, Deque, Dict, List, Optional
 
 import trio
 
@@ -60,6 +61,9 @@ class _LocalJob:
         "timed_out",
         "final",
         "ended",
+        "waiting",
+        "has_slot",
+        "slot_given",
     )
 
     def __init__(self, key: int, spec: JobSpec) -> None:
@@ -73,6 +77,10 @@ class _LocalJob:
         self.timed_out = False
         self.final = False
         self.ended = trio.Event()
+        #: while the job waits for a slot: cancelling this ends the wait
+        self.waiting = trio.CancelScope()
+        self.has_slot = False
+        self.slot_given = trio.Event()
 
     def push(self, state: JobState, message: Optional[str] = None) -> None:
         if self.final:
@@ -122,7 +130,9 @@ class LocalJobs:
         if slots is not None and slots < 1:
             raise ValueError(f"slots must be at least 1, not {slots}")
         self._nursery = nursery
-        self._slots = trio.Semaphore(slots) if slots else None
+        #: free slots (None: no limit), and the jobs waiting for one in submission order
+        self._free_slots = slots
+        self._queue: Deque[_LocalJob] = deque()
         self._kill_grace = kill_grace
         self._jobs: Dict[int, _LocalJob] = {}
         self._keys = itertools.count(1)
@@ -153,6 +163,16 @@ class LocalJobs:
         job.out_fds = fds
         self._jobs[key] = job
         job.push(JobState.ACCEPTED, "queued")
+        # Slots are handed out here, not in the job's task: tasks start in no set order, jobs
+        # must start in the order they were submitted.
+        if self._free_slots is None:
+            job.has_slot = True
+        elif self._free_slots > 0:
+            self._free_slots -= 1
+            job.has_slot = True
+        else:
+            self._queue.append(job)
+            job.push(JobState.QUEUING, "waiting for a free slot")
         self._nursery.start_soon(self._run, job)
         return key
 
@@ -163,6 +183,7 @@ class LocalJobs:
         if record.final or record.cancelled:
             return
         record.cancelled = True
+        record.waiting.cancel()
         record.signal(signal.SIGTERM)
         self._nursery.start_soon(self._kill_later, record)
 
@@ -238,14 +259,15 @@ class LocalJobs:
 
     async def _run(self, job: _LocalJob) -> None:
         try:
-            if self._slots is not None:
-                if self._slots.value == 0:
-                    job.push(JobState.QUEUING, "waiting for a free slot")
-                async with self._slots:
-                    await self._execute(job)
-            else:
-                await self._execute(job)
+            if not job.has_slot:
+                with job.waiting:
+                    await job.slot_given.wait()
+            if job.cancelled:
+                job.push(JobState.KILLED, "cancelled before it started")
+                return
+            await self._execute(job)
         finally:
+            self._release_slot(job)
             for fd in set(job.out_fds):
                 if fd != DEVNULL:
                     os.close(fd)
@@ -255,16 +277,31 @@ class LocalJobs:
                 job.signal(signal.SIGKILL)
                 job.push(JobState.KILLED, "the server ended")
 
-    async def _execute(self, job: _LocalJob) -> None:
-        if job.cancelled:
-            job.push(JobState.KILLED, "cancelled before it started")
+    def _release_slot(self, job: _LocalJob) -> None:
+        if self._free_slots is None:
             return
+        if not job.has_slot:
+            try:
+                self._queue.remove(job)
+            except ValueError:
+                pass
+            return
+        job.has_slot = False
+        while self._queue:
+            waiting = self._queue.popleft()
+            if not waiting.cancelled:
+                waiting.has_slot = True
+                waiting.slot_given.set()
+                return
+        self._free_slots += 1
+
+    async def _execute(self, job: _LocalJob) -> None:
         spec = job.spec
         env = dict(os.environ)
         env.update(spec.env)
         argv = [spec.executable, *spec.arguments]
         stdout, stderr = job.out_fds
-        for index in range(spec.num_procs):
+        for _ in range(spec.num_procs):
             try:
                 proc = await trio.lowlevel.open_process(
                     argv,
