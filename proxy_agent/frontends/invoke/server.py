@@ -265,6 +265,7 @@ class InvokeServer:
 
     def _handle(self, event, replies: List[bytes], after: List[Callable[[], None]]) -> Optional[str]:
         """Answer one event; returns why serving ends, if it does."""
+        log.debug("in: %r", event)
         if isinstance(event, InputWarning):
             log.warning("input: %s", event.reason)
             return None
@@ -455,6 +456,7 @@ class InvokeServer:
     # ------------------------------------------------------------------ notifies
 
     def _notify(self, line: bytes) -> None:
+        log.debug("notify: %r", line)
         try:
             self._notify_in.send_nowait(line)
         except trio.ClosedResourceError:
