@@ -418,6 +418,19 @@ async def test_reply_pipe_closed_by_the_client_ends_the_server(tmp_path):
     await wait_gone([pid], within=1.0)
 
 
+async def test_notify_pipe_closed_by_the_client_ends_the_server(tmp_path):
+    args, pidfile = sleeper(tmp_path, "mute")
+    async with invoke_server() as client:
+        await client.created_job(1, attributes("/bin/sh", args, workdir=tmp_path))
+        pid = await wait_for_file(pidfile)
+        await client.proc.stderr.aclose()
+        # The CREATE_NOTIFY of the next job finds the pipe broken.
+        await client.send(encode_job_create(2, attributes("/bin/true", ["x"], workdir=tmp_path)))
+        assert await client.reply() == "S"
+        assert await client.wait() == 0
+    await wait_gone([pid], within=1.0)
+
+
 # --------------------------------------------------------------------------- what a job gets
 
 

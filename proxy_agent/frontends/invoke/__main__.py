@@ -111,6 +111,12 @@ class ProtocolPipes:
     async def aclose(self) -> None:
         for stream in (self.replies, self.notifies, self.requests):
             try:
+                # The descriptors share their open files with whoever started the server (a
+                # terminal, when a person did): leave them blocking, as they were found.
+                os.set_blocking(stream.fileno(), True)
+            except OSError:
+                pass
+            try:
                 await stream.aclose()
             except OSError:
                 pass

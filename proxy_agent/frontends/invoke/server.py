@@ -218,14 +218,16 @@ class InvokeServer:
         return why
 
     def stop(self, reason: str) -> None:
-        """End the session as if the client had gone (a signal).  A second call while the
-        jobs are being waited for stops waiting."""
+        """End the session as if the client had gone (a signal).  Once the session is ending,
+        stop waiting for the jobs (they have been asked to end; the job service sees to it)."""
+        if self._closing:
+            if self._job_scope is not None and not self._job_scope.cancel_called:
+                log.info("%s while ending: no longer waiting for jobs", reason)
+                self._job_scope.cancel()
+            return
         if self._stop_reason is None:
             self._stop_reason = reason
             self._serve_scope.cancel()
-        elif self._job_scope is not None and self._closing:
-            log.info("%s again: no longer waiting for jobs", reason)
-            self._job_scope.cancel()
 
     def _unfinished(self) -> int:
         return sum(1 for job in self._jobs.values() if not job.final)
@@ -257,8 +259,6 @@ class InvokeServer:
                     action()
                 if ending is not None:
                     return ending
-                if self._notify_broken:
-                    return "notify pipe broken"
         return self._stop_reason or "stopped"
 
     # ------------------------------------------------------------------ requests
@@ -478,7 +478,9 @@ class InvokeServer:
                 except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
                     log.warning("notify pipe broken (%s): the client is gone", exc)
                     self._notify_broken = True
-                    self.stop("notify pipe broken")
+                    if not self._closing:
+                        # Like end of file; once ending, the jobs are still waited for.
+                        self.stop("notify pipe broken")
 
 
 # --------------------------------------------------------------------------- staging
