@@ -256,3 +256,16 @@ def test_final_states_map_to_final_statuses_and_back():
     for state, status in STATUS_OF_STATE.items():
         if status is not None:
             assert status.final == state.final, state
+
+
+def test_protocol_and_request_modules_do_no_io_and_import_no_trio():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, proxy_agent.frontends.invoke.protocol, proxy_agent.frontends.invoke.request\n"
+        "bad = sorted(m for m in ('trio', 'subprocess', 'socket', 'asyncio') if m in sys.modules)\n"
+        "print(','.join(bad))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    assert out.stdout.strip() == ""

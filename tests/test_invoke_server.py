@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -14,7 +13,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
-import pytest
 import trio
 import trio.testing
 
