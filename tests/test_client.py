@@ -784,7 +784,10 @@ async def test_real_agent_refuses_what_is_not_an_id_and_the_ides_command_7():
         arabic = "".join(chr(0x0660 + int(d)) for d in job)  # the job's id in Arabic-Indic digits
         for args in ([f"jobId={arabic}"], ["jobId=" + "_".join(job)], [f"jobId=+{job}"]):
             refused = await client.raw(CommandId.TERMINATE_JOB, args, timeout=10)
-            assert isinstance(refused.completion, Error) and refused.completion.code == ErrorCode.BAD_ARGUMENTS
+            # a termination is refused the way the IDE matches it: TERMINATEJOB_ERROR naming the jobId
+            assert isinstance(refused.completion, TerminateJobError)
+            assert refused.completion.code == ErrorCode.BAD_ARGUMENTS
+            assert refused.completion.job_id == args[0][len("jobId="):]
         filters = await client.raw(CommandId.MOVE_JOB, ["jobState=RUNNING", "filterChildren=true", f"id={job}"], timeout=10)
         assert filters.completion.code == ErrorCode.BAD_ARGUMENTS and "command 7" in filters.completion.message
         assert client.job(job).state == "RUNNING"  # none of it touched the job

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, List
 
@@ -84,7 +85,21 @@ async def cluster() -> AsyncIterator[Cluster]:
                 await client.quit()
     finally:
         if session is not None and session.slurm_ids:
-            subprocess.run(["scancel", *session.slurm_ids], capture_output=True, timeout=20)
+            _cancel_and_wait(session.slurm_ids)
+
+
+def _cancel_and_wait(slurm_ids: List[str], timeout: float = 30) -> None:
+    """Cancel the test's jobs and wait until SLURM has let them go, so that their CPUs are free
+    for the next test (the one-node cluster has only a few)."""
+    subprocess.run(["scancel", *slurm_ids], capture_output=True, timeout=20)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = subprocess.run(["squeue", "-h", "-o", "%i", "-j", ",".join(slurm_ids)],
+                              capture_output=True, text=True, timeout=20).stdout.split()
+        if not left:
+            return
+        subprocess.run(["scancel", "--signal=KILL", *left], capture_output=True, timeout=20)
+        time.sleep(0.5)
 
 
 def python_job(code: str) -> List[str]:
@@ -138,7 +153,7 @@ async def test_job_prints_and_exits_zero():
         assert job.get("queueId") == c.client.queue("debug").id
         (process,) = c.client.children(job, "process")
         assert process.get("processExitCode") == "0"
-        assert process.id == f"{job_id}:0"  # a process is named by its rank in its job
+        assert process.id == "0"  # a process is named by its rank in its job
         # A finished job cannot be held: SLURM says so, through the agent.
         with pytest.raises(CommandFailed) as failed:
             await c.client.change_job(job_id, hold=True)
@@ -204,6 +219,7 @@ async def test_suspend_and_resume():
         assert c.job(job_id).get("jobStatus") == "SUSPENDED" and c.job(job_id).get("jobNativeState") == "SUSPENDED"
         await c.client.change_job(job_id, jobState="RUNNING")
         await c.wait_attr(job_id, "jobState", "RUNNING", timeout=20)
+        await c.wait_attr(job_id, "jobNativeState", "RUNNING", timeout=20)  # as SLURM itself sees it
         await c.client.terminate(job_id)
         await c.client.wait_job_state(job_id, "COMPLETED", timeout=30)
 
