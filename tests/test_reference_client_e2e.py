@@ -404,3 +404,68 @@ async def test_ide_session_on_the_simulated_scheduler():
             await client.wait_job_state(held, "COMPLETED", 30)
         await client.quit()
     check_default_dialect(wire, client)
+
+
+# --------------------------------------------------------------------------- SLURM
+
+
+@pytest.fixture
+def slurm_cluster():
+    from slurm_support import require_cluster
+
+    return require_cluster()
+
+
+def _slurm(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, env=subprocess_env(),
+                          stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.slurm
+async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
+    """Another user's job named beyond ASCII, a launch with arguments, output beyond ASCII
+    delivered before the final state, no "no value" marker in an INTEGER, two launches while
+    events are stopped."""
+    other_name = f"\u30b8\u30e7\u30d6-ide-{os.getpid()}"
+    other = _slurm("sbatch", "--parsable", "--uid=nobody", "--gid=nogroup", "-J", other_name, "-p", "long",
+                   "-D", "/tmp", "-o", "/dev/null", "-e", "/dev/null", "--wrap", "sleep 60")
+    if other.returncode != 0:
+        pytest.skip(f"cannot submit a job as another user: {other.stderr.strip()}")
+    other_id = other.stdout.strip().split(";")[0]
+    ours: List[str] = []
+    try:
+        with trio.fail_after(120):
+            async with await open_ide_session("--scheduler", "slurm", "--slurm-poll-interval", "1",
+                                              "--all-users") as client:
+                wire = await ide_handshake(client)
+                theirs = await client.wait_for(
+                    lambda: next((j for j in client.jobs.values() if j.get("nativeId") == other_id), None), 20,
+                    description="the other user's job")
+                assert theirs.name == other_name and theirs.get("userId") == "nobody"
+                assert "name=\\u30b8\\u30e7\\u30d6-ide-" in wire.text()
+
+                queue = first_queue(client, "debug")
+                job = await launch_with_arguments(client, wire, queue, cwd=str(tmp_path))
+                ours.append(client.job(job).get("nativeId"))
+                assert client.job_output(job) == "a b c hi there\n"  # there when COMPLETED came
+
+                greeting = await client.submit("/bin/sh", ["-c", GREETING_PRINTF], queue=queue, cwd=str(tmp_path))
+                ours.append(client.job(greeting).get("nativeId"))
+                await client.wait_job_state(greeting, "COMPLETED", 60)
+                assert client.job_output(greeting) == GREETING + "\n"
+                assert GREETING_ESCAPED in wire.text()
+
+                # a partition without a node limit: SLURM's "no value" is no number, the key is left out
+                debug = client.queue("debug")
+                assert "maxNodes" not in debug.attributes
+                assert all(not v.isdigit() or int(v) <= JAVA_INT_MAX
+                           for e in client.state.elements.values() for v in e.attributes.values() if isinstance(v, str))
+
+                await two_launches_while_stopped(client, queue, cwd=str(tmp_path))
+                ours.extend(j.get("nativeId") for j in client.jobs.values()
+                            if j.sub_id and j.get("userId") != "nobody")
+                await client.quit()
+        check_default_dialect(wire, client)
+    finally:
+        for native in filter(None, [other_id, *ours]):
+            _slurm("scancel", native)
