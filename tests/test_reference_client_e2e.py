@@ -362,9 +362,11 @@ async def test_init_takes_unknown_attributes_and_refuses_an_unknown_dialect():
 
 
 async def test_launched_as_the_ide_launches_it():
-    """``--proxy=tcp --host=H --port=P`` connects back; the session then runs as any other."""
+    """The IDE's command line: ``--proxy=tcp --host=H --port=P``, ``--debug=N`` when its proxy
+    debugging is on, then the options the user configured.  The agent connects back to H:P
+    (``localhost`` when the IDE forwards the port) and the session runs as any other."""
     async with await listen_for_agent("127.0.0.1", 0) as listener:
-        argv = agent_argv(f"--proxy=tcp", "--host=localhost", f"--port={listener.port}", *LOCAL)
+        argv = agent_argv("--proxy=tcp", "--host=localhost", f"--port={listener.port}", "--debug=1", *LOCAL)
         process = await AgentProcess.start(argv, env=subprocess_env(), stdio=False)
         client = await listener.accept(process=process, timeout=15, reference=True)
         async with client:
