@@ -378,6 +378,34 @@ async def test_launched_as_the_ide_launches_it():
     check_default_dialect(wire, client)
 
 
+async def test_long_lines_and_output_held_while_events_are_stopped():
+    """A line over 64 KiB arrives in pieces of at most 64 KiB; output written while events are
+    stopped is kept up to its bound, and the lines given up are counted exactly."""
+    async with await open_ide_session(*LOCAL) as client:
+        wire = await ide_handshake(client)
+        long = await client.submit("/bin/sh", ["-c", "head -c 100000 /dev/zero | tr '\\0' x; echo; echo end"])
+        await client.wait_job_state(long, "COMPLETED", 10)
+        assert [len(line) for line in client.job_output(long).splitlines()] == [65536, 34464, 3]
+
+        await client.stop_events()
+        total = 300_000  # about 2 MB of lines: more than is kept for a process
+        sub = await client.submit_nowait("seq", [str(total)])
+        await trio.sleep(2.0)
+        await client.start_events()
+        job = await client.wait_for(lambda: client.find_job(sub), 10)
+        # The job ended while events were stopped: its NEW_JOB already says COMPLETED, and
+        # its output follows in the same burst.
+        await client.wait_for(lambda: client.job_output(job).endswith(f"\n{total}\n"), 20)
+        kept = client.job_output(job).splitlines()
+        (note,) = client.job_output(job, "stderr").splitlines()
+        dropped = int(note.split()[1])
+        assert note == f"[proxy-agent: {dropped} earlier lines of output were dropped (events were stopped)]"
+        assert dropped > 0 and dropped + len(kept) == total
+        assert kept == [str(n) for n in range(dropped + 1, total + 1)]  # the newest, in order
+        await client.quit()
+    check_default_dialect(wire, client)
+
+
 # --------------------------------------------------------------------------- simulated
 
 
