@@ -24,7 +24,7 @@ import trio
 
 from agent_fixtures import agent_argv, subprocess_env
 
-from proxy_agent.client import AgentClient, AgentProcess, listen_for_agent
+from proxy_agent.client import AgentClient, AgentProcess, CommandFailed, listen_for_agent
 from proxy_agent.client.state import Traffic
 from proxy_agent.protocol.attributes import AttrType
 from proxy_agent.protocol.messages import (
@@ -36,7 +36,6 @@ from proxy_agent.protocol.messages import (
     ErrorCode,
     Event,
     NewElements,
-    Ok,
     ProcessChange,
     RemoveElements,
     RemoveProcesses,
@@ -144,12 +143,20 @@ def check_default_dialect(wire: Wire, client: AgentClient) -> None:
                 continue  # process ids are ranks: checked below
             for ids in id_sets:
                 assert isinstance(ids, RangeSet) and ids.last <= JAVA_INT_MAX, f"an id beyond a Java int in {event}"
-    check_ranks(wire, client)
+    check_ranks(wire)
 
 
-def check_ranks(wire: Wire, client: AgentClient) -> None:
-    """Process events carry the job id, then ranks 0 .. jobNumProcs - 1 of that job."""
+def check_ranks(wire: Wire) -> None:
+    """Process events carry the job id, then ranks 0 .. jobNumProcs - 1 of that job, the count
+    being the one the job's own events gave before."""
+    procs: Dict[str, int] = {}
     for event in wire.events:
+        if isinstance(event, (NewElements, ElementChange)) and event.kind == ElementKind.JOB:
+            for group in event.groups:
+                count = dict(group.attributes).get("jobNumProcs")
+                if count is not None:
+                    procs.update((str(job), int(count)) for job in group.ids)
+            continue
         if isinstance(event, NewElements) and event.kind == ElementKind.PROCESS:
             job, id_sets = event.parent_id, [g.ids for g in event.groups]
         elif isinstance(event, ProcessChange):
@@ -158,19 +165,20 @@ def check_ranks(wire: Wire, client: AgentClient) -> None:
             job, id_sets = event.job_id, [event.ids]
         else:
             continue
-        procs = int(client.job(job).get("jobNumProcs"))
+        assert job in procs, f"{type(event).__name__} for job {job}, whose process count was not sent"
         for ids in id_sets:
-            assert isinstance(ids, RangeSet) and ids.first >= 0 and ids.last < procs, (
-                f"{type(event).__name__} names processes {ids} of job {job} with {procs} processes"
+            assert isinstance(ids, RangeSet) and ids.first >= 0 and ids.last < procs[job], (
+                f"{type(event).__name__} names processes {ids} of job {job} with {procs[job]} processes"
             )
 
 
-async def open_ide_session(*agent_args: str, base_id: int = IDE_BASE):
-    client = await AgentClient.spawn(agent_argv(*agent_args), env=subprocess_env(), reference=True)
-    return client
+async def open_ide_session(*agent_args: str) -> AgentClient:
+    """The real agent over stdio, driven by a reference-mode client."""
+    return await AgentClient.spawn(agent_argv(*agent_args), env=subprocess_env(), reference=True)
 
 
 async def ide_handshake(client: AgentClient, base_id: int = IDE_BASE) -> Wire:
+    """INIT as the IDE sends it (no dialect, its extra attributes), MODEL_DEF, START_EVENTS."""
     wire = Wire(client)
     await client.init(base_id=base_id, extra=IDE_EXTRA)
     await client.model_def()
@@ -245,6 +253,12 @@ async def test_ide_session_on_the_local_scheduler(tmp_path):
         await client.wait_job_state(named, "COMPLETED", 30)
         assert client.job(named).name == "r\u00e9sum\u00e9"
         assert "name=r\\xe9sum\\xe9" in wire.text()
+
+        # an error message that names something beyond ASCII
+        with pytest.raises(CommandFailed) as refused:
+            await client.submit(str(tmp_path / "\u30b8\u30e7\u30d6"), queue=queue)
+        assert "\u30b8\u30e7\u30d6" in refused.value.message
+        assert "\\u30b8\\u30e7\\u30d6" in wire.text()
 
         # four processes: ranks 0-3 under the job, changes by rank
         four = await client.submit("/bin/sh", ["-c", 'echo "rank $PROXY_AGENT_PROCESS_INDEX"'], count=4, queue=queue)
@@ -358,7 +372,6 @@ async def test_init_takes_unknown_attributes_and_refuses_an_unknown_dialect():
         assert int(job) <= JAVA_INT_MAX and client.job_output(job) == "high ids\nhigh ids\n"
         await client.quit()
     check_default_dialect(wire, client)
-    assert isinstance(refused.completion, Error)
 
 
 async def test_launched_as_the_ide_launches_it():
@@ -472,6 +485,9 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
                     lambda: next((j for j in client.jobs.values() if j.get("nativeId") == other_id), None), 20,
                     description="the other user's job")
                 assert theirs.name == other_name and theirs.get("userId") == "nobody"
+                # while it waits SLURM lists its task count as "no value" (4294967294): the job
+                # still has a count its process 0 is within
+                assert theirs.get("jobNumProcs") == "1"
                 assert "name=\\u30b8\\u30e7\\u30d6-ide-" in wire.text()
 
                 queue = first_queue(client, "debug")
@@ -488,6 +504,7 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
                 # a partition without a node limit: SLURM's "no value" is no number, the key is left out
                 debug = client.queue("debug")
                 assert "maxNodes" not in debug.attributes
+                assert "=4294967294" not in wire.text() and "=4294967295" not in wire.text()
                 assert all(not v.isdigit() or int(v) <= JAVA_INT_MAX
                            for e in client.state.elements.values() for v in e.attributes.values() if isinstance(v, str))
 
