@@ -206,11 +206,16 @@ async def launch_with_arguments(client: AgentClient, wire: Wire, queue: str, **k
     return job
 
 
-async def two_launches_while_stopped(client: AgentClient, queue: str, **kwargs) -> None:
-    """STOP_EVENTS is answered at once; both launches are answered while events are stopped, and
-    their jobs come with everything held once events start again."""
+async def two_launches_while_stopped(client: AgentClient, wire: Wire, queue: str, **kwargs) -> None:
+    """STOP_EVENTS is answered at once (OK for START_EVENTS, then right behind it OK for
+    STOP_EVENTS); both launches are answered while events are stopped, and their jobs come with
+    everything held once events start again."""
+    start = client.state.open_command(CommandId.START_EVENTS)
     stop = await client.stop_events()
     assert stop.ok and client.state.open_command(CommandId.STOP_EVENTS) is None
+    answers = [(f.msg_id, f.tid) for f in wire.frames]
+    at = answers.index((0, start.tid))
+    assert answers[at + 1] == (0, stop.tid)
     with trio.fail_after(30):
         subs = [await client.submit_nowait("/bin/echo", [f"held {n}"], queue=queue, **kwargs) for n in range(2)]
     assert all(client.find_job(sub) is None for sub in subs)
@@ -269,7 +274,7 @@ async def test_ide_session_on_the_local_scheduler(tmp_path):
         assert changed == {0, 1, 2, 3}
         assert sorted(client.job_output(four).splitlines()) == [f"rank {r}" for r in range(4)]
 
-        await two_launches_while_stopped(client, queue)
+        await two_launches_while_stopped(client, wire, queue)
         await client.quit()
     check_default_dialect(wire, client)
 
@@ -508,7 +513,7 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
                 assert all(not v.isdigit() or int(v) <= JAVA_INT_MAX
                            for e in client.state.elements.values() for v in e.attributes.values() if isinstance(v, str))
 
-                await two_launches_while_stopped(client, queue, cwd=str(tmp_path))
+                await two_launches_while_stopped(client, wire, queue, cwd=str(tmp_path))
                 ours.extend(j.get("nativeId") for j in client.jobs.values()
                             if j.sub_id and j.get("userId") != "nobody")
                 await client.quit()
