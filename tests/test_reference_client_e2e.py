@@ -482,7 +482,7 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
     other_id = other.stdout.strip().split(";")[0]
     ours: List[str] = []
     try:
-        with trio.fail_after(120):
+        with trio.fail_after(240):  # SLURM's queue may hold others' jobs before ours
             async with await open_ide_session("--scheduler", "slurm", "--slurm-poll-interval", "1",
                                               "--all-users") as client:
                 wire = await ide_handshake(client)
@@ -496,12 +496,13 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
                 assert "name=\\u30b8\\u30e7\\u30d6-ide-" in wire.text()
 
                 queue = first_queue(client, "debug")
+                # two jobs at once (the cluster may be busy): output beyond ASCII, and a launch with arguments
+                greeting = await client.submit("/bin/sh", ["-c", GREETING_PRINTF], queue=queue, cwd=str(tmp_path))
+                ours.append(client.job(greeting).get("nativeId"))
                 job = await launch_with_arguments(client, wire, queue, cwd=str(tmp_path))
                 ours.append(client.job(job).get("nativeId"))
                 assert client.job_output(job) == "a b c hi there\n"  # there when COMPLETED came
 
-                greeting = await client.submit("/bin/sh", ["-c", GREETING_PRINTF], queue=queue, cwd=str(tmp_path))
-                ours.append(client.job(greeting).get("nativeId"))
                 await client.wait_job_state(greeting, "COMPLETED", 60)
                 assert client.job_output(greeting) == GREETING + "\n"
                 assert GREETING_ESCAPED in wire.text()
