@@ -475,6 +475,7 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
     delivered before the final state, no "no value" marker in an INTEGER, two launches while
     events are stopped."""
     other_name = f"\u30b8\u30e7\u30d6-ide-{os.getpid()}"
+    ours_name = f"pa-h9-ide-{os.getpid()}"
     other = _slurm("sbatch", "--parsable", "--uid=nobody", "--gid=nogroup", "-J", other_name, "-p", "long",
                    "-D", "/tmp", "-o", "/dev/null", "-e", "/dev/null", "--wrap", "sleep 60")
     if other.returncode != 0:
@@ -497,9 +498,10 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
 
                 queue = first_queue(client, "debug")
                 # two jobs at once (the cluster may be busy): output beyond ASCII, and a launch with arguments
-                greeting = await client.submit("/bin/sh", ["-c", GREETING_PRINTF], queue=queue, cwd=str(tmp_path))
+                greeting = await client.submit("/bin/sh", ["-c", GREETING_PRINTF], queue=queue, cwd=str(tmp_path),
+                                               jobName=ours_name)
                 ours.append(client.job(greeting).get("nativeId"))
-                job = await launch_with_arguments(client, wire, queue, cwd=str(tmp_path))
+                job = await launch_with_arguments(client, wire, queue, cwd=str(tmp_path), jobName=ours_name)
                 ours.append(client.job(job).get("nativeId"))
                 assert client.job_output(job) == "a b c hi there\n"  # there when COMPLETED came
 
@@ -514,7 +516,7 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
                 assert all(not v.isdigit() or int(v) <= JAVA_INT_MAX
                            for e in client.state.elements.values() for v in e.attributes.values() if isinstance(v, str))
 
-                await two_launches_while_stopped(client, wire, queue, cwd=str(tmp_path))
+                await two_launches_while_stopped(client, wire, queue, cwd=str(tmp_path), jobName=ours_name)
                 ours.extend(j.get("nativeId") for j in client.jobs.values()
                             if j.sub_id and j.get("userId") != "nobody")
                 await client.quit()
