@@ -393,6 +393,7 @@ async def test_launched_as_the_ide_launches_it():
             assert client.job_output(job) == "a b c hi there\n"
             await client.quit()
         assert process.returncode == 0
+        assert "connected to localhost" in process.stderr_tail(200)  # --debug=1 logs as -v
     check_default_dialect(wire, client)
 
 
