@@ -343,6 +343,36 @@ async def test_tid_reuse_is_refused_and_a_late_answer_never_reaches_the_wire():
     check_default_dialect(wire, client)
 
 
+def lower_hex_frame(command_id: int, tid: int, args) -> bytes:
+    """A command framed as the IDE writes it: hex digits in lower case."""
+    body = f" {command_id:04x}:{tid:08x}:{len(args):08x}".encode()
+    for arg in args:
+        data = arg.encode()
+        body += f" {len(data):08x}:".encode() + data
+    return f"{len(body):08x}".encode() + body
+
+
+async def test_the_ides_handshake_on_tid_0_in_lower_case_hex():
+    """The IDE sends INIT, MODEL_DEF and the first START_EVENTS all on TID 0 (each after the
+    previous one completed), its hex digits in lower case; then a launch on a TID of its own."""
+    async with await open_ide_session(*LOCAL) as client:
+        wire = Wire(client)
+        for command_id, args in ((CommandId.INIT, ["version=2.0", f"baseId={IDE_BASE}", *IDE_EXTRA]),
+                                 (CommandId.MODEL_DEF, []), (CommandId.START_EVENTS, [])):
+            command, _ = client.state.send(command_id, args, tid=0)
+            await client.stream.send_all(lower_hex_frame(int(command_id), 0, args))
+            if command_id is CommandId.START_EVENTS:
+                await client.wait_for(lambda: client.nodes and client.queues, 10)
+            else:
+                await client.wait_for(lambda: command.done, 10)
+                assert command.ok
+        assert client.events_started and client.state.open_command(CommandId.START_EVENTS).tid == 0
+        job = await launch_with_arguments(client, wire, first_queue(client))
+        assert client.job_output(job) == "a b c hi there\n"
+        await client.quit()
+    check_default_dialect(wire, client)
+
+
 async def test_commands_that_name_no_job_properly_are_refused():
     async with await open_ide_session(*LOCAL) as client:
         wire = await ide_handshake(client)
