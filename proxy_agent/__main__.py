@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument("--host", help="with --proxy=tcp: the host to connect back to")
     where.add_argument("--port", help="with --proxy=tcp: the port to connect back to")
+    where.add_argument("--debug", type=int, default=0, metavar="LEVEL",
+                       help="what the IDE adds when its proxy debugging is on: 1 logs as -v, 2 or more as -vv")
     parser.add_argument(
         "--scheduler", default="local", metavar="NAME[,NAME...]",
         help=f"backends to run, comma-separated; each is one machine with its own queues "
@@ -107,7 +109,8 @@ def _scheduler_names(text: str) -> List[str]:
 
 
 def _setup_logging(args: argparse.Namespace) -> None:
-    level = logging.WARNING if args.verbose == 0 else logging.INFO if args.verbose == 1 else logging.DEBUG
+    verbose = max(args.verbose, args.debug)
+    level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
     handler: logging.Handler
     if args.log_file:
         try:

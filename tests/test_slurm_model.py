@@ -158,6 +158,10 @@ def test_job_and_process_attributes():
     assert killed[K.EXIT_CODE] == "137" and killed[K.SIGNAL] == "SIGKILL"
     running = job_attributes(job("7", "RUNNING"))
     assert running[K.STATE] == "RUNNING" and running[K.EXIT_CODE] == ""
+    # no task count from SLURM (pending without --ntasks): process 0 still has a count to be in
+    assert job_attributes(job("8", "PENDING", num_tasks=None, nodes=""))[K.NUM_PROCS] == "1"
+    assert job_attributes(job("8", "CANCELLED", num_tasks=4294967294, nodes=""))[K.NUM_PROCS] == "1"
+    assert job_attributes(job("9", "RUNNING", num_tasks=4))[K.NUM_PROCS] == "4"
     pending = job_attributes(job("8", "PENDING", nodes="", reason="Priority"))
     assert pending[K.STATE] == "QUEUING" and pending[K.NATIVE_STATE] == "PENDING"
     assert job_attributes(job("9", "SUSPENDED"))[K.STATE] == "SUSPENDED"

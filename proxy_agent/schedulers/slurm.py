@@ -253,6 +253,17 @@ def _text(n: Optional[int]) -> str:
     return "" if n is None else str(n)
 
 
+#: SLURM's "no value" marker for a 32-bit count (and "infinite" above it).
+_NO_VALUE = 0xFFFFFFFE
+
+
+def _task_count(n: Optional[int]) -> str:
+    """A job's process count.  The job always has its process 0, so there always is one: 1
+    while SLURM has none (a pending job without --ntasks lists N/A or its "no value" marker
+    4294967294), so that rank 0 is within it."""
+    return str(n) if n and 0 < n < _NO_VALUE else "1"
+
+
 def _seconds(duration: str) -> str:
     """SLURM duration text as seconds (``""`` for none or unlimited)."""
     if not duration:
@@ -306,7 +317,7 @@ def job_attributes(job: SlurmJob) -> Dict[str, str]:
         K.HOSTS: job.nodes,
         K.NUM_NODES: _text(job.num_nodes),
         K.NUM_CPUS: _text(job.num_cpus),
-        K.NUM_PROCS: _text(job.num_tasks),
+        K.NUM_PROCS: _task_count(job.num_tasks),
         K.TIME_LIMIT: _seconds(job.time_limit),
         K.WORKING_DIR: job.work_dir,
         K.EXIT_CODE: "",

@@ -438,10 +438,13 @@ class ModelView(ChangeSink):
         if reading == self.holds_back:
             return
         self.holds_back = reading
-        self._not_reading = "" if reading else why
         if not reading:
+            self._not_reading = why
             self._trim_all()
             self.model.room_made()
+        elif not self._output_dropped:
+            # Otherwise the reason stays until the note about the dropped lines is sent.
+            self._not_reading = ""
 
     # ------------------------------------------------------------------ ids
 
@@ -465,6 +468,7 @@ class ModelView(ChangeSink):
                 self._hold_output(process, stream, text, offset)
             for process, count in backlog.dropped.items():
                 self._output_dropped[process] = self._output_dropped.get(process, 0) + count
+                self._not_reading = self._not_reading or "no client had events started"
         return plan
 
     def subscribe(self) -> Iterator[List[WireEvent]]:
@@ -766,6 +770,9 @@ class ModelView(ChangeSink):
             self._held_offsets = {}
         dropped = self._output_dropped
         self._output_dropped = {}
+        why = self._not_reading or "the client was not reading"
+        if self.holds_back:
+            self._not_reading = ""
         elements = self.model._elements
         escape = self.rules.text
         base = self.base
@@ -776,7 +783,6 @@ class ModelView(ChangeSink):
             job = str(base + element.parent)
             rank = str(element.rank)
             if process in dropped:
-                why = self._not_reading or "the client was not reading"
                 note = f"[proxy-agent: {dropped[process]} earlier lines of output were dropped ({why})]"
                 blocks.appendleft(("processStderr", note))
             for key, text in _joined(blocks):
