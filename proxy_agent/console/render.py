@@ -234,7 +234,8 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                     lines.append(f"process {label} killed by {visible(attrs['processSignalName'][0])}")
                 else:
                     rest = _attrs_text(attrs, ("processState",) + tuple(_QUIET_KEYS))
-                    shown = _carried(attrs, "processState") or process.state or ""
+                    # only the state the event carried: the mirror may already be further on
+                    shown = _carried(attrs, "processState") or ""
                     text = f"process {label} {visible(shown)}".rstrip()
                     lines.append(f"{text} {rest}".rstrip())
         return lines
