@@ -1,0 +1,205 @@
+"""Co-allocated multi-part jobs end to end: the agent as a subprocess, spoken to over the PTP
+protocol by the Python client, its parts run by the local scheduler (and SLURM, where marked),
+their processes real Python programs that use ``proxy_agent.runtime``."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+
+import pytest
+import trio
+
+from agent_fixtures import agent_argv, subprocess_env
+from proxy_agent.client import AgentClient
+from proxy_agent.client.errors import CommandFailed
+from proxy_agent.protocol.messages import CommandId
+
+pytestmark = pytest.mark.trio
+
+#: Every process: wait at the barrier, register "INDEX:RANK@host:port" (a listener of its
+#: own), rank 0 lets the agent pass the part's data up, read everyone's data from the job's
+#: rendezvous, connect to every other process and say so.
+MESH = textwrap.dedent(
+    """
+    import os, socket, sys, threading
+    from proxy_agent import runtime
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    heard = []
+    def accept():
+        while True:
+            conn, _ = listener.accept()
+            heard.append(conn.recv(64))
+            conn.close()
+    threading.Thread(target=accept, daemon=True).start()
+    passed = runtime.barrier(timeout=60)
+    me = "%d:%d@127.0.0.1:%d" % (passed.part_index, runtime.rank(), listener.getsockname()[1])
+    runtime.register(me.encode(), timeout=60)
+    if runtime.rank() == 0:
+        runtime.forward(timeout=60)
+    everyone = [item.decode() for item in runtime.rendezvous_items(level=2, timeout=60)]
+    connected = 0
+    for peer in everyone:
+        if peer == me:
+            continue
+        host, port = peer.split("@")[1].split(":")
+        with socket.create_connection((host, int(port)), timeout=10) as conn:
+            conn.sendall(me.encode())
+        connected += 1
+    print("SEEN", me, "|".join(sorted(everyone)), "connected", connected, flush=True)
+    """
+)
+
+#: Waits at the barrier, then prints its part index and rank.
+WAITER = textwrap.dedent(
+    """
+    from proxy_agent import runtime
+    passed = runtime.barrier(timeout=120)
+    print("PASSED", passed.part_index, passed.parts, runtime.rank(), flush=True)
+    """
+)
+
+
+async def _start(client: AgentClient) -> None:
+    await client.reply(await client.send_command(CommandId.INIT, ["version=2.0", "baseId=1000"]), 30)
+    await client.model_def()
+    await client.start_events()
+
+
+def _script(tmp_path, name: str, text: str) -> str:
+    path = tmp_path / name
+    path.write_text(text)
+    return str(path)
+
+
+def _part(script: str, count: int = 1, **more) -> dict:
+    return {"queue": "local:default", "count": count, "executable": sys.executable, "arguments": [script], **more}
+
+
+async def _state(client: AgentClient, job_id: str, status: str, timeout: float = 30):
+    return await client.wait_for(lambda: client.job(job_id).get("jobStatus") == status, timeout,
+                                 description=f"job {job_id} to be {status} (now {client.job(job_id).get('jobStatus')})")
+
+
+async def _parts(client: AgentClient, job_id: str, count: int):
+    await client.wait_for(lambda: len(client.parts_of(job_id)) == count, 15, description=f"{count} parts")
+    return client.parts_of(job_id)
+
+
+async def test_two_local_parts_pass_the_barrier_and_find_each_other_through_the_rendezvous(tmp_path):
+    mesh = _script(tmp_path, "mesh.py", MESH)
+    description = json.dumps({"name": "mesh", "parts": [_part(mesh, 2, label="a"), _part(mesh, 1, label="b")]})
+    with trio.fail_after(60):
+        async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
+            await _start(client)
+            job_id = await client.cosubmit(description)
+            job = client.job(job_id)
+            assert job.get("coallocId", "").startswith("mj-")
+            parts = await _parts(client, job_id, 2)
+            # each part is a job of the local scheduler, linked to the multi-part job
+            for index, part in enumerate(parts):
+                assert client.element(part.get("queueId")).name == "default"
+                assert part.get("coallocPart") == str(index)
+            await _state(client, job_id, "FINISHED")
+            assert "RUNNING" in job.states, job.states  # the barrier was released before the end
+            lines = [line for part in parts for line in client.job_output(part).splitlines() if line.startswith("SEEN")]
+            assert len(lines) == 3, [client.job_output(p) for p in parts]
+            views = {line.split()[2] for line in lines}
+            assert len(views) == 1  # every process saw the same three registrations
+            everyone = views.pop().split("|")
+            assert sorted(item.split("@")[0] for item in everyone) == ["0:0", "0:1", "1:0"]
+            assert all(line.endswith("connected 2") for line in lines), lines
+            for part in parts:
+                assert part.get("jobStatus") == "FINISHED"
+
+
+async def test_a_failing_part_cancels_the_others_and_the_job_fails(tmp_path):
+    waiter = _script(tmp_path, "waiter.py", WAITER)
+    description = json.dumps({"parts": [_part(waiter, 2, label="waits"),
+                                         {"queue": "local:default", "executable": "/bin/false", "label": "fails"}]})
+    with trio.fail_after(60):
+        async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
+            await _start(client)
+            job_id = await client.cosubmit(description)
+            await _state(client, job_id, "FAILED", 15)
+            job = client.job(job_id)
+            assert "part 1 ('fails')" in job.get("jobStatusMessage", ""), job.attributes
+            assert "before the start barrier was released" in job.get("jobStatusMessage", "")
+            parts = await _parts(client, job_id, 2)
+            # the waiting part is cancelled in its scheduler within seconds; no process passed
+            await client.wait_for(lambda: parts[0].get("jobState") == "COMPLETED", 10,
+                                  description="the waiting part to be cancelled")
+            assert parts[0].get("jobStatus") == "KILLED"
+            assert "PASSED" not in client.job_output(parts[0])
+
+
+async def test_a_part_that_cannot_be_submitted_fails_the_job_and_bad_descriptions_are_refused(tmp_path):
+    waiter = _script(tmp_path, "waiter.py", WAITER)
+    description = json.dumps({"parts": [_part(waiter, 1), {"queue": "local:nosuchqueue", "executable": "/bin/true"}]})
+    with trio.fail_after(60):
+        async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
+            await _start(client)
+            job_id = await client.cosubmit(description)
+            await _state(client, job_id, "FAILED", 15)
+            message = client.job(job_id).get("jobStatusMessage", "")
+            assert "part 1 could not be submitted" in message and "nosuchqueue" in message, message
+            parts = await _parts(client, job_id, 1)
+            await client.wait_for(lambda: parts[0].get("jobStatus") == "KILLED", 10, description="part 0 cancelled")
+            # a malformed description is refused with the part and the field; the agent serves on
+            with pytest.raises(CommandFailed) as refused:
+                await client.cosubmit('{"parts": [{"executable": "/bin/true", "count": "lots", "label": "x"}]}')
+            assert "part 0 ('x')" in str(refused.value) and "count" in str(refused.value)
+            with pytest.raises(CommandFailed) as refused:
+                await client.cosubmit("+( &(executable=/bin/true)(subjobStartType=sometimes) )")
+            assert "part 0" in str(refused.value) and "start" in str(refused.value).lower()
+            assert (await client.submit("/bin/true"))  # still serving
+
+
+async def test_cancelling_the_multi_part_job_cancels_every_part(tmp_path):
+    waiter = _script(tmp_path, "waiter.py", WAITER)
+    description = json.dumps({"barrier_release": "explicit",
+                              "parts": [_part(waiter, 2), _part(waiter, 1)]})
+    with trio.fail_after(60):
+        async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
+            await _start(client)
+            job_id = await client.cosubmit(description)
+            parts = await _parts(client, job_id, 2)
+            await client.wait_for(lambda: all(p.get("jobStatus") == "RUNNING" for p in parts), 15,
+                                  description="both parts running")
+            assert client.job(job_id).get("jobStatus") == "PREPARING"
+            await client.terminate(job_id)
+            await _state(client, job_id, "KILLED", 10)
+            await client.wait_for(lambda: all(p.get("jobStatus") == "KILLED" for p in parts), 10,
+                                  description="every part cancelled")
+            assert not any("PASSED" in client.job_output(p) for p in parts)
+
+
+async def test_parts_are_added_and_deleted_until_the_release_and_not_after(tmp_path):
+    waiter = _script(tmp_path, "waiter.py", WAITER)
+    description = json.dumps({"barrier_release": "explicit",
+                              "parts": [_part(waiter, 1, label="first"), _part(waiter, 1, label="second")]})
+    with trio.fail_after(60):
+        async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
+            await _start(client)
+            job_id = await client.cosubmit(description)
+            first, second = await _parts(client, job_id, 2)
+            added = await client.add_part(job_id, json.dumps(_part(waiter, 2, label="third")))
+            assert client.job(added).get("coallocJob") == job_id
+            assert client.job(added).get("coallocPart") == "2"
+            await client.delete_part(second)
+            await client.wait_for(lambda: second.get("jobStatus") == "KILLED", 10, description="second cancelled")
+            await client.wait_for(lambda: client.job(job_id).get("coallocParts") == "2", 10,
+                                  description="the job to have two parts")
+            await client.release_barrier(job_id, wait_for_parts=True)
+            await _state(client, job_id, "FINISHED", 20)
+            # the parts left are indexes 0 and 1 of two; every process passed
+            assert client.job_output(first).split() == ["PASSED", "0", "2", "0"]
+            assert sorted(client.job_output(added).splitlines()) == ["PASSED 1 2 0", "PASSED 1 2 1"]
+            assert "PASSED" not in client.job_output(second)
+            # after the release the parts are fixed
+            with pytest.raises(CommandFailed) as refused:
+                await client.add_part(job_id, json.dumps(_part(waiter, 1)))
+            assert "released" in str(refused.value) or "ended" in str(refused.value)
