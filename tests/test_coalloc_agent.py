@@ -5,18 +5,17 @@ their processes real Python programs that use ``proxy_agent.runtime``."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import textwrap
 
 import pytest
 import trio
 
-from agent_fixtures import agent_argv, subprocess_env
+from agent_fixtures import agent_argv, console_argv, subprocess_env
 from proxy_agent.client import AgentClient
 from proxy_agent.client.errors import CommandFailed
 from proxy_agent.protocol.messages import CommandId
-
-pytestmark = pytest.mark.trio
 
 #: Every process: wait at the barrier, register "INDEX:RANK@host:port" (a listener of its
 #: own), rank 0 lets the agent pass the part's data up, read everyone's data from the job's
@@ -89,6 +88,7 @@ async def _parts(client: AgentClient, job_id: str, count: int):
     return client.parts_of(job_id)
 
 
+@pytest.mark.trio
 async def test_two_local_parts_pass_the_barrier_and_find_each_other_through_the_rendezvous(tmp_path):
     mesh = _script(tmp_path, "mesh.py", MESH)
     description = json.dumps({"name": "mesh", "parts": [_part(mesh, 2, label="a"), _part(mesh, 1, label="b")]})
@@ -116,6 +116,7 @@ async def test_two_local_parts_pass_the_barrier_and_find_each_other_through_the_
                 assert part.get("jobStatus") == "FINISHED"
 
 
+@pytest.mark.trio
 async def test_a_failing_part_cancels_the_others_and_the_job_fails(tmp_path):
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"parts": [_part(waiter, 2, label="waits"),
@@ -136,6 +137,7 @@ async def test_a_failing_part_cancels_the_others_and_the_job_fails(tmp_path):
             assert "PASSED" not in client.job_output(parts[0])
 
 
+@pytest.mark.trio
 async def test_a_part_that_cannot_be_submitted_fails_the_job_and_bad_descriptions_are_refused(tmp_path):
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"parts": [_part(waiter, 1), {"queue": "local:nosuchqueue", "executable": "/bin/true"}]})
@@ -158,6 +160,7 @@ async def test_a_part_that_cannot_be_submitted_fails_the_job_and_bad_description
             assert (await client.submit("/bin/true"))  # still serving
 
 
+@pytest.mark.trio
 async def test_cancelling_the_multi_part_job_cancels_every_part(tmp_path):
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"barrier_release": "explicit",
@@ -177,6 +180,7 @@ async def test_cancelling_the_multi_part_job_cancels_every_part(tmp_path):
             assert not any("PASSED" in client.job_output(p) for p in parts)
 
 
+@pytest.mark.trio
 async def test_parts_are_added_and_deleted_until_the_release_and_not_after(tmp_path):
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"barrier_release": "explicit",
@@ -203,3 +207,50 @@ async def test_parts_are_added_and_deleted_until_the_release_and_not_after(tmp_p
             with pytest.raises(CommandFailed) as refused:
                 await client.add_part(job_id, json.dumps(_part(waiter, 1)))
             assert "released" in str(refused.value) or "ended" in str(refused.value)
+
+
+# --------------------------------------------------------------------------- the console
+
+
+def _console(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(console_argv(*args), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90,
+                          env=subprocess_env())
+
+
+def test_console_cosubmit_runs_a_multi_request_job_and_shows_its_parts_output(tmp_path):
+    waiter = _script(tmp_path, "waiter.py", WAITER)
+    path = tmp_path / "job.rsl"
+    path.write_text(textwrap.dedent(f"""\
+        &(name = pair)
+         ( +( &(resourceManagerContact = "local:default")(count = 2)
+               (executable = "{sys.executable}")(arguments = "{waiter}")(label = left) )
+            ( &(resourceManagerContact = "local:default")
+               (executable = "{sys.executable}")(arguments = "{waiter}")(label = right) ) )
+        """))
+    run = _console("-c", f"quiet on; cosubmit {path}")
+    assert run.returncode == 0, run.stdout + run.stderr
+    out = run.stdout
+    assert "submitted multi-part job" in out
+    assert sorted(line.split("] ", 1)[1] for line in out.splitlines() if "PASSED" in line) == [
+        "PASSED 0 2 0", "PASSED 0 2 1", "PASSED 1 2 0"]
+    assert "part 0: job" in out and "pair.left" in out and "FINISHED" in out
+
+
+def test_console_cosubmit_fails_with_the_reason_and_release_opens_an_explicit_barrier(tmp_path):
+    waiter = _script(tmp_path, "waiter.py", WAITER)
+    failing = tmp_path / "failing.json"
+    failing.write_text(json.dumps({"parts": [_part(waiter, 1), {"queue": "local:default", "executable": "/bin/false",
+                                                                "label": "bad"}]}))
+    run = _console("-c", f"quiet on; cosubmit {failing}")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "FAILED: process 0 of part 1 ('bad') failed before the start barrier was released" in run.stderr
+    assert "PASSED" not in run.stdout
+
+    explicit = tmp_path / "explicit.json"
+    explicit.write_text(json.dumps({"barrier_release": "explicit", "parts": [_part(waiter, 1), _part(waiter, 1)]}))
+    run = _console("-c", f"quiet on; cosubmit --no-wait {explicit}; sleep 1; show .; release .; wait . FINISHED")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "jobStatus" in run.stdout and "PREPARING" in run.stdout  # held at the barrier until released
+
+    run = _console("-c", f"cosubmit {tmp_path / 'missing.json'}")
+    assert run.returncode == 1 and "cannot read" in run.stderr
