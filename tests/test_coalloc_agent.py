@@ -173,6 +173,17 @@ async def test_cancelling_the_multi_part_job_cancels_every_part(tmp_path):
             await client.wait_for(lambda: all(p.get("jobStatus") == "RUNNING" for p in parts), 15,
                                   description="both parts running")
             assert client.job(job_id).get("jobStatus") == "PREPARING"
+            # bad changes are refused clearly, and change nothing
+            with pytest.raises(CommandFailed) as refused:
+                await client.change_job(job_id, coallocRelease="sometime")
+            assert "now or wait" in str(refused.value)
+            with pytest.raises(CommandFailed) as refused:
+                await client.change_job(job_id, hold="true")
+            assert "cannot be held" in str(refused.value)
+            with pytest.raises(CommandFailed) as refused:
+                await client.add_part(parts[0], json.dumps(_part(waiter)))
+            assert "name the multi-part job" in str(refused.value)
+            assert client.job(job_id).get("jobStatus") == "PREPARING"
             await client.terminate(job_id)
             await _state(client, job_id, "KILLED", 10)
             await client.wait_for(lambda: all(p.get("jobStatus") == "KILLED" for p in parts), 10,
