@@ -495,11 +495,18 @@ class CoallocManager:
             pending, self._pending = self._pending, set()
             touched: Dict[int, _Record] = {}
             for key in pending:
-                record = self._examine(key)
+                try:
+                    record = self._examine(key)
+                except Exception:  # noqa: BLE001 - one job's trouble must not stop the others
+                    log.exception("multi-part jobs: following job %s failed", key)
+                    continue
                 if record is not None:
                     touched[record.key] = record
             for record in touched.values():
-                self._settle(record)
+                try:
+                    self._settle(record)
+                except Exception:  # noqa: BLE001
+                    log.exception("multi-part job %s: settling failed", record.key)
 
     def _examine(self, key: int) -> Optional[_Record]:
         """Tell the state machine what has ended of the part whose job is ``key``."""
@@ -583,10 +590,17 @@ class CoallocManager:
             try:
                 await self.service._job_owner(key).terminate(key)
                 return
-            except ServiceError as exc:
+            except Exception as exc:  # noqa: BLE001 - a scheduler's refusal or failure: try again
+                if not isinstance(exc, ServiceError):
+                    log.exception("multi-part job %s: cancelling part job %s failed", record.key, key)
+                    continue
                 if _final_state(self.model.attr(key, K.STATE)) is not None:
                     return
                 log.warning("multi-part job %s: cancelling part job %s failed: %s", record.key, key, exc.message)
+        else:
+            if key in self.model and _final_state(self.model.attr(key, K.STATE)) is None:
+                self.service.notify("ERROR", f"multi-part job {record.name}: its part job {key} could not be "
+                                             f"cancelled; cancel it in its scheduler")
         self._dirty(key)
 
     async def _follow(self, record: _Record) -> None:
@@ -597,9 +611,12 @@ class CoallocManager:
         while not record.forgotten:
             try:
                 version = await server.wait_changed(record.job_id, version)
+                self._settle(record)
             except CoordinationError:
                 return
-            self._settle(record)
+            except Exception:  # noqa: BLE001 - the agent serves on; the job is reported stuck
+                log.exception("multi-part job %s: following it failed", record.key)
+                return
 
 
 def _final_state(value: object) -> Optional[JobState]:
