@@ -265,3 +265,29 @@ def test_console_cosubmit_fails_with_the_reason_and_release_opens_an_explicit_ba
 
     run = _console("-c", f"cosubmit {tmp_path / 'missing.json'}")
     assert run.returncode == 1 and "cannot read" in run.stderr
+
+
+# --------------------------------------------------------------------------- the agent's options
+
+
+def test_the_runtime_listens_where_the_options_say(tmp_path):
+    from proxy_agent.__main__ import StateDir, build_parser, runtime_settings
+
+    state = StateDir(str(tmp_path))
+    state.usable = True
+
+    def settings(*argv, names=("local",)):
+        return runtime_settings(build_parser().parse_args(list(argv)), names, state)
+
+    assert settings().unix_path == str(tmp_path / "runtime.sock")
+    assert settings().tcp_host is None  # only local processes: no TCP
+    assert settings(names=("local", "slurm")).tcp_host == "0.0.0.0"
+    assert settings("--runtime-tcp", "none", names=("slurm",)).tcp_host is None
+    chosen = settings("--runtime-tcp", "127.0.0.1:4711", "--runtime-advertise", "login1", "--runtime-socket", "x.sock")
+    assert (chosen.tcp_host, chosen.tcp_port, chosen.advertise_host) == ("127.0.0.1", 4711, "login1")
+    assert chosen.unix_path.endswith("/x.sock") and chosen.unix_path.startswith("/")
+    for bad in ("host:port", "host:70000"):
+        with pytest.raises(ValueError, match="--runtime-tcp"):
+            settings("--runtime-tcp", bad)
+    state.usable = False
+    assert settings().unix_path is None  # a private directory of the agent's instead
