@@ -79,8 +79,17 @@ def _part(script: str, count: int = 1, **more) -> dict:
 
 
 async def _state(client: AgentClient, job_id: str, status: str, timeout: float = 30):
-    return await client.wait_for(lambda: client.job(job_id).get("jobStatus") == status, timeout,
-                                 description=f"job {job_id} to be {status} (now {client.job(job_id).get('jobStatus')})")
+    """Wait for the job to be ``status``; fail at once if it ends in another state."""
+    def reached() -> bool:
+        job = client.job(job_id)
+        now = job.get("jobStatus")
+        if now != status and now in ("FINISHED", "FAILED", "KILLED"):
+            outputs = {part.id: client.job_output(part) + client.job_output(part, "stderr")
+                       for part in client.parts_of(job_id)}
+            raise AssertionError(f"job {job_id} ended {now} ({job.get('jobStatusMessage')}), not {status}: {outputs}")
+        return now == status
+
+    return await client.wait_for(reached, timeout, description=f"job {job_id} to be {status}")
 
 
 async def _parts(client: AgentClient, job_id: str, count: int):
