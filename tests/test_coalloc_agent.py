@@ -100,7 +100,9 @@ async def _parts(client: AgentClient, job_id: str, count: int):
 @pytest.mark.trio
 async def test_two_local_parts_pass_the_barrier_and_find_each_other_through_the_rendezvous(tmp_path):
     mesh = _script(tmp_path, "mesh.py", MESH)
-    description = json.dumps({"name": "mesh", "parts": [_part(mesh, 2, label="a"), _part(mesh, 1, label="b")]})
+    # a queue may be named by its scheduler alone: that scheduler's default queue
+    description = json.dumps({"name": "mesh", "parts": [_part(mesh, 2, label="a"),
+                                                        _part(mesh, 1, label="b", queue="local")]})
     with trio.fail_after(60):
         async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
             await _start(client)

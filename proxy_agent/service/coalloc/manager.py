@@ -448,11 +448,10 @@ class CoallocManager:
         suffix = part.label if part.label is not None else str(part_id)
         what = state.part_name(part_id)
         try:
-            placement = self.service.route(part.to_job_spec())
-            queue_label = self.service.queue_label(placement.queue)
+            backend_name, queue_label = self._placement(part)
             # Processes on this host reach the runtime by the Unix socket; every other
             # scheduler's by TCP when the agent listens there.
-            remote = placement.backend.name != "local" and server.tcp_contact is not None
+            remote = backend_name != "local" and server.tcp_contact is not None
             environment = server.environment(record.job_id, part_id, remote=remote)
             spec = part.to_job_spec(
                 name=f"{record.name}.{suffix}",
@@ -483,6 +482,27 @@ class CoallocManager:
         self._examine(key)
         self._settle(record)
         return key
+
+    def _placement(self, part) -> Tuple[str, str]:
+        """The scheduler and ``SCHEDULER:QUEUE`` a part goes to, decided once (a broker may
+        draw at random).  A queue that is only a scheduler's name (``slurm``, no queue of
+        that name anywhere) means that scheduler's default queue."""
+        service = self.service
+        try:
+            placement = service.route(part.to_job_spec())
+        except ServiceError as exc:
+            name = (part.queue or "").strip()
+            if exc.kind is not ErrorKind.NO_SUCH_QUEUE or not name or ":" in name:
+                raise
+            try:
+                backend = service.backend(name)
+            except ServiceError:
+                raise exc from None
+            queue = backend.default_queue() if backend in service.running_backends() else None
+            if queue is None:
+                raise SubmitError(f"the {name} scheduler has no queue to submit to (yet)", ErrorKind.UNAVAILABLE) from None
+            return backend.name, service.queue_label(queue)
+        return placement.backend.name, service.queue_label(placement.queue)
 
     def _dirty(self, key: int) -> None:
         self._pending.add(key)
