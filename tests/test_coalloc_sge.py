@@ -25,7 +25,7 @@ if "sge" not in BACKENDS:
 
 from sge_support import require_cell  # noqa: E402
 from slurm_support import require_cluster  # noqa: E402
-from test_coalloc_agent import MESH, WAITER, _parts, _script, _start, _state  # noqa: E402
+from test_coalloc_agent import MESH, WAITER, _lines, _parts, _script, _start, _state  # noqa: E402
 
 pytestmark = [pytest.mark.sge, pytest.mark.slurm]
 
@@ -97,8 +97,7 @@ async def test_three_parts_on_three_schedulers_pass_the_barrier_and_connect_to_e
             parts = await _parts(client, job_id, 3)
             try:
                 await _state(client, job_id, "FINISHED", 200)
-                lines = [line for part in parts for line in client.job_output(part).splitlines()
-                         if line.startswith("SEEN")]
+                lines = await _lines(client, parts, "SEEN", 6)
                 assert len(lines) == 6, [client.job_output(p) for p in parts]
                 assert len({line.split()[2] for line in lines}) == 1
                 everyone = lines[0].split()[2].split("|")

@@ -16,7 +16,7 @@ import trio
 
 from agent_fixtures import ROOT, agent_argv, subprocess_env
 from slurm_support import require_cluster
-from test_coalloc_agent import MESH, WAITER, _parts, _script, _start, _state
+from test_coalloc_agent import MESH, WAITER, _lines, _parts, _script, _start, _state
 
 from proxy_agent.client import AgentClient
 
@@ -71,8 +71,7 @@ async def test_a_local_and_a_slurm_part_pass_the_barrier_and_find_each_other(tmp
                 else:
                     busy = None
                     await _state(client, job_id, "FINISHED", 60)
-                    lines = [line for part in (here, there) for line in client.job_output(part).splitlines()
-                             if line.startswith("SEEN")]
+                    lines = await _lines(client, [here, there], "SEEN", 4)
                     assert len(lines) == 4, [client.job_output(p) for p in (here, there)]
                     assert len({line.split()[2] for line in lines}) == 1
                     everyone = lines[0].split()[2].split("|")
