@@ -315,3 +315,24 @@ def test_the_runtime_listens_where_the_options_say(tmp_path):
             settings("--runtime-tcp", bad)
     state.usable = False
     assert settings().unix_path is None  # a private directory of the agent's instead
+
+
+@pytest.mark.trio
+async def test_a_no_barrier_part_on_the_simulated_cluster_runs_on_its_own(tmp_path):
+    waiter = _script(tmp_path, "waiter.py", WAITER)
+    description = json.dumps({"parts": [
+        _part(waiter, 1, label="real"),
+        {"queue": "sim:debug", "count": 4, "executable": "/bin/app", "label": "simulated", "start_type": "no-barrier"},
+    ]})
+    argv = agent_argv("--scheduler", "local,sim", "--sim-nodes", "4", "--sim-time-scale", "0.05")
+    with trio.fail_after(60):
+        async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
+            await _start(client)
+            job_id = await client.cosubmit(description)
+            real, simulated = await _parts(client, job_id, 2)
+            assert client.element(simulated.get("queueId")).get("backend") == "sim"
+            assert simulated.get("coallocJob") == job_id
+            await _state(client, job_id, "FINISHED", 30)
+            # the simulated part ran nothing and never checked in; the real one passed alone
+            assert await _lines(client, [real], "PASSED", 1) == ["PASSED 0 2 0"]
+            assert simulated.get("jobStatus") == "FINISHED"
