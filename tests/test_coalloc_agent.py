@@ -336,3 +336,30 @@ async def test_a_no_barrier_part_on_the_simulated_cluster_runs_on_its_own(tmp_pa
             # the simulated part ran nothing and never checked in; the real one passed alone
             assert await _lines(client, [real], "PASSED", 1) == ["PASSED 0 2 0"]
             assert simulated.get("jobStatus") == "FINISHED"
+
+
+# --------------------------------------------------------------------------- the PTP mapping
+
+
+def test_submissions_and_changes_of_multi_part_jobs_map_to_the_service():
+    from proxy_agent.frontends.ptp import mapping
+    from proxy_agent.protocol.attributes import AttributeSet
+    from proxy_agent.service.jobs import JobError, ServiceError
+
+    def spec(*args: str):
+        return mapping.job_spec(AttributeSet.parse(list(args)), str, lambda ref: int(ref) - 1000)
+
+    text = '{"parts": [{"executable": "/bin/true"}]}\n'
+    whole = spec("jobSubId=s1", "jobName=demo", f"coallocDescription={text}")
+    assert (whole.client_ref, whole.name, whole.extra_value("coallocDescription")) == ("s1", "demo", text)
+    assert whole.extra_value("coallocJob") is None
+    added = spec("jobSubId=s2", "coallocDescription=&(executable=/bin/true)", "coallocJob=1042")
+    assert added.extra_value("coallocJob") == "42"  # the element id turned into the service key
+    with pytest.raises(ServiceError, match="jobSubId"):
+        spec("coallocDescription=[]")
+    assert mapping.job_change(AttributeSet.parse(["jobId=1042", "coallocRelease=now"])) == ("release", False)
+    assert mapping.job_change(AttributeSet.parse(["jobId=1042", "coallocRelease=WAIT"])) == ("release", True)
+    with pytest.raises(JobError, match="now or wait"):
+        mapping.job_change(AttributeSet.parse(["jobId=1042", "coallocRelease=later"]))
+    with pytest.raises(JobError, match="cannot be changed together"):
+        mapping.job_change(AttributeSet.parse(["jobId=1042", "coallocRelease=now", "hold=false"]))
