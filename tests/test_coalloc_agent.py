@@ -49,6 +49,8 @@ MESH = textwrap.dedent(
             conn.sendall(me.encode())
         connected += 1
     print("SEEN", me, "|".join(sorted(everyone)), "connected", connected, flush=True)
+    print("HANDLES", os.environ["GLOBUS_GRAM_MULTIJOB_HANDLE"], os.environ["GLOBUS_GRAM_JOB_HANDLE"],
+          os.environ["GLOBUS_GRAM_SUBJOB_RANK"], flush=True)
     """
 )
 
@@ -135,6 +137,13 @@ async def test_two_local_parts_pass_the_barrier_and_find_each_other_through_the_
             everyone = views.pop().split("|")
             assert sorted(item.split("@")[0] for item in everyone) == ["0:0", "0:1", "1:0"]
             assert all(line.endswith("connected 2") for line in lines), lines
+            # the handles: the job's, the part's (the job's and the part's id), the part's index
+            multi = job.get("coallocId")
+            handles = sorted(line.split()[1:] for line in await _lines(client, parts, "HANDLES", 3))
+            assert [h[0].rpartition("?")[2] for h in handles] == [multi] * 3
+            assert [(h[1].rpartition("?")[2], h[2]) for h in handles] == [
+                (f"{multi}/0", "0"), (f"{multi}/0", "0"), (f"{multi}/1", "1")]
+            assert handles[0][0].startswith("unix://")
             for part in parts:
                 assert part.get("jobStatus") == "FINISHED"
 

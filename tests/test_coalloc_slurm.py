@@ -77,6 +77,9 @@ async def test_a_local_and_a_slurm_part_pass_the_barrier_and_find_each_other(tmp
                     everyone = lines[0].split()[2].split("|")
                     assert sorted(item.split("@")[0] for item in everyone) == ["0:0", "0:1", "1:0", "1:1"]
                     assert all(line.endswith("connected 3") for line in lines), lines
+                    # the local part reached the agent by its Unix socket, the SLURM part by TCP
+                    assert {line.split()[1][:6] for line in await _lines(client, [here], "HANDLES", 2)} == {"unix:/"}
+                    assert {line.split()[1][:6] for line in await _lines(client, [there], "HANDLES", 2)} == {"tcp://"}
     finally:
         _cancel(native_ids)
     if busy:
