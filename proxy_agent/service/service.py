@@ -26,6 +26,7 @@ from ..schedulers.base import Backend, BackendContext
 from .attributes import AttrInfo
 from .broker import ATTRIBUTES as BROKER_ATTRIBUTES
 from .broker import Brokering, Placement
+from .coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement
 from .store import JobStore, StoredJob
@@ -397,7 +398,7 @@ class JobService:
         """
         if self._closing:
             raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
-        if spec.extra_value("coallocDescription") is not None:
+        if spec.extra_value(COALLOC_DESCRIPTION) is not None:
             if self.coalloc is None:
                 raise SubmitError("this agent does not run multi-part jobs", ErrorKind.NOT_SUPPORTED)
             return await self.coalloc.submit(spec)

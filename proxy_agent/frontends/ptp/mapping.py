@@ -30,6 +30,9 @@ from ...protocol.attributes import (
 )
 from ...protocol.messages import ErrorCode
 from ...service.attributes import AttrInfo, ValueType
+from ...service.coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
+from ...service.coalloc.manager import JOB_ATTRIBUTE as COALLOC_JOB
+from ...service.coalloc.manager import RELEASE_ATTRIBUTE as COALLOC_RELEASE
 from ...service.jobs import ErrorKind, JobSpec, JobState, SubmitError
 from ...service.model import K, Kind
 
@@ -57,12 +60,9 @@ CHANGE_SUSPEND = "suspend"
 CHANGE_HOLD = "hold"
 #: Submission attribute: the broker that picks among several queues.
 BROKER = "broker"
-#: Submission attribute: a co-allocated multi-part job's description (then no program is
-#: named); with ``coallocJob`` (the multi-part job's id), one part to add to that job.
-COALLOC_DESCRIPTION = "coallocDescription"
-COALLOC_JOB = "coallocJob"
-#: CHANGE_JOB attribute: ``now`` or ``wait`` releases a multi-part job's start barrier.
-COALLOC_RELEASE = "coallocRelease"
+# Multi-part jobs: ``coallocDescription`` submits one (no program named; with ``coallocJob``,
+# the multi-part job's id, one part to add to it); CHANGE_JOB ``coallocRelease=now|wait``
+# releases its start barrier.
 
 #: Neutral attribute names shown under another PTP id, per kind (the rest keep their name).
 _RENAMED: Dict[Kind, Dict[str, str]] = {

@@ -239,10 +239,6 @@ class CoallocManager:
 
     # ------------------------------------------------------------------ what the service asks
 
-    def claims(self, spec: JobSpec) -> bool:
-        """The submission is a multi-part job (or a part for one)."""
-        return spec.extra_value(DESCRIPTION_ATTRIBUTE) is not None
-
     def intercepts(self, job: int) -> bool:
         """Terminating ``job`` is the manager's business: a multi-part job, or a part that is
         still to be deleted rather than ended (the barrier is not released yet)."""
@@ -395,11 +391,6 @@ class CoallocManager:
 
     async def move(self, job: int, queue: int) -> None:
         raise JobError("a multi-part job cannot be moved; its parts have their own queues", ErrorKind.NOT_SUPPORTED)
-
-    def parts(self, job: int) -> Dict[int, int]:
-        """The current parts of a multi-part job: part id -> its job key."""
-        record = self._record(job)
-        return dict(record.keys)
 
     # ------------------------------------------------------------------ inside
 
