@@ -170,6 +170,25 @@ async def test_a_failing_part_cancels_the_others_and_the_job_fails(tmp_path):
 
 
 @pytest.mark.trio
+async def test_one_process_dying_before_the_barrier_fails_the_job_while_its_part_still_runs(tmp_path):
+    half = _script(tmp_path, "half.py", "import sys\nfrom proxy_agent import runtime\n"
+                                        "if runtime.rank() == 1:\n    sys.exit(4)\n" + WAITER)
+    waiter = _script(tmp_path, "waiter.py", WAITER)
+    description = json.dumps({"parts": [_part(waiter, 1, label="other"), _part(half, 2, label="half")]})
+    with trio.fail_after(60):
+        async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
+            await _start(client)
+            job_id = await client.cosubmit(description)
+            await _state(client, job_id, "FAILED", 15)
+            assert client.job(job_id).get("jobStatusMessage") == (
+                "process 1 of part 1 ('half') failed before the start barrier was released")
+            parts = await _parts(client, job_id, 2)
+            await client.wait_for(lambda: all(p.get("jobState") == "COMPLETED" for p in parts), 10,
+                                  description="both parts ended")
+            assert [p.get("jobStatus") for p in parts] == ["KILLED", "KILLED"]
+            assert not any("PASSED" in client.job_output(p) for p in parts)
+
+@pytest.mark.trio
 async def test_a_part_that_cannot_be_submitted_fails_the_job_and_bad_descriptions_are_refused(tmp_path):
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"parts": [_part(waiter, 1), {"queue": "local:nosuchqueue", "executable": "/bin/true"}]})
