@@ -15,6 +15,7 @@ from . import __version__
 from .frontends.ptp import PtpConfig
 from .schedulers.base import BACKENDS, backend_class
 from .server import ServerLimits, Sessions, serve_listeners, serve_stream
+from .service.coalloc.manager import CoallocManager, RuntimeSettings
 from .service.service import JobService
 from .service.store import JobStore, StateDirInUse, StateLock, StoreError, default_state_dir, open_store
 from .transport import (
@@ -89,6 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--broker-config", metavar="FILE",
                         help="benchmark figures per queue for the Benchmark broker (INI: [SCHEDULER:QUEUE] sections "
                         "of BENCHMARK = FIGURE lines)")
+    runtime = parser.add_argument_group("the runtime of co-allocated multi-part jobs")
+    runtime.add_argument("--runtime-socket", metavar="PATH",
+                         help="the Unix socket the processes of multi-part jobs on this host reach the agent at "
+                         "(default: runtime.sock in the state directory)")
+    runtime.add_argument("--runtime-tcp", metavar="HOST[:PORT]|auto|none", default="auto",
+                         help="where processes on other hosts reach the agent; auto: every interface, any port, "
+                         "when a batch scheduler runs")
+    runtime.add_argument("--runtime-advertise", metavar="NAME",
+                         help="the host name compute nodes reach the agent by (default: this host's name)")
     for name in BACKENDS:
         backend_class(name).add_arguments(parser)
     return parser
@@ -135,7 +145,38 @@ def build_service(args: argparse.Namespace, names: Sequence[str], state: "StateD
         options = cls.options_from_args(args)
         context = service.context(all_users=args.all_users, state_dir=state.directory if state.usable else None)
         service.add_backend(cls(service.model, options, context))
+    CoallocManager(service, runtime_settings(args, names, state))
     return service
+
+
+def runtime_settings(args: argparse.Namespace, names: Sequence[str], state: "StateDir") -> RuntimeSettings:
+    """Where the runtime of multi-part jobs listens (ValueError naming a bad option)."""
+    unix_path = args.runtime_socket
+    if unix_path is None and state.usable:
+        candidate = os.path.join(state.directory, "runtime.sock")
+        if len(candidate.encode()) < 100:  # longer paths do not fit a Unix socket address
+            unix_path = candidate
+    if unix_path is not None:
+        unix_path = os.path.abspath(unix_path)
+    tcp = (args.runtime_tcp or "auto").strip()
+    tcp_host: Optional[str] = None
+    tcp_port = 0
+    if tcp == "auto":
+        if any(name not in ("local", "sim") for name in names):
+            tcp_host = "0.0.0.0"
+    elif tcp != "none":
+        host, sep, port = tcp.rpartition(":")
+        if not sep:
+            host, port = tcp, "0"
+        try:
+            tcp_port = int(port)
+        except ValueError:
+            raise ValueError(f"--runtime-tcp {tcp!r}: the port must be a number") from None
+        if not 0 <= tcp_port <= 65535:
+            raise ValueError(f"--runtime-tcp {tcp!r}: the port must be 0 to 65535")
+        tcp_host = host or "0.0.0.0"
+    return RuntimeSettings(unix_path=unix_path, tcp_host=tcp_host, tcp_port=tcp_port,
+                           advertise_host=args.runtime_advertise)
 
 
 class StateDir:

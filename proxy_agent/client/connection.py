@@ -834,6 +834,38 @@ class AgentClient:
         )
         return job.id
 
+    async def cosubmit(self, description: str, *, name: Optional[str] = None, sub_id: Optional[str] = None,
+                       timeout: Optional[float] = 60) -> str:
+        """Submit a co-allocated multi-part job (its description: JSON or the multi-request
+        form, see docs/coallocation.md); waits for its NEW_JOB and returns the multi-part
+        job's element id.  Its parts appear as jobs with ``coallocJob`` naming it
+        (:meth:`parts_of`)."""
+        return await self.submit(None, timeout=timeout, sub_id=sub_id, coallocDescription=description, jobName=name)
+
+    async def add_part(self, job: Union[str, Element], part: str, *, sub_id: Optional[str] = None,
+                       timeout: Optional[float] = 60) -> str:
+        """Add one part (a JSON object or an ``&(...)`` conjunction) to a multi-part job
+        whose start barrier is not released yet; returns the part's job id."""
+        return await self.submit(None, timeout=timeout, sub_id=sub_id, coallocDescription=part,
+                                 coallocJob=self._job_id(job))
+
+    async def delete_part(self, part: Union[str, Element], *, timeout: Optional[float] = 60) -> Event:
+        """Delete a part (its job) from its multi-part job before the start barrier is
+        released: it is cancelled and the barrier no longer waits for it."""
+        return await self.terminate(part, timeout=timeout)
+
+    async def release_barrier(self, job: Union[str, Element], *, wait_for_parts: bool = False,
+                              timeout: Optional[float] = 60) -> Event:
+        """Release a multi-part job's start barrier: now, or once every part's processes
+        have checked in (``wait_for_parts``)."""
+        return await self.change_job(job, timeout=timeout, coallocRelease="wait" if wait_for_parts else "now")
+
+    def parts_of(self, job: Union[str, Element]) -> List[Element]:
+        """The jobs that are parts of a multi-part job, in part order."""
+        job_id = self._job_id(job)
+        found = [j for j in self.jobs.values() if j.get("coallocJob") == job_id]
+        return sorted(found, key=lambda j: int(j.get("coallocPart") or 0))
+
     async def terminate(self, job: Union[str, Element], *, timeout: Optional[float] = 60) -> Event:
         return await self.command(CommandId.TERMINATE_JOB, f"jobId={self._job_id(job)}", timeout=timeout)
 

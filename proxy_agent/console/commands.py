@@ -62,6 +62,11 @@ COMMANDS: Tuple[CommandSpec, ...] = (
                 "submit a job; options: -n/--count N, -e/--env NAME=VALUE, -d/--dir DIR, -q/--queue QUEUE[,QUEUE...] "
                 "(several: a broker chooses), -b/--broker NAME (Null, Random, FastestQueue, Benchmark, module:Class), "
                 "--sub-id ID, -w/--wait (wait for it to end, print its output, fail if it failed), -t/--timeout S"),
+    CommandSpec("cosubmit", "cosubmit FILE [--name NAME] [--no-wait] [-t SECONDS]",
+                "submit a co-allocated multi-part job described in FILE (JSON or the multi-request form, see "
+                "docs/coallocation.md); waits for it to end, printing its parts' output, and fails if it failed "
+                "(--no-wait: only submit); 'release JOB' releases an explicit barrier, 'terminate PART' deletes a part"),
+    CommandSpec("coadd", "coadd JOB FILE", "add the part described in FILE to multi-part job JOB before its barrier is released"),
     CommandSpec("jobs", "jobs", "list the jobs"),
     CommandSpec("nodes", "nodes", "list the nodes"),
     CommandSpec("queues", "queues", "list the queues"),
@@ -626,6 +631,91 @@ class Console:
                 self.out.line(self._job_end_line(job))
             raise CommandError(f"job {job.id} did not succeed: {self._job_end_line(job)}", **fields)
         self.result("submit", [self._job_end_line(job)], **fields)
+
+    @staticmethod
+    def _read_description(path: str, command: str) -> str:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                return handle.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CommandError(f"{command}: cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+    async def cmd_cosubmit(self, args: List[str]) -> None:
+        path: Optional[str] = None
+        name: Optional[str] = None
+        wait = True
+        timeout: Optional[float] = None
+        words = list(args)
+        while words:
+            word = words.pop(0)
+            if word == "--no-wait":
+                wait = False
+            elif word in ("--name", "-t", "--timeout"):
+                if not words:
+                    raise CommandError(f"cosubmit: {word} needs a value")
+                value = words.pop(0)
+                if word == "--name":
+                    name = value
+                else:
+                    timeout = _seconds(value, "cosubmit --timeout")
+            elif word.startswith("-") and word != "-":
+                raise CommandError(f"cosubmit: unknown option {word!r} (see 'help cosubmit')")
+            elif path is None:
+                path = word
+            else:
+                raise CommandError(f"usage: {_SPECS['cosubmit'].usage}")
+        if path is None:
+            raise CommandError(f"usage: {_SPECS['cosubmit'].usage}")
+        client = self.client
+        if not client.events_started:
+            raise CommandError("cosubmit: events are stopped ('start' them first)")
+        job_id = await client.cosubmit(self._read_description(path, "cosubmit"), name=name)
+        job = client.job(job_id)
+        self.last_job = job.id
+        parts = client.parts_of(job)
+        line = f"submitted multi-part job {job.id} ({job.get('coallocId')}): parts " + (
+            ", ".join(part.id for part in parts) or "none")
+        if not wait:
+            self.result("cosubmit", [line], job=render.element_id_value(job.id), parts=[p.id for p in parts])
+            return
+        if not self.json:
+            self.out.line(line + "; waiting for it to end")
+
+        def over() -> bool:
+            for part in client.parts_of(job):
+                if part.id not in self._followed:
+                    self._followed.add(part.id)
+                    self._flush_output(part.id)
+            return job.state == "COMPLETED" and all(p.state == "COMPLETED" for p in client.parts_of(job))
+
+        try:
+            await client.wait_for(over, self._wait_timeout(timeout), description=f"multi-part job {job.id} to end")
+        finally:
+            parts = client.parts_of(job)
+            self._followed.difference_update(p.id for p in parts)
+        status = job.get("jobStatus")
+        summary = [render.element_summary(job)] + [f"  part {p.get('coallocPart')}: {render.element_summary(p)}" for p in parts]
+        fields = dict(
+            job=render.element_id_value(job.id),
+            status=status,
+            reason=job.get("jobStatusMessage"),
+            parts=[{"job": p.id, "part": p.get("coallocPart"), "status": p.get("jobStatus"),
+                    "stdout": p.text("stdout"), "stderr": p.text("stderr")} for p in parts],
+        )
+        if status != "FINISHED":
+            if not self.json:
+                self.out.lines(summary)
+            raise CommandError(f"multi-part job {job.id} did not succeed: {status}: {job.get('jobStatusMessage') or ''}",
+                               **fields)
+        self.result("cosubmit", summary, **fields)
+
+    async def cmd_coadd(self, args: List[str]) -> None:
+        if len(args) != 2:
+            raise CommandError(f"usage: {_SPECS['coadd'].usage}")
+        job = self._job_ref(args[0])
+        part = await self.client.add_part(job, self._read_description(args[1], "coadd"))
+        self.result("coadd", [f"added part job {part} to multi-part job {job}"], job=render.element_id_value(job),
+                    part=render.element_id_value(part))
 
     def _listing(self, command: str, kind: str, headers: Sequence[str], row: Callable[[Element], Sequence[Any]]) -> None:
         elements = render.sorted_elements(self.client.state.by_kind[kind].values())

@@ -143,6 +143,8 @@ class K:
     END_TIME = "endTime"
     ACCOUNT = "account"
     HOLD = "hold"
+    #: a part of a co-allocated job: the multi-part job it belongs to (a reference)
+    COALLOC_JOB = "coallocJob"
     # job and process
     EXIT_CODE = "exitCode"
     SIGNAL = "signal"
@@ -152,7 +154,7 @@ class K:
 
 
 #: Attributes whose value is the service key of another element.
-REFERENCES = frozenset({K.QUEUE, K.NODE})
+REFERENCES = frozenset({K.QUEUE, K.NODE, K.COALLOC_JOB})
 
 
 class UnknownElement(KeyError):

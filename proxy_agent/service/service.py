@@ -26,6 +26,7 @@ from ..schedulers.base import Backend, BackendContext
 from .attributes import AttrInfo
 from .broker import ATTRIBUTES as BROKER_ATTRIBUTES
 from .broker import Brokering, Placement
+from .coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement
 from .store import JobStore, StoredJob
@@ -99,6 +100,8 @@ class JobService:
         self._nursery: Optional[trio.Nursery] = None
         #: brokers, and the queue figures they rank by
         self.brokering = Brokering(self.model)
+        #: multi-part jobs (a :class:`~.coalloc.manager.CoallocManager` attaches itself here)
+        self.coalloc = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -166,6 +169,8 @@ class JobService:
 
                 if not self.backends:
                     self.ready.set()
+                if self.coalloc is not None:
+                    await nursery.start(self.coalloc.run)
                 for backend in self.backends:
                     nursery.start_soon(self._run_backend, backend, one_done)
                 if self.store is not None:
@@ -292,6 +297,8 @@ class JobService:
                 seen.setdefault(info.name, info)
         for info in BROKER_ATTRIBUTES:
             seen.setdefault(info.name, info)
+        for info in self.coalloc.attributes() if self.coalloc is not None else ():
+            seen.setdefault(info.name, info)
         return list(seen.values())
 
     def running_backends(self) -> List[Backend]:
@@ -376,6 +383,8 @@ class JobService:
             raise JobError("no such job", ErrorKind.NO_SUCH_JOB) from None
         backend = self._by_name.get(element.owner)
         if backend is None:
+            if self.coalloc is not None and element.owner == self.coalloc.name:
+                return self.coalloc  # a multi-part job
             raise JobError("the job belongs to no running scheduler", ErrorKind.UNAVAILABLE)
         return backend
 
@@ -389,6 +398,10 @@ class JobService:
         """
         if self._closing:
             raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
+        if spec.extra_value(COALLOC_DESCRIPTION) is not None:
+            if self.coalloc is None:
+                raise SubmitError("this agent does not run multi-part jobs", ErrorKind.NOT_SUPPORTED)
+            return await self.coalloc.submit(spec)
         placement = self.route(spec)
         backend, queue = placement.backend, placement.queue
         key = self.model.new_keys(1)[0]
@@ -420,7 +433,16 @@ class JobService:
         return actual
 
     async def terminate(self, job: int) -> None:
+        if self.coalloc is not None and self.coalloc.intercepts(job):
+            await self.coalloc.terminate(job)  # a part before the barrier's release is deleted
+            return
         await self._job_owner(job).terminate(job)
+
+    async def release_barrier(self, job: int, wait_for_parts: bool = False) -> None:
+        """Release a multi-part job's start barrier (now, or once every part has checked in)."""
+        if self.coalloc is None:
+            raise JobError("this agent does not run multi-part jobs", ErrorKind.NOT_SUPPORTED)
+        await self.coalloc.release(job, wait_for_parts)
 
     async def hold(self, job: int, held: bool) -> None:
         await self._job_owner(job).hold(job, held)

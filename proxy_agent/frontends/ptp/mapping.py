@@ -30,6 +30,9 @@ from ...protocol.attributes import (
 )
 from ...protocol.messages import ErrorCode
 from ...service.attributes import AttrInfo, ValueType
+from ...service.coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
+from ...service.coalloc.manager import JOB_ATTRIBUTE as COALLOC_JOB
+from ...service.coalloc.manager import RELEASE_ATTRIBUTE as COALLOC_RELEASE
 from ...service.jobs import ErrorKind, JobSpec, JobState, SubmitError
 from ...service.model import K, Kind
 
@@ -57,6 +60,9 @@ CHANGE_SUSPEND = "suspend"
 CHANGE_HOLD = "hold"
 #: Submission attribute: the broker that picks among several queues.
 BROKER = "broker"
+# Multi-part jobs: ``coallocDescription`` submits one (no program named; with ``coallocJob``,
+# the multi-part job's id, one part to add to it); CHANGE_JOB ``coallocRelease=now|wait``
+# releases its start barrier.
 
 #: Neutral attribute names shown under another PTP id, per kind (the rest keep their name).
 _RENAMED: Dict[Kind, Dict[str, str]] = {
@@ -235,16 +241,20 @@ _KNOWN = frozenset({
 })
 
 
-def job_spec(attributes: AttributeSet, queue_key: Callable[[str], Union[int, str]]) -> JobSpec:
+def job_spec(attributes: AttributeSet, queue_key: Callable[[str], Union[int, str]],
+             job_key: Optional[Callable[[str], int]] = None) -> JobSpec:
     """The job a SUBMIT_JOB describes; SubmitError (BAD_REQUEST) naming what is wrong.
 
     ``queue_key`` turns a ``queueId`` value into what the service takes: an element id into
-    the queue's key, anything else (a name, ``BACKEND:NAME``) as it is.
+    the queue's key, anything else (a name, ``BACKEND:NAME``) as it is; ``job_key`` a job's
+    element id into its key (for ``coallocJob``).
     """
     get = attributes.get
     sub_id = get(A.JOB_SUB_ID)
     if not sub_id:
         raise SubmitError("the submission has no jobSubId attribute", ErrorKind.BAD_REQUEST)
+    if get(COALLOC_DESCRIPTION) is not None:
+        return _multi_part_spec(attributes, sub_id, job_key)
     path = get(A.EXEC_PATH) or ""
     name = get(A.EXEC_NAME) or ""
     if path and name:
@@ -314,11 +324,25 @@ def job_spec(attributes: AttributeSet, queue_key: Callable[[str], Union[int, str
         raise SubmitError(f"the submission cannot be read: {exc}", ErrorKind.BAD_REQUEST) from None
 
 
+def _multi_part_spec(attributes: AttributeSet, sub_id: str, job_key: Optional[Callable[[str], int]]) -> JobSpec:
+    """A multi-part job's submission (or one part's, with ``coallocJob``): the description
+    travels in ``extra`` for the service; the program and queues are the parts' own."""
+    extra = [(COALLOC_DESCRIPTION, attributes.get(COALLOC_DESCRIPTION) or "")]
+    target = attributes.get(COALLOC_JOB)
+    if target is not None:
+        if job_key is None:
+            raise SubmitError(f"{COALLOC_JOB} cannot be used here", ErrorKind.BAD_REQUEST)
+        extra.append((COALLOC_JOB, str(job_key(target))))
+    return JobSpec(executable="", name=attributes.get(JOB_NAME) or attributes.get(A.NAME) or None,
+                   client_ref=sub_id, extra=tuple(extra))
+
+
 def job_change(attributes: AttributeSet) -> Tuple[str, bool]:
     """What a CHANGE_JOB asks for: ``("suspend", bool)`` or ``("hold", bool)``.
 
     Understood: ``suspend=true|false``, ``jobState=SUSPENDED|RUNNING`` (the same in the
     IDE's own words) and ``hold=true|false``.  ``jobId`` (the target) is ignored.
+    ``coallocRelease=now|wait`` gives ``("release", wait)``: a multi-part job's start barrier.
     """
     from ...service.jobs import JobError
 
@@ -343,6 +367,11 @@ def job_change(attributes: AttributeSet) -> Tuple[str, bool]:
         elif key == CHANGE_HOLD:
             flag = _change_boolean(key, value)
             kind = "hold"
+        elif key == COALLOC_RELEASE:
+            if value.strip().lower() not in ("now", "wait"):
+                raise JobError(f"{key} must be now or wait, got {value!r}", ErrorKind.BAD_REQUEST)
+            flag = value.strip().lower() == "wait"
+            kind = "release"
         else:
             unsupported.append(key)
             continue
@@ -351,13 +380,14 @@ def job_change(attributes: AttributeSet) -> Tuple[str, bool]:
         wanted[kind] = flag
     if unsupported:
         raise JobError(
-            f"cannot change {', '.join(sorted(unsupported))} (supported: suspend, hold, jobState=SUSPENDED|RUNNING)",
+            f"cannot change {', '.join(sorted(unsupported))} "
+            f"(supported: suspend, hold, jobState=SUSPENDED|RUNNING, {COALLOC_RELEASE}=now|wait)",
             ErrorKind.NOT_SUPPORTED,
         )
     if not wanted:
         raise JobError("the change names nothing to change", ErrorKind.BAD_REQUEST)
     if len(wanted) > 1:
-        raise JobError("suspend and hold cannot be changed together", ErrorKind.BAD_REQUEST)
+        raise JobError(f"{' and '.join(sorted(wanted))} cannot be changed together", ErrorKind.BAD_REQUEST)
     return next(iter(wanted.items()))
 
 

@@ -425,7 +425,7 @@ class PtpSession:
         service = self.service
         try:
             if cid is CommandId.SUBMIT_JOB:
-                spec = mapping.job_spec(attrs_, self._queue_ref)
+                spec = mapping.job_spec(attrs_, self._queue_ref, self._job_key)
                 self._hold += 1
                 try:
                     key = await service.submit(spec)
@@ -442,6 +442,8 @@ class PtpSession:
                 what, flag = mapping.job_change(attrs_)
                 if what == "hold":
                     await service.hold(key, flag)
+                elif what == "release":
+                    await service.release_barrier(key, flag)
                 else:
                     await service.suspend(key, flag)
             elif cid is CommandId.MOVE_JOB:

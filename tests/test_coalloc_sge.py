@@ -1,0 +1,129 @@
+"""A multi-part job across the local scheduler, SLURM and Grid Engine, two processes each.
+
+Nothing in the co-allocation knows Grid Engine: these tests run as soon as the agent has a
+Grid Engine backend (``sge`` among ``--scheduler``'s choices) and a cell answers.  Grid
+Engine starts a part's program once for all its slots, so the Grid Engine part's program is
+a small shell launcher that starts its two processes with ``PROXY_AGENT_RANK`` set.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+import trio
+
+from agent_fixtures import ROOT, agent_argv, subprocess_env
+from proxy_agent.client import AgentClient
+from proxy_agent.schedulers.base import BACKENDS
+
+if "sge" not in BACKENDS:
+    pytest.skip("the agent has no Grid Engine backend yet", allow_module_level=True)
+
+from sge_support import require_cell  # noqa: E402
+from slurm_support import require_cluster  # noqa: E402
+from test_coalloc_agent import MESH, WAITER, _lines, _parts, _script, _start, _state  # noqa: E402
+
+pytestmark = [pytest.mark.sge, pytest.mark.slurm]
+
+require_cluster()
+require_cell()
+
+AGENT = ("--scheduler", "local,slurm,sge", "--slurm-poll-interval", "1")
+ENVIRONMENT = {"PYTHONPATH": str(ROOT)}
+
+
+def _parts_across(script: str, sge_launcher: str) -> list:
+    python = {"executable": sys.executable, "arguments": [script], "environment": ENVIRONMENT}
+    return [
+        {"queue": "local:default", "count": 2, "label": "local", **python},
+        {"queue": "slurm:debug", "count": 2, "label": "slurm", "max_wall_time": 5, **python},
+        {"queue": "sge:all.q", "count": 2, "label": "sge", "executable": "/bin/sh", "arguments": [sge_launcher],
+         "environment": ENVIRONMENT},
+    ]
+
+
+def _launcher(tmp_path, script: str) -> str:
+    return _script(tmp_path, "launch.sh", "\n".join([
+        "#!/bin/sh",
+        f"PROXY_AGENT_RANK=0 '{sys.executable}' '{script}' &",
+        f"PROXY_AGENT_RANK=1 '{sys.executable}' '{script}' &",
+        "wait",
+        "",
+    ]))
+
+
+def _still_queued(client: AgentClient, parts) -> list:
+    """Native ids of the batch parts their schedulers still list as waiting or running."""
+    alive = []
+    for part in parts:
+        native = part.get("nativeId")
+        backend = client.element(part.get("queueId")).get("backend")
+        if not native or backend == "local":
+            continue
+        if backend == "slurm":
+            shown = subprocess.run(["squeue", "-h", "-j", native], capture_output=True, text=True,
+                                   env=subprocess_env(), timeout=30).stdout
+        else:
+            shown = subprocess.run(["qstat", "-j", native], capture_output=True, text=True, env=subprocess_env(),
+                                   timeout=30)
+            shown = shown.stdout if shown.returncode == 0 else ""
+        if shown.strip():
+            alive.append(native)
+    return alive
+
+
+def _cancel(client: AgentClient, parts) -> None:
+    for part in parts:
+        native = part.get("nativeId")
+        backend = client.element(part.get("queueId")).get("backend")
+        if native and backend in ("slurm", "sge"):
+            command = ["scancel", native] if backend == "slurm" else ["qdel", native]
+            subprocess.run(command, capture_output=True, env=subprocess_env(), timeout=30)
+
+
+async def test_three_parts_on_three_schedulers_pass_the_barrier_and_connect_to_each_other(tmp_path):
+    mesh = _script(tmp_path, "mesh.py", MESH)
+    description = json.dumps({"name": "pa-h14-three", "parts": _parts_across(mesh, _launcher(tmp_path, mesh))})
+    with trio.fail_after(240):
+        async with await AgentClient.spawn(agent_argv(*AGENT), env=subprocess_env()) as client:
+            await _start(client)
+            await client.wait_for(lambda: {"debug", "all.q"} <= {q.name for q in client.queues.values()}, 60,
+                                  description="the SLURM partitions and Grid Engine queues")
+            job_id = await client.cosubmit(description)
+            parts = await _parts(client, job_id, 3)
+            try:
+                await _state(client, job_id, "FINISHED", 200)
+                lines = await _lines(client, parts, "SEEN", 6)
+                assert len(lines) == 6, [client.job_output(p) for p in parts]
+                assert len({line.split()[2] for line in lines}) == 1
+                everyone = lines[0].split()[2].split("|")
+                assert sorted(item.split("@")[0] for item in everyone) == ["0:0", "0:1", "1:0", "1:1", "2:0", "2:1"]
+                assert all(line.endswith("connected 5") for line in lines), lines
+            finally:
+                _cancel(client, parts)
+
+
+async def test_a_part_failing_before_the_barrier_leaves_nothing_in_any_scheduler(tmp_path):
+    waiter = _script(tmp_path, "waiter.py", WAITER)
+    description = json.dumps({"name": "pa-h14-gone", "parts": _parts_across(waiter, _launcher(tmp_path, waiter))[1:] + [
+        {"queue": "local:default", "executable": "/bin/sh", "arguments": ["-c", "sleep 5; exit 1"], "label": "fails"}]})
+    with trio.fail_after(120):
+        async with await AgentClient.spawn(agent_argv(*AGENT), env=subprocess_env()) as client:
+            await _start(client)
+            await client.wait_for(lambda: {"debug", "all.q"} <= {q.name for q in client.queues.values()}, 60,
+                                  description="the SLURM partitions and Grid Engine queues")
+            job_id = await client.cosubmit(description)
+            parts = await _parts(client, job_id, 3)
+            try:
+                await _state(client, job_id, "FAILED", 60)
+                failed_at = time.monotonic()
+                assert "('fails')" in client.job(job_id).get("jobStatusMessage", "")
+                while _still_queued(client, parts):
+                    assert time.monotonic() - failed_at < 10, "a part is still in its scheduler 10 s after the failure"
+                    await trio.sleep(0.5)
+            finally:
+                _cancel(client, parts)
