@@ -41,6 +41,7 @@ from ..protocol.messages import (
     TerminateJobError,
 )
 from ..protocol.dialect import DEFAULT, NATIVE
+from ..protocol.first_bytes import QUOTE_LIMIT, QUOTE_WAIT, first_line
 from ..protocol.wire import DEFAULT_MAX_FRAME_SIZE
 from .errors import (
     AgentExited,
@@ -75,11 +76,6 @@ STDERR_TAIL_BYTES = 64 * 1024
 EXIT_GRACE = 3.0
 #: How long start_events() waits for a first event before confirming by a round trip.
 _START_QUIET = 0.5
-#: When the stream begins with something that is not a frame (a login banner, say), the
-#: reader goes on reading for up to this long, or up to the end of the first line or
-#: QUOTE_LIMIT bytes, so that the violation can quote what arrived as a whole line.
-QUOTE_WAIT = 0.5
-QUOTE_LIMIT = 200
 
 
 # --------------------------------------------------------------------------- processes
@@ -508,8 +504,7 @@ class AgentClient:
 
     def _quoting(self, traffic: Traffic, head: bytes) -> Traffic:
         """``traffic`` (a fatal framing error before any frame) with its violation quoting the first line of ``head``."""
-        end = head.find(b"\n")
-        line = bytes(head[: end + 1] if end >= 0 else head)
+        line = first_line(head)
         if len(line) <= len(traffic.raw) or not line.startswith(traffic.raw):
             return traffic
         quoted = {

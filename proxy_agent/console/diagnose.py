@@ -9,43 +9,11 @@ first frame is such garbage.
 
 from __future__ import annotations
 
-import string
 from typing import Optional
 
+from ..protocol.first_bytes import looks_like_frame_start, shown_bytes
+
 __all__ = ["looks_like_frame_start", "garbage_before_first_frame", "shown_bytes"]
-
-_HEX = set(string.hexdigits.encode())
-#: How much of the garbage the message quotes.
-SHOWN_LIMIT = 120
-
-
-def looks_like_frame_start(data: bytes) -> bool:
-    """Whether ``data`` can be the start of a frame (as far as it goes)."""
-    head = data[:9]
-    if any(byte not in _HEX for byte in head[:8]):
-        return False
-    return len(head) < 9 or head[8:9] == b" "
-
-
-def shown_bytes(data: bytes, limit: int = SHOWN_LIMIT) -> str:
-    """The bytes as readable text, control characters escaped, cut at ``limit`` characters."""
-    text = data.decode("utf-8", "replace")
-    out = []
-    for char in text:
-        if char == "\\":
-            out.append("\\\\")
-        elif char == "\n":
-            out.append("\\n")
-        elif char == "\r":
-            out.append("\\r")
-        elif char == "\t":
-            out.append("\\t")
-        elif ord(char) < 0x20 or 0x7F <= ord(char) < 0xA0:
-            out.append(f"\\x{ord(char):02x}")
-        else:
-            out.append(char)
-    shown = "".join(out)
-    return shown if len(shown) <= limit else shown[:limit] + "..."
 
 
 def garbage_before_first_frame(data: bytes, where: str = "the agent's host") -> Optional[str]:
