@@ -299,7 +299,7 @@ def job_attributes(job: SlurmJob) -> Dict[str, str]:
         K.NAME: job.name,
         K.STATE: state.value,
         K.NATIVE_STATE: native_word(job.state),
-        K.MESSAGE: job.reason,
+        K.MESSAGE: sp.job_message(job.reason, pending=state in (JobState.QUEUING, JobState.HOLD)),
         K.USER: job.user,
         K.NATIVE_ID: job.job_id,
         K.ACCOUNT: job.account,
