@@ -44,10 +44,10 @@ def burst(tid: int):
         NewElements(tid, ElementKind.JOB, "1002", [ElementGroup(job, [
             ("name", HOSTILE_NAME), ("jobSubId", "sub-x"), ("jobState", "STARTING"), ("jobStatus", "QUEUING")])]),
         ElementChange(tid, ElementKind.JOB, [ElementGroup(job, [("jobState", "RUNNING"), ("jobStatus", "RUNNING")])]),
-        NewElements(tid, ElementKind.PROCESS, "1010", [ElementGroup(ids("1011"), [
+        NewElements(tid, ElementKind.PROCESS, "1010", [ElementGroup(ids("0"), [
             ("processIndex", "0"), ("processState", "RUNNING")])]),
-        ProcessChange(tid, "1010", [ElementGroup(ids("1011"), [("processStdout", "first\nsecond\x1b[31m")])]),
-        ProcessChange(tid, "1010", [ElementGroup(ids("1011"), [("processExitCode", "0"), ("processState", "COMPLETED")])]),
+        ProcessChange(tid, "1010", [ElementGroup(ids("0"), [("processStdout", "first\nsecond\x1b[31m")])]),
+        ProcessChange(tid, "1010", [ElementGroup(ids("0"), [("processExitCode", "0"), ("processState", "COMPLETED")])]),
         ElementChange(tid, ElementKind.JOB, [ElementGroup(job, [("jobState", "COMPLETED"), ("jobStatus", "FINISHED")])]),
     ]
 
