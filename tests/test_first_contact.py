@@ -64,6 +64,10 @@ async def test_a_banner_is_quoted_up_to_the_end_of_its_first_line_however_it_is_
     assert violation.rule == "framing"
     assert violation.raw == b"Welcome to the cluster login node.\n"
     assert client.state.violations[0].raw == violation.raw
+    assert str(violation) == (
+        "malformed frame from the agent: its output began with text that is not the protocol: "
+        "'Welcome to the cluster login node.\\n'"
+    )
     message = garbage_before_first_frame(violation.raw)
     assert "'Welcome to the cluster login node.\\n'" in message
 

@@ -41,7 +41,7 @@ from ..protocol.messages import (
     TerminateJobError,
 )
 from ..protocol.dialect import DEFAULT, NATIVE
-from ..protocol.first_bytes import QUOTE_LIMIT, QUOTE_WAIT, first_line
+from ..protocol.first_bytes import QUOTE_LIMIT, QUOTE_WAIT, first_line, shown_bytes
 from ..protocol.wire import DEFAULT_MAX_FRAME_SIZE
 from .errors import (
     AgentExited,
@@ -507,8 +507,14 @@ class AgentClient:
         line = first_line(head)
         if len(line) <= len(traffic.raw) or not line.startswith(traffic.raw):
             return traffic
+        message = (
+            f"malformed frame from the agent: its output began with text that is not the protocol: "
+            f"'{shown_bytes(line)}'"
+        )
         quoted = {
-            id(v): attrs.evolve(v, raw=line) for v in traffic.violations if v.rule == "framing" and v.raw == traffic.raw
+            id(v): attrs.evolve(v, raw=line, message=message)
+            for v in traffic.violations
+            if v.rule == "framing" and v.raw == traffic.raw
         }
         recorded = self.state.violations
         recorded[:] = [quoted.get(id(v), v) for v in recorded]
