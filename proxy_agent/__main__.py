@@ -41,12 +41,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
+class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows an option's default where it has a real one (not for flags or options without one)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default in (None, False) or "default" in (action.help or ""):
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="proxy-agent",
         description="Resource-manager proxy agent: presents this machine's schedulers to an IDE "
         "over the PTP proxy protocol.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        formatter_class=_DefaultsShown,
     )
     where = parser.add_argument_group("transport (one of; default --stdio)")
     exclusive = where.add_mutually_exclusive_group()
@@ -338,6 +347,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     try:
         names = _scheduler_names(args.scheduler)
+        for name in BACKENDS:
+            # A bad value is refused even for a backend not selected, never silently ignored.
+            backend_class(name).options_from_args(args)
         if not 0 < args.auth_timeout <= 3600:
             raise ValueError(f"--auth-timeout must be between 0 and 3600 seconds, got {args.auth_timeout:g}")
         if (args.host or args.port) and not args.proxy:

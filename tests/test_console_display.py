@@ -183,10 +183,13 @@ def test_version_and_help_with_defaults():
 
 
 def test_bad_option_values_give_one_line_and_status_2():
-    for args, words in ((["--base-id", "-5"], "--base-id"), (["--timeout", "0"], "--timeout"), (["--ssh-port", "99999"], "--ssh-port")):
-        run = console(*args, "-c", "jobs")
+    for args, words in ((["--base-id", "-5"], "--base-id"), (["--timeout", "0"], "--timeout"), (["--ssh-port", "99999"], "--ssh-port"),
+                        (["--no-such-option"], "--no-such-option"), (["deploy"], "[USER@]HOST"),
+                        (["deploy", "host", "--ssh-port", "0"], "--ssh-port")):
+        run = console(*args, "-c", "jobs") if args[0] != "deploy" else console(*args)
         assert run.returncode == 2
-        assert words in run.stderr.splitlines()[-1] and "Traceback" not in run.stderr
+        (line,) = run.stderr.splitlines()  # one line, no usage block
+        assert line.startswith("proxy-console") and words in line and "--help" in line
 
 
 # --------------------------------------------------------------------------- on a terminal

@@ -98,11 +98,6 @@ async def test_connect_back_through_ssh_with_connect(sshd, remote_pyz):
     await _connect_back(sshd, remote_pyz, lambda host, port: [f"--connect={host}:{port}"])
 
 
-@pytest.mark.xfail(
-    "--proxy" not in agent_help(),
-    reason="the agent does not take PTP's connect-back options (--proxy=tcp --host --port) yet",
-    strict=True,
-)
 async def test_connect_back_through_ssh_as_an_ide_starts_it(sshd, remote_pyz):
     # The IDE runs PROGRAM --proxy=tcp --host=HOST --port=PORT and listens on PORT.
     await _connect_back(sshd, remote_pyz, lambda host, port: ["--proxy=tcp", f"--host={host}", f"--port={port}"])
@@ -133,6 +128,20 @@ async def test_banner_seen_by_the_client_library_as_a_framing_violation(sshd, re
     assert violation.rule == "framing"
     assert violation.raw.startswith(b"Welcome to the proxy-agent test login node.\n")
     assert "shell start-up file" in garbage_before_first_frame(violation.raw)
+
+
+def test_text_typed_into_the_agent_over_ssh_is_named_by_the_agent(sshd, remote_pyz):
+    # Someone (or a wrapper) writes text where the IDE's INIT should be: the agent says what
+    # arrived in one ERROR under TID 0 and one log line, and ends the session.
+    run = subprocess.run(
+        sshd.ide_ssh(sshd.user, f"{remote_pyz} --stdio"), input=b"hello agent, are you there?\n",
+        capture_output=True, timeout=60,
+    )
+    out, err = run.stdout, run.stderr.decode("utf-8", "replace")
+    assert out.startswith(b"0000") and b" 0005:00000000:" in out  # ERROR, TID 0
+    assert b"not the protocol: 'hello agent, are you there?" in out
+    assert "the input began with text that is not the protocol: 'hello agent, are you there?" in err
+    assert "Traceback" not in err
 
 
 # --------------------------------------------------------------------------- proxy-console --ssh

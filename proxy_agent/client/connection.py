@@ -26,6 +26,7 @@ import sys
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
+import attrs
 import trio
 
 from ..protocol.messages import (
@@ -40,6 +41,7 @@ from ..protocol.messages import (
     TerminateJobError,
 )
 from ..protocol.dialect import DEFAULT, NATIVE
+from ..protocol.first_bytes import QUOTE_LIMIT, QUOTE_WAIT, first_line, shown_bytes
 from ..protocol.wire import DEFAULT_MAX_FRAME_SIZE
 from .errors import (
     AgentExited,
@@ -448,6 +450,9 @@ class AgentClient:
 
     async def _reader(self) -> None:
         state = self.state
+        # The stream's first bytes, kept while no frame has arrived, to quote them
+        # if they turn out not to be the protocol.
+        head = bytearray()
         try:
             while True:
                 try:
@@ -457,16 +462,64 @@ class AgentClient:
                     return
                 if not data:
                     for traffic in state.receive_eof():
+                        if traffic.fatal and state.frames_received == 0:
+                            traffic = self._quoting(traffic, head)
                         self._dispatch(traffic)
                     await self._connection_ended(None)
                     return
+                if state.frames_received == 0 and len(head) < QUOTE_LIMIT:
+                    head += data[: QUOTE_LIMIT - len(head)]
+                ended = False
                 for traffic in state.receive_data(data):
+                    if traffic.fatal and state.frames_received == 0:
+                        ended = await self._read_first_line(head)
+                        traffic = self._quoting(traffic, head)
                     self._dispatch(traffic)
+                if ended:
+                    await self._connection_ended(None)
+                    return
         except Exception as exc:  # noqa: BLE001 - report a client bug to whoever waits, loudly
             error = ClientError(f"internal error in the client while reading: {type(exc).__name__}: {exc}")
             error.__cause__ = exc
             self._fail(error)
             self._end(error)
+
+    async def _read_first_line(self, head: bytearray) -> bool:
+        """Read on, briefly, until ``head`` holds a whole line; True if the stream ended meanwhile.
+
+        The decoder stops at the first bytes that cannot start a frame (often
+        just 8 of them); reading a little further lets the error quote the
+        first line of, say, a login banner instead of a fragment of it.
+        """
+        with trio.move_on_after(QUOTE_WAIT):
+            while b"\n" not in head and len(head) < QUOTE_LIMIT:
+                try:
+                    data = await self.stream.receive_some(QUOTE_LIMIT)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return True
+                if not data:
+                    return True
+                head += data[: QUOTE_LIMIT - len(head)]
+        return False
+
+    def _quoting(self, traffic: Traffic, head: bytes) -> Traffic:
+        """``traffic`` (a fatal framing error before any frame) with its violation quoting the first line of ``head``."""
+        line = first_line(head)
+        if len(line) <= len(traffic.raw) or not line.startswith(traffic.raw):
+            return traffic
+        message = (
+            f"malformed frame from the agent: its output began with text that is not the protocol: "
+            f"'{shown_bytes(line)}'"
+        )
+        quoted = {
+            id(v): attrs.evolve(v, raw=line, message=message)
+            for v in traffic.violations
+            if v.rule == "framing" and v.raw == traffic.raw
+        }
+        recorded = self.state.violations
+        recorded[:] = [quoted.get(id(v), v) for v in recorded]
+        violations = tuple(quoted.get(id(v), v) for v in traffic.violations)
+        return attrs.evolve(traffic, raw=line, violations=violations)
 
     def _dispatch(self, traffic: Traffic) -> None:
         for listener in list(self._listeners):

@@ -331,6 +331,10 @@ class ClientState:
         self._stop_due: Optional[int] = None
         #: count of model events applied (handy for "something happened" waits)
         self.model_events = 0
+        #: frames received so far (well delimited, if not always well formed);
+        #: while 0, a fatal framing error means the stream began with something
+        #: that is not the protocol
+        self.frames_received = 0
 
     # ------------------------------------------------------------------ queries
 
@@ -454,6 +458,7 @@ class ClientState:
                 length = int(self._raw[:8], 16)
                 raw = bytes(self._raw[: 8 + length])
                 del self._raw[: 8 + length]
+                self.frames_received += 1
             out.append(self._frame(item, raw))
         return out
 

@@ -43,6 +43,7 @@ from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Opti
 import trio
 
 from .connection import AgentClient
+from .diagnose import garbage_before_first_frame
 from .errors import ClientError, ConnectError, ProtocolViolationError, WaitTimeout
 from .state import Element
 
@@ -277,8 +278,6 @@ class Agent:
             raise ConnectError(f"the session with {client.peer} did not start within {self._start_timeout:g} s") from None
         except ProtocolViolationError as exc:
             if not frames and exc.violation.rule == "framing":
-                from ..console.diagnose import garbage_before_first_frame
-
                 explained = garbage_before_first_frame(exc.violation.raw)
                 if explained:
                     raise ConnectError(explained) from exc

@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, List, Optional, Sequence, TextIO, Tuple
+from typing import Callable, List, NoReturn, Optional, Sequence, TextIO, Tuple
 
 import trio
 
@@ -61,6 +61,13 @@ _OPTIONS_WITH_VALUES = {
     "-c", "--command", "--script", "--connect", "--unix", "--token-file", "--timeout", "--base-id",
     "--ssh", "--remote-agent", "--ssh-config", "--ssh-port", "--ssh-option", "--agent-log",
 }
+
+
+class _Parser(argparse.ArgumentParser):
+    """A usage error is one line on stderr and exit status 2, without the usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -107,7 +114,7 @@ def add_ssh_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     command_list = "\n".join(f"  {spec.usage}" for spec in COMMANDS)
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="proxy-console",
         usage="proxy-console [--connect HOST:PORT [--token-file PATH] | --unix PATH\n"
         "                      | --ssh [USER@]HOST [--remote-agent COMMAND] | --spawn COMMAND...]\n"

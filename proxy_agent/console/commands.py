@@ -31,7 +31,7 @@ from ..client.state import OUTPUT_KEYS, PROTOCOL_VERSION, canonical_id
 from ..protocol.attributes import JOB_STATES, STANDARD_ATTRIBUTES
 from ..protocol.messages import CommandId, ElementChange, ElementKind, Error, Event, NewElements, Ok, ProcessChange, Shutdown
 from ..protocol.wire import FrameError
-from ..service.jobs import JobState
+from ..service.jobs import NEVER_STARTS, JobState
 from . import render
 from .terminal import Output
 
@@ -111,6 +111,8 @@ STATUS_NAMES = tuple(state.value for state in JobState) + (
 )
 
 #: jobStatus values after which nothing follows.
+#: jobStatus names a job that never starts still reaches.
+_WAITING_STATUSES = {"UNDEFINED", "ACCEPTED", "PREPARING", "SUBMITTING", "HOLD", "QUEUING", "PENDING", "OTHER"}
 _FINAL_STATUSES = {"FINISHED", "FAILED", "KILLED", "DELETED", "COMPLETED", "CANCELED", "CANCELLED", "ERROR", "TIMEOUT"}
 
 #: CHANGE_JOB attributes per console command: candidates, in order of preference.
@@ -530,9 +532,32 @@ class Console:
         self._followed.add(job.id)
         try:
             self._flush_output(job.id)
-            await self.client.wait_job_state(job, "COMPLETED", timeout)
+            await self._wait_job_state(job, "COMPLETED", timeout)
         finally:
             self._followed.discard(job.id)
+
+    def _check_startable(self, job: Element, state: str) -> None:
+        """Stop a wait for ``state`` at once if the agent says the job will never start."""
+        message = job.get("jobStatusMessage")
+        if job.state == "STARTING" and state != "STARTING" and isinstance(message, str) and message.startswith(NEVER_STARTS):
+            raise CommandError(
+                f"job {job.id} {message} (it stays queued; 'terminate {job.id}' removes it)",
+                job=render.element_id_value(job.id), state=job.state, status=job.get("jobStatus"), status_message=message,
+            )
+
+    async def _wait_job_state(self, job: Element, state: str, timeout: Optional[float]) -> None:
+        """:meth:`AgentClient.wait_job_state`, given up as soon as the job is known never to start."""
+        self._check_startable(job, state)
+        client = self.client
+
+        def reached() -> bool:
+            if state in job.states or job.removed or job.state == "COMPLETED":
+                return True
+            self._check_startable(job, state)
+            return False
+
+        await client.wait_for(reached, timeout, description=f"job {job.id} to reach {state} (now {job.state})")
+        await client.wait_job_state(job, state, 0)
 
     def _job_end_line(self, job: Element) -> str:
         codes = exit_codes(self.client, job)
@@ -846,7 +871,7 @@ class Console:
     async def _wait_job(self, job: Element, state: str, timeout: Optional[float]) -> None:
         """Until the job has been in ``state``: its jobState for the protocol's four, else its jobStatus."""
         if state in PROTOCOL_JOB_STATES:
-            await self.client.wait_job_state(job, state, timeout)
+            await self._wait_job_state(job, state, timeout)
             return
         seen = self.statuses.setdefault(job.id, [])
         current = job.get("jobStatus")
@@ -864,6 +889,8 @@ class Console:
             if job.removed or ended:
                 went = " -> ".join(seen + ([status] if status and (not seen or seen[-1] != status) else [])) or "no status"
                 raise CommandError(f"job {job.id} ended without reaching {state} (went {went})")
+            if state not in _WAITING_STATUSES:
+                self._check_startable(job, state)
             return False
 
         await self.client.wait_for(reached, timeout, description=f"job {job.id} to reach {state} (now {job.get('jobStatus')})")

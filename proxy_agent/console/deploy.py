@@ -49,9 +49,9 @@ class DeployError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import _HelpFormatter, add_ssh_options
+    from . import _HelpFormatter, _Parser, add_ssh_options
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="proxy-console deploy",
         description="Copy the single-file agent (proxy-agent.pyz) to HOST with scp and check that it starts there: "
         "one line for the copy, one for the Python it found, one for the agent's answer to INIT.",

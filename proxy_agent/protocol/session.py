@@ -77,6 +77,7 @@ from .messages import (
     SUPPORTED_VERSIONS,
     parse_init,
 )
+from .first_bytes import first_line, shown_bytes
 from .wire import Frame, FrameError
 
 __all__ = ["Abandoned", "AgentSession", "Phase", "ProtocolViolation", "Received", "Transaction"]
@@ -219,14 +220,36 @@ class AgentSession:
         self.init: Optional[InitRequest] = None
         # abandoned commands not yet finished by the agent, by TID, oldest first
         self._abandoned: Dict[int, List[Transaction]] = {}
+        #: frames received so far (commands or malformed but delimited frames); while 0, a
+        #: fatal framing error means the input began with something that is not the protocol
+        self.frames_received = 0
 
     # ------------------------------------------------------------------ input
 
     def receive(self, item: Union[Frame, FrameError, Command]) -> Received:
+        if not (isinstance(item, FrameError) and item.fatal):
+            self.frames_received += 1
         if isinstance(item, FrameError):
             return self._frame_error(item)
         command = item if isinstance(item, Command) else Command.from_frame(item)
         return self._command(command)
+
+    def not_the_protocol(self, head: bytes) -> Received:
+        """The input began with ``head``, which is not a frame (a person typing, a greeting
+        written into the agent's input): ERROR under TID 0 naming what arrived, and close.
+
+        Nothing after such text can be framed again, so the session ends; the ERROR is
+        for whoever reads the agent's output, the log line for whoever reads its log.
+        """
+        text = (
+            f"the input began with text that is not the protocol: '{shown_bytes(first_line(head))}' "
+            "(a frame starts with its length as 8 hex digits and a space; is something other "
+            "than a proxy-protocol client writing to the agent?)"
+        )
+        if self.phase is Phase.SHUTDOWN or 0 in self.open:
+            return Received(close=True, log=text + "; session closed")
+        self._open(0, -1)
+        return Received(replies=[Error(0, ErrorCode.MALFORMED_FRAME, text)], close=True, log=text + "; session closed")
 
     def _frame_error(self, error: FrameError) -> Received:
         text = f"malformed frame: {error.message}"

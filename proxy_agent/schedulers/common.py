@@ -8,12 +8,14 @@ from __future__ import annotations
 import getpass
 import os
 import signal
-from typing import Dict, List, Optional
+import time
+from typing import AbstractSet, Dict, List, Optional
 
 from ..service.jobs import StateTable
 from ..service.model import K
 
 __all__ = [
+    "sweep_spool",
     "LineSplitter",
     "MAX_LINE_BYTES",
     "current_user",
@@ -155,3 +157,34 @@ def _utf8_boundary(data: bytes, limit: int) -> int:
     while cut > limit - 3 and data[cut] & 0xC0 == 0x80:
         cut -= 1
     return cut
+
+
+#: Output files in a spool directory older than this are removed (a week).
+SPOOL_MAX_AGE = 7 * 24 * 3600.0
+
+
+def sweep_spool(directory: str, keep: AbstractSet[str], max_age: float = SPOOL_MAX_AGE,
+                now: Optional[float] = None) -> List[str]:
+    """Remove the output files (``*.out``, ``*.err``) in ``directory`` untouched for ``max_age``
+    seconds, except those in ``keep`` (jobs still followed); returns the paths removed.
+
+    Files of jobs the agent saw end are removed when the job is retired; these are the ones
+    left behind by an agent that stopped first.  A missing directory is no error.
+    """
+    now = time.time() if now is None else now
+    removed: List[str] = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    for entry in entries:
+        if not entry.name.endswith((".out", ".err")) or entry.path in keep:
+            continue
+        try:
+            if not entry.is_file(follow_symlinks=False) or now - entry.stat(follow_symlinks=False).st_mtime < max_age:
+                continue
+            os.unlink(entry.path)
+        except OSError:
+            continue
+        removed.append(entry.path)
+    return removed

@@ -50,7 +50,8 @@ Submitting
 The batch script comes from :mod:`.batch` (every user value shell-quoted; options are argv
 elements of ``sbatch --parsable``, the script goes on stdin). Output goes to
 ``~/.proxy-agent/slurm/<name>.<random>.out`` / ``.err`` unless the submission names output
-files, and those files are followed while the job runs.
+files, and those files are followed while the job runs.  The agent's own files are removed
+when the ended job is retired; any an earlier agent left there are removed after a week.
 """
 
 from __future__ import annotations
@@ -310,7 +311,7 @@ def job_attributes(job: SlurmJob) -> Dict[str, str]:
         K.NAME: job.name,
         K.STATE: state.value,
         K.NATIVE_STATE: native_word(job.state),
-        K.MESSAGE: job.reason,
+        K.MESSAGE: sp.job_message(job.reason, pending=state in (JobState.QUEUING, JobState.HOLD)),
         K.USER: job.user,
         K.NATIVE_ID: job.job_id,
         K.ACCOUNT: job.account,
@@ -777,6 +778,8 @@ class SlurmBackend(Backend):
         self.output_drain_grace = output_drain_grace
         self.max_backoff = max(max_backoff, self.poll_interval)
         self.spool_dir = spool_dir or os.path.join(os.path.expanduser("~"), ".proxy-agent", "slurm")
+        #: output files in the spool directory older than this, and followed by no job, are removed
+        self.spool_max_age = common.SPOOL_MAX_AGE
         self.prefer_json = prefer_json
         self.squeue_json = squeue_json
         self.parse_in_thread_above = parse_in_thread_above
@@ -946,7 +949,16 @@ class SlurmBackend(Backend):
             errors = await self._poll(nodes=True, partitions=True)
             self._report(errors)
             task_status.started()
+            nursery.start_soon(self._sweep_spool_loop)
             await self._poll_loop()
+
+    async def _sweep_spool_loop(self) -> None:
+        """Now and then, remove old output files of jobs no agent follows any more."""
+        while True:
+            keep = {path for tracked in self._jobs.values() for path in tracked.spool_files}
+            for path in common.sweep_spool(self.spool_dir, keep, self.spool_max_age):
+                log.info("removed old output file %s", path)
+            await trio.sleep(3600)
 
     async def aclose(self) -> None:
         # Jobs stay with SLURM; only our polling and output followers stop.

@@ -64,7 +64,11 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import attrs
 
+from ..service.jobs import NEVER_STARTS
+
 __all__ = [
+    "NEVER_STARTS_REASONS",
+    "job_message",
     "SlurmError",
     "SlurmJob",
     "SlurmNode",
@@ -1315,3 +1319,37 @@ def parse_sbatch_parsable(stdout: str) -> str:
     if not job_id.isdigit():
         raise SlurmError(f"sbatch printed no job id: {lines[-1]!r}")
     return job_id
+
+
+# --------------------------------------------------------------------------- pending reasons
+
+#: Reasons SLURM gives for a pending job that it will not start as submitted (squeue(1), "JOB
+#: REASON CODES"): the request exceeds what its partition, association or QOS allows, or
+#: names something it may not use.  Without EnforcePartLimits, sbatch accepts such jobs and
+#: they wait for ever.
+NEVER_STARTS_REASONS: Dict[str, str] = {
+    "PartitionConfig": "it asks for more than its partition allows (nodes, CPUs, memory, GPUs or time)",
+    "PartitionNodeLimit": "it asks for more nodes than its partition allows (or the nodes it needs are down)",
+    "PartitionTimeLimit": "its time limit is longer than its partition allows",
+    "BadConstraints": "its constraints (features, node list, counts) cannot be met",
+    "InvalidAccount": "its account is not valid",
+    "InvalidQOS": "its QOS is not valid",
+    "AccountNotAllowed": "its account may not use this partition",
+    "QOSNotAllowed": "its QOS may not be used in this partition",
+    "DependencyNeverSatisfied": "a job it depends on ended in a way that can never satisfy the dependency",
+    "AssocMaxCpuPerJobLimit": "it asks for more CPUs than its association allows per job",
+    "AssocMaxNodePerJobLimit": "it asks for more nodes than its association allows per job",
+    "AssocMaxWallDurationPerJobLimit": "its time limit is longer than its association allows",
+    "QOSMaxCpuPerJobLimit": "it asks for more CPUs than its QOS allows per job",
+    "QOSMaxNodePerJobLimit": "it asks for more nodes than its QOS allows per job",
+    "QOSMaxWallDurationPerJobLimit": "its time limit is longer than its QOS allows",
+    "QOSMinCpuNotSatisfied": "it asks for fewer CPUs than its QOS requires",
+}
+
+
+def job_message(reason: str, pending: bool) -> str:
+    """A job's message: SLURM's reason, explained when it means a pending job will never start."""
+    why = NEVER_STARTS_REASONS.get(reason)
+    if why is None or not pending:
+        return reason
+    return f"{NEVER_STARTS}SLURM keeps it pending because {why} (reason {reason}); cancel it and submit it with less"

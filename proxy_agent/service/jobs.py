@@ -18,6 +18,7 @@ from typing import Callable, Dict, Iterable, Mapping, Optional, Tuple
 import attrs
 
 __all__ = [
+    "NEVER_STARTS",
     "ErrorKind",
     "JobError",
     "JobSpec",
@@ -26,6 +27,12 @@ __all__ = [
     "StateTable",
     "SubmitError",
 ]
+
+
+#: How a job's message begins when its scheduler keeps it waiting for something that will not
+#: come (more than its queue allows, an account it may not use): a client waiting for it to
+#: start or end may stop waiting and say why.  The job itself stays queued in the scheduler.
+NEVER_STARTS = "will not start as submitted: "
 
 
 class JobState(enum.Enum):

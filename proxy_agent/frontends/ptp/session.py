@@ -40,7 +40,8 @@ from ...protocol.messages import (
 )
 from ...protocol.dialect import Dialect
 from ...protocol.session import AgentSession, ProtocolViolation, Transaction
-from ...protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, encode_frame
+from ...protocol.first_bytes import QUOTE_LIMIT, QUOTE_WAIT, looks_like_frame_start
+from ...protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, FrameError, encode_frame
 from ...service.jobs import ErrorKind, JobError, ServiceError, SubmitError
 from ...service.model import Kind, UnknownElement
 from ...service.service import JobService, describe
@@ -254,7 +255,10 @@ class PtpSession:
     async def _reader(self) -> None:
         stream = self.stream
         decoder = self.decoder
+        session = self.session
         debug = log.isEnabledFor(logging.DEBUG)
+        # The input's first bytes, kept until a frame arrives, to quote them if they are not one.
+        head = bytearray()
         while True:
             try:
                 data = await stream.receive_some(_READ_SIZE)
@@ -264,14 +268,24 @@ class PtpSession:
             if not data:
                 decoder.feed_eof()
                 for item in decoder:
-                    log.warning("input ended: %s", item)
+                    if session.frames_received == 0 and not looks_like_frame_start(head):
+                        self._not_the_protocol(head)
+                    else:
+                        log.warning("input ended: %s", item)
                 log.info("%s closed the connection", self.peer)
                 return
+            if session.frames_received == 0 and len(head) < QUOTE_LIMIT:
+                head += data[: QUOTE_LIMIT - len(head)]
             decoder.feed(data)
             for item in decoder:
                 if debug:
                     log.debug("received %s", _redacted(item))
-                received = self.session.receive(item)
+                if (isinstance(item, FrameError) and item.fatal and session.frames_received == 0
+                        and not looks_like_frame_start(head)):
+                    await self._read_first_line(head)
+                    self._not_the_protocol(head)
+                    return
+                received = session.receive(item)
                 if received.log:
                     log.warning("%s", received.log)
                 for reply in received.replies:
@@ -282,6 +296,24 @@ class PtpSession:
                     await self._dispatch(received.command, received)
                     if self.quit_requested or self._closing:
                         return
+
+    async def _read_first_line(self, head: bytearray) -> None:
+        """Read on, briefly, until ``head`` holds a whole line (to quote it whole)."""
+        with trio.move_on_after(QUOTE_WAIT):
+            while b"\n" not in head and len(head) < QUOTE_LIMIT:
+                try:
+                    data = await self.stream.receive_some(QUOTE_LIMIT)
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    return
+                if not data:
+                    return
+                head += data[: QUOTE_LIMIT - len(head)]
+
+    def _not_the_protocol(self, head: bytes) -> None:
+        received = self.session.not_the_protocol(bytes(head))
+        log.warning("%s: %s", self.peer, received.log)
+        for reply in received.replies:
+            self.emit(reply)
 
     # ------------------------------------------------------------------ commands
 

@@ -1,0 +1,42 @@
+"""Against a real SLURM cluster: a job SLURM will never run is reported within seconds.
+
+The test cluster's debug partition allows an hour; a job asking for three is accepted by
+sbatch (the cluster does not enforce partition limits at submission) and stays pending for
+ever.  ``submit --wait``
+must say so at once instead of waiting out its timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+
+import pytest
+
+from agent_fixtures import agent_argv, console_argv, subprocess_env
+from proxy_agent.service.jobs import NEVER_STARTS
+from slurm_support import require_cluster
+
+pytestmark = pytest.mark.slurm
+
+require_cluster()
+
+
+def test_submit_wait_reports_a_job_that_asks_for_more_time_than_its_partition_allows():
+    name = f"pa-h16-never-{os.getpid()}"
+    start = time.monotonic()
+    try:
+        run = subprocess.run(
+            console_argv("-q", "-c", f"submit --wait --timeout 120 -q debug jobName={name} timeLimit=3:00:00 /bin/true",
+                         "--spawn", *agent_argv("--scheduler", "slurm")),
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=150, env=subprocess_env(),
+        )
+        elapsed = time.monotonic() - start
+    finally:
+        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=30)
+    assert run.returncode == 1, run.stderr
+    last = run.stderr.strip().splitlines()[-1]
+    assert NEVER_STARTS in last and "(reason Partition" in last, last
+    assert "terminate" in last and "Traceback" not in run.stderr
+    assert elapsed < 60, f"took {elapsed:.0f} s"
