@@ -474,7 +474,7 @@ class LocalBackend(Backend):
                 model.update_many(live, _RUNNING)
                 model.update(record.key, _RUNNING)
             if record.canceled:  # terminated while its processes were being started
-                self._spawn_soon(self._signal(record, "terminate"))
+                self._spawn_soon(self._signal, record, "terminate")
         elif op == "failed" and record is not None:
             record.start_error = message.get("error") or "the processes could not be started"
             record.spawned.set()
@@ -498,15 +498,20 @@ class LocalBackend(Backend):
         elif op == "error":
             log.warning("the keeper refused a request: %s", message.get("error"))
 
-    def _spawn_soon(self, coroutine) -> None:
+    def _spawn_soon(self, function, *args) -> None:
+        # The coroutine is made only inside the task, so that a request dropped because the
+        # backend is closing leaves no coroutine that was never awaited.
         async def run() -> None:
             try:
-                await coroutine
+                await function(*args)
             except Exception:  # noqa: BLE001 - best effort
                 log.exception("a request to the keeper failed")
 
         if self._nursery_for_tasks is not None:
-            self._nursery_for_tasks.start_soon(run)
+            try:
+                self._nursery_for_tasks.start_soon(run)
+            except RuntimeError:  # the nursery has closed: the agent is ending
+                pass
 
     _nursery_for_tasks: Optional[trio.Nursery] = None
 
@@ -557,7 +562,7 @@ class LocalBackend(Backend):
         elif file.offset < file.size:
             self._mark(record.key, rank, stream)
         if self._keeper is not None and not self._keeper.closed and not self._closing:
-            self._spawn_soon(self._keeper_read(record.key, rank, stream, file.offset))
+            self._spawn_soon(self._keeper_read, record.key, rank, stream, file.offset)
 
     async def _keeper_read(self, key: int, rank: int, stream: str, offset: int) -> None:
         if self._keeper is not None and not self._keeper.closed:
