@@ -758,9 +758,13 @@ class BatchBackend(Backend):
             K.SUBMIT_TIME: job.submit_time, K.START_TIME: job.start_time, K.END_TIME: job.end_time,
         }
         if tracked is None or not tracked.submitted:
-            # A job submitted here keeps the name, size and directory it was submitted with
-            # (a system may list a shortened name).
             values.update({K.NAME: job.name, K.NUM_PROCS: _text(job.num_procs), K.WORKING_DIR: job.work_dir})
+        else:
+            # A job submitted here keeps the name, size and settings it was submitted with
+            # where the listing shows none (or a shortened name).
+            for name in (K.USER, K.ACCOUNT, K.TIME_LIMIT, K.NUM_NODES):
+                if values[name] == "":
+                    del values[name]
         if job.time_used is not None:
             values[K.TIME_USED] = str(job.time_used)
         process: Dict[str, Any] = {K.STATE: state.value, K.NATIVE_STATE: job.native_state}
@@ -972,6 +976,10 @@ class BatchBackend(Backend):
             attrs_[K.ARGUMENTS] = spec.arguments
         if spec.working_dir:
             attrs_[K.WORKING_DIR] = spec.working_dir
+        if spec.account:
+            attrs_[K.ACCOUNT] = spec.account
+        if spec.wall_time:
+            attrs_[K.TIME_LIMIT] = str(spec.wall_time)
         tracked = self._jobs.get(native_id)
         if tracked is not None:  # listed before the submit command answered
             tracked.submitted = submitted
