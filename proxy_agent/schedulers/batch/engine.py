@@ -890,8 +890,11 @@ class BatchBackend(Backend):
             except (ServiceError, ValueError) as exc:
                 log.info("cannot look up how %s job %s ended: %s", self.system.label, native_id, exc)
                 record, failed = None, True
-            if record is not None and self.system.job_state(record).final:
+            if record is not None:
                 self._update_job(tracked, record)
+                if not self.system.job_state(record).final:
+                    # Still there, although the listing left it out: looked up again.
+                    self._table.expect(native_id, self._generation)
                 continue
             tracked.gone_polls += 1
             if tracked.gone_polls < self.MAX_GONE_POLLS:
