@@ -232,3 +232,39 @@ async def test_error_state_shows_its_reason(tmp_path):
         # Its accounting record tells of the failed start.
         await c.wait_status(job_id, "FAILED")
         assert "working directory" in c.job(job_id).get("jobStatusMessage")
+
+
+async def test_a_new_agent_adopts_the_jobs_of_the_last_one(tmp_path):
+    """Jobs outlive the agent: the next agent on the same state directory finds them by
+    their Grid Engine ids, with their output delivered on from where it stopped."""
+    env = subprocess_env(HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"))
+    argv = agent_argv("--scheduler", "sge", "--sge-poll-interval", "1")
+    code = "import time; print('before', flush=True); time.sleep(6); print('after', flush=True)"
+    native = None
+    try:
+        with trio.fail_after(TEST_TIMEOUT):
+            async with await AgentClient.spawn(argv, env=env, cwd=str(tmp_path)) as client:
+                await client.init()
+                await client.model_def()
+                await client.start_events()
+                await client.wait_for(lambda: client.queues, 20, description="queues")
+                job_id = await client.submit(PY, ["-c", code], name="pa-sge-adopt")
+                native = client.job(job_id).get("nativeId")
+                await client.wait_for(lambda: "before" in client.job_output(job_id, "stdout"), 40,
+                                      description="the first line")
+                await client.quit()
+            async with await AgentClient.spawn(argv, env=env, cwd=str(tmp_path)) as client:
+                await client.init()
+                await client.model_def()
+                await client.start_events()
+                await client.wait_for(lambda: job_id in client.jobs, 20,
+                                      description=f"the adopted job {job_id} in {list(client.jobs)}: {client.process.stderr_tail(30)}")
+                assert client.job(job_id).get("nativeId") == native
+                await client.wait_job_state(job_id, "COMPLETED", timeout=40)
+                assert client.job(job_id).get("jobStatus") == "FINISHED"
+                # Only what the first agent had not delivered.
+                assert client.job_output(job_id, "stdout") == "after\n"
+                await client.quit()
+    finally:
+        if native:
+            sge_support.run(["qdel", native], timeout=20)

@@ -1027,8 +1027,16 @@ class BatchBackend(Backend):
         adopted: List[int] = []
         for record in stored:
             spec = record.job_spec
-            if spec is None or not record.native_id or record.native_id in self._jobs:
+            if spec is None or not record.native_id:
                 continue
+            listed = self._jobs.get(record.native_id)
+            if listed is not None:
+                if listed.submitted:
+                    continue
+                # The first listing showed it as anybody's job: it becomes the stored one.
+                del self._jobs[record.native_id]
+                self._by_element.pop(listed.element, None)
+                self.model.remove(listed.element)
             name = record.queue.partition(":")[2] or record.queue
             queue = self._queue_for(name)
             try:
@@ -1048,8 +1056,9 @@ class BatchBackend(Backend):
                 self._completed(tracked)
                 self._table.retire(record.native_id)
             self._start_followers(tracked, {s: (delivered.get(f"0.{s}", 0), None) for s in tracked.paths})
-            if _started(state) and tracked.started is not None:
-                tracked.started.set()
+            current = self._table.record(record.native_id)
+            if current is not None and not state.final:
+                self._update_job(tracked, current)  # as the first listing showed it
             adopted.append(record.key)
         if adopted:
             self._wake.set()
