@@ -5,7 +5,7 @@ parsers of their answers into the neutral records of :mod:`.records`, its state 
 its submission dialect.  :class:`BatchBackend` does the rest, the same way for every system:
 
 * **Polling**: one status query per poll for every job shown (the agent user's, or every
-  user's with ``--all-users``), the queues and hosts every ``info_interval``.  Queries of
+  user's with ``--all-users``), the queues and hosts every ``info_interval`` (a minute, or four polls).  Queries of
   one poll run side by side; a big answer is parsed in a worker thread.  After a submission
   or a job command the engine polls every ``fast_poll_interval`` for a while.
 * **Back-off**: a failing or hanging query is logged, shown as the machine's ERROR state and
@@ -414,7 +414,7 @@ class BatchBackend(Backend):
         self.command_timeout = command_timeout
         self.fast_poll_interval = min(fast_poll_interval, self.poll_interval)
         self.fast_poll_duration = fast_poll_duration
-        self.info_interval = info_interval if info_interval is not None else max(30.0, 2 * self.poll_interval)
+        self.info_interval = info_interval if info_interval is not None else max(60.0, 4 * self.poll_interval)
         self.output_interval = output_interval
         self.output_drain_grace = output_drain_grace
         self.max_backoff = max(max_backoff, self.poll_interval)
@@ -880,9 +880,14 @@ class BatchBackend(Backend):
 
     async def _finish_gone(self, gone: List[str]) -> None:
         """Jobs the listing no longer shows: their end from the system's accounting."""
+        # An array job lives on while the listing shows any of its tasks.
+        arrays = {record.array_id for record in self._table.records() if record.array_id}
         for native_id in gone:
             tracked = self._jobs.get(native_id)
             if tracked is None or tracked.completed:
+                continue
+            if native_id in arrays:
+                self._table.expect(native_id, self._generation)
                 continue
             try:
                 record = await self.system.final_record(native_id, self.run_cmd)
