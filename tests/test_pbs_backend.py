@@ -160,3 +160,25 @@ async def test_torque_final_state_from_tracejob(tmp_path):
         job = await client.submit(PY, ["-c", "raise SystemExit(4)"], name="pa-pbs-trace")
         await client.wait_job_state(job, "COMPLETED", timeout=30)
         assert status(client, job) == "FAILED" and client.job(job).get("exitCode") == "4"
+
+
+async def test_no_pbs_here_is_a_clear_error_and_other_schedulers_serve_on(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "qstat").write_text("#!/bin/sh\necho 'SGE 8.1.9'\nexit 1\n")
+    (bin_dir / "qstat").chmod(0o755)
+    env = subprocess_env(PATH=f"{bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}", HOME=str(tmp_path))
+    argv = agent_argv("--scheduler", "local,pbs")
+    with trio.fail_after(TEST_TIMEOUT):
+        async with await AgentClient.spawn(argv, env=env, cwd=str(tmp_path)) as client:
+            await client.init()
+            await client.model_def()
+            await client.start_events()
+            await client.wait_for(lambda: "cannot tell which PBS" in client.process.stderr_tail(200), 20,
+                                  description="the error")
+            assert "SGE 8.1.9" in client.process.stderr_tail(200)  # what the probe saw
+            job = await client.submit("/bin/echo", ["still here"])
+            await client.wait_job_state(job, "COMPLETED", timeout=30)
+            assert client.job_output(job) == "still here\n"
+            await client.quit()
+        assert "Traceback" not in client.process.stderr_tail(200)

@@ -317,10 +317,14 @@ _MISSING: Any = object()
 # --------------------------------------------------------------------------- the backend
 
 
+#: Seconds between two polls unless ``--NAME-poll-interval`` says otherwise.
+DEFAULT_POLL_INTERVAL = 15.0
+
+
 @attrs.frozen
 class BatchOptions:
     #: seconds between two polls
-    poll_interval: float = 15.0
+    poll_interval: float = DEFAULT_POLL_INTERVAL
 
 
 @attrs.define(eq=False)
@@ -372,6 +376,7 @@ DISPLAY_ATTRIBUTES: Tuple[AttrInfo, ...] = (
     AttrInfo(K.NATIVE_STATE, ValueType.STRING, "Native State", "The element's state in the scheduler's own words"),
     AttrInfo(K.NATIVE_ID, ValueType.STRING, "Native Job ID", "The job's id in its scheduler"),
     AttrInfo(K.CPUS, ValueType.INTEGER, "CPUs", "How many CPUs the node has", default="0"),
+    AttrInfo(K.CPUS_USED, ValueType.INTEGER, "CPUs Used", "CPUs of the node in use by jobs", default="0"),
     AttrInfo(K.MEMORY, ValueType.INTEGER, "Memory (MB)", "Memory the node has, in megabytes", default="0"),
     AttrInfo(K.QUEUES, ValueType.STRING, "Queues", "Queues of the node, comma-separated"),
     AttrInfo(K.REASON, ValueType.STRING, "Reason", "Why the node is down or failing"),
@@ -379,12 +384,15 @@ DISPLAY_ATTRIBUTES: Tuple[AttrInfo, ...] = (
              default="false"),
     AttrInfo(K.MAX_TIME, ValueType.INTEGER, "Maximum Time (s)",
              "Longest wall time a job of the queue may have, in seconds (absent: unlimited)", default="0"),
+    AttrInfo(K.TOTAL_NODES, ValueType.INTEGER, "Total Nodes", "Hosts of the queue", default="0"),
     AttrInfo(K.TOTAL_SLOTS, ValueType.INTEGER, "Total Slots", "Processor slots of the queue", default="0"),
     AttrInfo(K.FREE_SLOTS, ValueType.INTEGER, "Free Slots", "Processor slots of the queue not in use",
              default="0"),
     AttrInfo(K.WAITING, ValueType.INTEGER, "Waiting Jobs", "Jobs of the queue waiting to start", default="0"),
     AttrInfo(K.RUNNING, ValueType.INTEGER, "Running Jobs", "Jobs of the queue running", default="0"),
     AttrInfo(K.HOSTS, ValueType.STRING, "Hosts", "Hosts of the queue, or hosts the job runs on"),
+    AttrInfo(K.NUM_NODES, ValueType.INTEGER, "Nodes", "Hosts the job uses or asked for", default="0"),
+    AttrInfo(K.TIME_USED, ValueType.INTEGER, "Time Used (s)", "Run time so far in seconds", default="0"),
     AttrInfo(K.TIME_LIMIT, ValueType.INTEGER, "Time Limit (s)", "The job's wall-time limit in seconds",
              default="0"),
     AttrInfo(K.ACCOUNT, ValueType.STRING, "Account", "Account or project the job is charged to"),
@@ -409,7 +417,7 @@ class BatchBackend(Backend):
                  system: Optional[BatchSystem] = None) -> None:
         super().__init__(model, options, context)
         self.system = system if system is not None else self.make_system()
-        self.poll_interval = max(0.1, float(getattr(self.options, "poll_interval", 15.0)))
+        self.poll_interval = max(0.1, float(getattr(self.options, "poll_interval", DEFAULT_POLL_INTERVAL)))
         self.retention = retention
         self.command_timeout = command_timeout
         self.fast_poll_interval = min(fast_poll_interval, self.poll_interval)
@@ -454,7 +462,7 @@ class BatchBackend(Backend):
     def add_arguments(cls, parser) -> None:
         group = parser.add_argument_group(f"{cls.summary.split(' (')[0]} ({cls.name})")
         group.add_argument(f"--{cls.name}-poll-interval", dest=f"{cls.name}_poll_interval", type=float,
-                           default=BatchOptions.poll_interval, metavar="SECONDS",
+                           default=DEFAULT_POLL_INTERVAL, metavar="SECONDS",
                            help="seconds between two polls of the scheduler (default: %(default)s)")
         cls.add_more_arguments(group)
 
@@ -464,7 +472,7 @@ class BatchBackend(Backend):
 
     @classmethod
     def options_from_args(cls, args) -> BatchOptions:
-        interval = getattr(args, f"{cls.name}_poll_interval", BatchOptions.poll_interval)
+        interval = getattr(args, f"{cls.name}_poll_interval", DEFAULT_POLL_INTERVAL)
         if not 0.1 <= interval <= 3600:
             raise ValueError(f"--{cls.name}-poll-interval must be between 0.1 and 3600 seconds, got {interval:g}")
         return BatchOptions(poll_interval=interval)
