@@ -9,6 +9,7 @@ import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import attrs
+from hypothesis import given, strategies as st
 import pytest
 import trio
 
@@ -302,3 +303,20 @@ def test_job_table_diffs_and_respects_expected_jobs():
     assert table.apply(first, 4).gone == ["3"]
     changes = table.apply([attrs.evolve(first[0], native_state="run")], 5)
     assert [j.job_id for j in changes.changed] == ["1"] and changes.gone == ["2"]
+
+
+LISTINGS = st.lists(st.dictionaries(st.sampled_from("abcdef"), st.sampled_from(["wait", "run", "held"]), max_size=6),
+                    min_size=1, max_size=8)
+
+
+@given(LISTINGS)
+def test_job_table_reports_exactly_the_differences(listings):
+    table = JobTable()
+    previous: Dict[str, str] = {}
+    for generation, listing in enumerate(listings):
+        changes = table.apply([NativeJob(i, native_state=s) for i, s in listing.items()], generation)
+        assert {j.job_id for j in changes.added} == set(listing) - set(previous)
+        assert {j.job_id for j in changes.changed} == {i for i in listing if i in previous and previous[i] != listing[i]}
+        assert set(changes.gone) == set(previous) - set(listing)
+        assert {i: table.record(i).native_state for i in listing} == listing
+        previous = listing
