@@ -10,7 +10,6 @@ from __future__ import annotations
 import glob
 import json
 import os
-import subprocess
 import sys
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, List
