@@ -265,3 +265,48 @@ async def test_a_new_agent_adopts_the_jobs_of_the_last_one(tmp_path):
     finally:
         if native:
             sge_support.run(["qdel", native], timeout=20)
+
+
+async def test_other_users_jobs_only_with_all_users(tmp_path):
+    if not sge_support.other_user_exists():
+        pytest.skip(f"the cell has no user {sge_support.OTHER_USER} (scripts/sge-up makes one)")
+    script = "#!/bin/sh\nsleep 120\n"
+    argv = ["runuser", "-u", sge_support.OTHER_USER, "--", "qsub", "-terse", "-h", "-N", "pa-sge-other",
+            "-o", "/dev/null", "-e", "/dev/null", "-S", "/bin/sh"]
+    other = sge_support.run(argv, stdin=script).stdout.strip()
+    assert other.isdigit(), other
+    try:
+        for all_users in (False, True):
+            flags = ["--all-users"] if all_users else []
+            argv = agent_argv("--scheduler", "sge", "--sge-poll-interval", "1", *flags)
+            with trio.fail_after(TEST_TIMEOUT):
+                async with await AgentClient.spawn(argv, env=subprocess_env(HOME=str(tmp_path))) as client:
+                    await client.init()
+                    await client.model_def()
+                    await client.start_events()
+                    await client.wait_for(lambda: client.queues, 20, description="queues")
+                    mine = await client.submit("true", name="pa-sge-mine", hold=True)
+                    mine_native = client.job(mine).get("nativeId")
+                    # One poll later the listing has been applied.
+                    await client.wait_for(lambda: client.job(mine).get("jobNativeState") == "hqw", 20,
+                                          description="my job listed")
+                    seen = {job.get("nativeId"): job for job in client.jobs.values()}
+                    if all_users:
+                        assert seen[other].get("jobStatus") == "HOLD" and seen[other].name == "pa-sge-other"
+                    else:
+                        assert other not in seen
+                    sge_support.run(["qdel", mine_native])
+                    await client.quit()
+    finally:
+        sge_support.run(["qdel", other])
+
+
+async def test_array_job_ends_when_its_last_task_has(tmp_path):
+    async with cell(tmp_path) as c:
+        job_id = await c.submit("/bin/sh", ["-c", "echo task $SGE_TASK_ID"], name="pa-sge-array", array="1-3")
+        native = c.job(job_id).get("nativeId")
+        await c.client.wait_job_state(job_id, "COMPLETED", timeout=60)
+        assert c.job(job_id).get("jobStatus") == "FINISHED"
+        # Every task ran and is accounted for by then.
+        out = sge_support.run(["qacct", "-j", native]).stdout
+        assert out.count("taskid") == 3
