@@ -131,7 +131,7 @@ async def test_local_and_sim_in_one_agent():
 
 
 def test_unknown_and_repeated_schedulers_are_refused_in_one_line():
-    for value, needle in (("local,pbs", "unknown scheduler 'pbs'"), ("sim,sim", "given twice"), ("local,", "empty")):
+    for value, needle in (("local,lsf", "unknown scheduler 'lsf'"), ("sim,sim", "given twice"), ("local,", "empty")):
         run = subprocess.run(agent_argv("--scheduler", value), capture_output=True, text=True, env=subprocess_env(),
                              stdin=subprocess.DEVNULL, timeout=30)
         assert run.returncode == 2, run.stderr
@@ -139,7 +139,7 @@ def test_unknown_and_repeated_schedulers_are_refused_in_one_line():
     run = subprocess.run(agent_argv("--help"), capture_output=True, text=True, env=subprocess_env(), timeout=30)
     assert run.returncode == 0
     assert "--sim-nodes" in run.stdout and "--slurm-poll-interval" in run.stdout
-    assert "pbs" not in run.stdout.lower()
+    assert "--sge-poll-interval" in run.stdout and "--pbs-poll-interval" in run.stdout
 
 
 def _rss_kb(pid: int) -> int:

@@ -196,7 +196,10 @@ class JobService:
         except Exception as exc:  # noqa: BLE001 - one backend's failure is contained
             why = describe(exc)
             if not done[0]:
-                log.exception("the %s scheduler failed to start", backend.name)
+                if isinstance(exc, ServiceError):  # the scheduler's own words say it all
+                    log.error("the %s scheduler failed to start: %s", backend.name, why)
+                else:
+                    log.exception("the %s scheduler failed to start", backend.name)
                 self.failures[backend.name] = f"the {backend.name} scheduler failed to start: {why}"
                 if len(self.backends) > 1:
                     self.notify("ERROR", self.failures[backend.name])
