@@ -26,7 +26,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
 
-from proxy_agent.schedulers.slurm import JobTable  # noqa: E402
+from proxy_agent.schedulers.slurm import JobTable, native_job  # noqa: E402
 from proxy_agent.schedulers.slurm_parse import parse_squeue_json, parse_squeue_text  # noqa: E402
 
 
@@ -88,13 +88,13 @@ def bench_parse_and_diff(make_large, jobs: int, runs: int) -> None:
     first = make_large.squeue_text(jobs)
     second = _changed_listing(first, 100)
     table = JobTable()
-    table.apply(parse_squeue_text(first), 0)
+    table.apply([native_job(j) for j in parse_squeue_text(first)], 0)
     totals, parses, diffs = [], [], []
     counts = None
     for n in range(runs):
         text = second if n % 2 == 0 else first
         start = time.perf_counter()
-        records = parse_squeue_text(text)
+        records = [native_job(j) for j in parse_squeue_text(text)]
         parsed = time.perf_counter()
         changes = table.apply(records, n + 1)
         done = time.perf_counter()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 import pytest
@@ -71,16 +72,18 @@ async def test_brokering_across_slurm_partitions(tmp_path):
                 assert job.get("brokerReason") == "Benchmark: specint2000 1500"
                 assert _partition_in_slurm(job.get("nativeId")) == "long"
 
-                # FastestQueue: SLURM's partitions publish no waiting jobs yet, so they rank after
-                # a queue that does, and keep their order among themselves
-                job = await _brokered(client, await client.submit(
-                    "/bin/true", queue="slurm:long,local:default", broker="FastestQueue"))
-                assert _label(client.element(job.parent)) == "local:default"
-                job = await _brokered(client, await client.submit(
-                    "/bin/true", queue="slurm:long,slurm:debug", broker="FastestQueue"))
-                native_ids.append(job.get("nativeId"))
-                assert _label(client.element(job.parent)) == "slurm:long"
-                assert job.get("brokerReason") == "FastestQueue: no load figures for slurm:long (such queues rank last)"
+                # FastestQueue: SLURM's partitions publish their waiting and running jobs as the
+                # local queue does; the reason gives the figures that decided
+                for choices in ("slurm:long,local:default", "slurm:long,slurm:debug"):
+                    job = await _brokered(client, await client.submit("/bin/true", queue=choices,
+                                                                      broker="FastestQueue"))
+                    chosen = _label(client.element(job.parent))
+                    assert chosen in choices.split(",")
+                    assert re.fullmatch(r"FastestQueue: \d+ waiting of \d+ slots(, \d+ free)?",
+                                        job.get("brokerReason")), job.get("brokerReason")
+                    if chosen.startswith("slurm:"):
+                        native_ids.append(job.get("nativeId"))
+                        assert _partition_in_slurm(job.get("nativeId")) == chosen.partition(":")[2]
 
                 # more processes than either partition has slots
                 with pytest.raises(CommandFailed) as failure:

@@ -346,10 +346,10 @@ async def test_final_state_lookups_on_the_real_cluster(nursery, tmp_path):
         assert model.attr(eid, K.EXIT_CODE) == "4"
         (process,) = model.processes(eid)
         assert model.attr(process, K.EXIT_CODE) == "4"
-        by_scontrol = await backend._final_records([slurm_id])
+        by_scontrol = await backend.system.slurm_records([slurm_id], backend.run_cmd)
         assert by_scontrol[slurm_id].state == "FAILED" and by_scontrol[slurm_id].exit_code == "4:0"
-        backend.MAX_SCONTROL_LOOKUPS = 0  # as if the controller had forgotten it: the completion log
-        by_sacct = await backend._final_records([slurm_id])
+        backend.system.MAX_SCONTROL_LOOKUPS = 0  # as if the controller had forgotten it: the completion log
+        by_sacct = await backend.system.slurm_records([slurm_id], backend.run_cmd)
         assert by_sacct[slurm_id].state == "FAILED" and by_sacct[slurm_id].exit_code == "4:0"
     finally:
         subprocess.run(["scancel", slurm_id], capture_output=True, timeout=20)

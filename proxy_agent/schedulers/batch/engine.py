@@ -66,6 +66,7 @@ __all__ = [
     "CommandFailed",
     "CommandResult",
     "JobTable",
+    "Parse",
     "Run",
     "run_command",
 ]
@@ -100,6 +101,10 @@ class CommandFailed(ServiceError):
         self.argv = tuple(argv)
         self.timed_out = timed_out
 
+
+#: How a system has an answer parsed: ``await parse(parser, stdout_bytes)`` (a big one in a
+#: worker thread).
+Parse = Callable[[Callable[[str], Any], bytes], Awaitable[Any]]
 
 #: How the engine and the systems run a command: ``await run(argv, stdin=None, check=True)``.
 #: With ``check`` a non-zero exit raises :class:`CommandFailed` with the command's words.
@@ -136,6 +141,13 @@ class BatchSystem(abc.ABC):
 
     #: the system's name in messages ("Grid Engine")
     label: ClassVar[str] = "batch system"
+    #: the native state a job shows between its submission and its first listing
+    submitted_state: ClassVar[str] = ""
+    #: whether a command on a job that has ended is still sent (the system's answer says why
+    #: it cannot be done) rather than refused by the engine
+    commands_after_end: ClassVar[bool] = False
+    #: the environment of queries (None: the agent's own)
+    query_env: Optional[Mapping[str, str]] = None
 
     @property
     @abc.abstractmethod
@@ -146,7 +158,31 @@ class BatchSystem(abc.ABC):
     async def start(self, run: Run) -> str:
         """Check the system answers and learn what it is; returns its version text."""
 
+    def machine_name(self) -> str:
+        """The machine's name ("": the backend's name)."""
+        return ""
+
+    def error_text(self, stderr: str) -> str:
+        """A failed command's message as one line for clients."""
+        return one_line(stderr)
+
     # listings
+    async def fetch(self, what: str, user: Optional[str], run: Run, parse: "Parse") -> Any:
+        """The parsed answer of the listing query ``what`` (``jobs``, ``queues`` or ``nodes``),
+        None when the system has no such query.  A system that knows several forms of a
+        query (JSON and text) chooses here."""
+        if what == "jobs":
+            argv: Optional[Sequence[str]] = self.status_argv(user)
+            parser: Callable[[str], Any] = lambda text: self.parse_status(text, user)  # noqa: E731
+        elif what == "queues":
+            argv, parser = self.queues_argv(), self.parse_queues
+        else:
+            argv, parser = self.nodes_argv(), self.parse_nodes
+        if argv is None:
+            return None
+        result = await run(argv)
+        return await parse(parser, result.stdout)
+
     @abc.abstractmethod
     def status_argv(self, user: Optional[str]) -> Sequence[str]:
         """One query for every job shown (``user`` None: everyone's)."""
@@ -176,13 +212,27 @@ class BatchSystem(abc.ABC):
         """The service state of a record (listing or accounting)."""
         return self.state_table.map(job.native_state)
 
+    def first_host(self, job: NativeJob) -> str:
+        """The host of a job's process 0."""
+        return job.hosts[0] if job.hosts else ""
+
     async def explain(self, jobs: List[NativeJob], run: Run) -> List[NativeJob]:
         """New or changed records, with reasons the listing lacks filled in."""
         return jobs
 
-    @abc.abstractmethod
     async def final_record(self, job_id: str, run: Run) -> Optional[NativeJob]:
         """How a job that left the listing ended (None: no record, or none yet)."""
+        return None
+
+    async def final_records(self, job_ids: Sequence[str], run: Run) -> Dict[str, Optional[NativeJob]]:
+        """How jobs that left the listing ended, looked up together.  A job missing from the
+        answer has no record yet (it is asked again); one mapped to None has none for good."""
+        found: Dict[str, Optional[NativeJob]] = {}
+        for job_id in job_ids:
+            record = await self.final_record(job_id, run)
+            if record is not None:
+                found[job_id] = record
+        return found
 
     # submission and job commands
     @abc.abstractmethod
@@ -208,6 +258,16 @@ class BatchSystem(abc.ABC):
         be followed)."""
         return "$" in path
 
+    def follow_path(self, path: str, job_id: str, spec: JobSpec, user: str) -> Optional[str]:
+        """The file an output path names once the job has its id (None: it cannot be
+        followed)."""
+        return None if self.expandable(path) else path
+
+    def stderr_default(self, stdout: str) -> Optional[str]:
+        """Where standard error goes when only standard output is named (None: a file of
+        its own in the spool directory)."""
+        return None
+
 
 # --------------------------------------------------------------------------- job table
 
@@ -227,7 +287,7 @@ def _gc_paused() -> Iterator[None]:
 #: running clock, ``time_used``, is not among them).
 _JOB_KEY = operator.attrgetter(
     "native_state", "reason", "queue", "hosts", "exit_code", "signal", "name", "num_nodes", "num_procs",
-    "time_limit", "user", "account", "start_time", "end_time", "cancelled",
+    "num_cpus", "time_limit", "user", "account", "start_time", "end_time", "cancelled", "work_dir",
 )
 
 
@@ -236,6 +296,9 @@ class JobChanges:
     added: List[NativeJob]
     changed: List[NativeJob]
     gone: List[str]
+
+    def __bool__(self) -> bool:
+        return bool(self.added or self.changed or self.gone)
 
 
 class JobTable:
@@ -370,6 +433,53 @@ def _started(state: JobState) -> bool:
     return state.started or state.final or state is JobState.FINISHING
 
 
+def job_values(system: BatchSystem, job: NativeJob, submitted: bool = False) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """The attributes a record gives a job and its process 0 (``""``: no value).  A job
+    ``submitted`` here keeps the name, size and settings it was submitted with."""
+    state = system.job_state(job)
+    values: Dict[str, Any] = {
+        K.STATE: state.value, K.NATIVE_STATE: job.native_state, K.MESSAGE: job.reason,
+        K.USER: job.user, K.NATIVE_ID: job.job_id, K.ACCOUNT: job.account, K.HOSTS: ",".join(job.hosts),
+        K.NUM_NODES: _text(job.num_nodes), K.NUM_CPUS: _text(job.num_cpus), K.TIME_LIMIT: _text(job.time_limit),
+        K.SUBMIT_TIME: job.submit_time, K.START_TIME: job.start_time, K.END_TIME: job.end_time,
+    }
+    if not submitted:
+        values.update({K.NAME: job.name, K.NUM_PROCS: _text(job.num_procs), K.WORKING_DIR: job.work_dir})
+    else:
+        # where the listing shows none (or a shortened name)
+        for name in (K.USER, K.ACCOUNT, K.TIME_LIMIT, K.NUM_NODES, K.NUM_CPUS):
+            if values[name] == "":
+                del values[name]
+    if job.time_used is not None:
+        values[K.TIME_USED] = str(job.time_used)
+    process: Dict[str, Any] = {K.STATE: state.value, K.NATIVE_STATE: job.native_state}
+    if state.final:
+        end = {K.EXIT_CODE: _text(job.exit_code), K.SIGNAL: _signal_text(job.signal)}
+        values.update(end)
+        process.update(end)
+    return values, process
+
+
+def node_values(node: NativeNode) -> Dict[str, str]:
+    """A node's attributes (``""``: no value; its number is the caller's)."""
+    return {
+        K.NAME: node.name, K.STATE: node.state, K.NATIVE_STATE: node.native_state,
+        K.CPUS: _text(node.cpus), K.CPUS_USED: _text(node.cpus_used), K.MEMORY: _text(node.memory_mb),
+        K.QUEUES: ",".join(node.queues), K.REASON: node.reason,
+    }
+
+
+def queue_values(queue: NativeQueue, is_default: bool) -> Dict[str, str]:
+    """A queue's attributes (``""``: no value)."""
+    return {
+        K.NAME: queue.name, K.STATE: queue.state, K.NATIVE_STATE: queue.native_state,
+        K.DEFAULT: "true" if is_default else "false", K.MAX_TIME: _text(queue.max_time),
+        K.DEFAULT_TIME: _text(queue.default_time), K.MAX_NODES: _text(queue.max_nodes),
+        K.TOTAL_NODES: _text(queue.total_nodes), K.TOTAL_SLOTS: _text(queue.total_slots),
+        K.FREE_SLOTS: _text(queue.free_slots), K.HOSTS: ",".join(queue.hosts),
+    }
+
+
 #: Attributes every batch backend shows beyond the standard ones.
 DISPLAY_ATTRIBUTES: Tuple[AttrInfo, ...] = (
     AttrInfo(K.VERSION, ValueType.STRING, "Version", "Version of the scheduler installation"),
@@ -411,6 +521,8 @@ class BatchBackend(Backend):
     def __init__(self, model: ServiceModel, options: Any = None, context: Optional[BackendContext] = None, *,
                  retention: float = 60.0, command_timeout: float = 30.0, fast_poll_interval: float = 1.0,
                  fast_poll_duration: float = 10.0, info_interval: Optional[float] = None,
+                 node_interval: Optional[float] = None,
+                 time_used_interval: float = 60.0,
                  output_interval: float = 0.5, output_drain_grace: float = 1.0, max_backoff: float = 120.0,
                  spool_dir: Optional[str] = None, parse_in_thread_above: int = 256 * 1024,
                  user: Optional[str] = None, runner: Optional[Callable[..., Awaitable[CommandResult]]] = None,
@@ -423,10 +535,15 @@ class BatchBackend(Backend):
         self.fast_poll_interval = min(fast_poll_interval, self.poll_interval)
         self.fast_poll_duration = fast_poll_duration
         self.info_interval = info_interval if info_interval is not None else max(60.0, 4 * self.poll_interval)
+        #: seconds between two node queries (at most as often as the jobs are polled)
+        self.node_interval = node_interval if node_interval is not None else self.info_interval
+        self.time_used_interval = time_used_interval
         self.output_interval = output_interval
         self.output_drain_grace = output_drain_grace
         self.max_backoff = max(max_backoff, self.poll_interval)
         self.spool_dir = spool_dir or os.path.join(os.path.expanduser("~"), ".proxy-agent", self.name)
+        #: files in the spool directory older than this that no job follows are removed
+        self.spool_max_age = common.SPOOL_MAX_AGE
         self.parse_in_thread_above = parse_in_thread_above
         self.user = user or common.current_user()
         self._runner = runner or run_command
@@ -437,6 +554,7 @@ class BatchBackend(Backend):
         self._queues: Dict[str, int] = {}
         self._queue_records: Dict[str, NativeQueue] = {}
         self._default: Optional[str] = None
+        self._queues_stale = False
         self._nodes: Dict[str, Tuple[int, NativeNode]] = {}
         self._table = JobTable()
         self._jobs: Dict[str, _Job] = {}
@@ -494,7 +612,7 @@ class BatchBackend(Backend):
         shown = " ".join(argv[:3])
         try:
             with trio.fail_after(self.command_timeout):
-                result = await self._runner(argv, stdin, env)
+                result = await self._runner(argv, stdin, env if env is not None else self.system.query_env)
         except trio.TooSlowError:
             raise CommandFailed(argv, f"{shown} did not finish within {self.command_timeout:g} s",
                                 timed_out=True) from None
@@ -504,7 +622,8 @@ class BatchBackend(Backend):
         except OSError as exc:
             raise CommandFailed(argv, f"cannot run {argv[0]}: {exc.strerror or exc}") from None
         if check and result.returncode != 0:
-            raise CommandFailed(argv, one_line(result.err) or f"{shown} failed with exit status {result.returncode}")
+            raise CommandFailed(argv, self.system.error_text(result.err)
+                                or f"{shown} failed with exit status {result.returncode}")
         return result
 
     async def _parse(self, parser: Callable[[str], Any], data: bytes) -> Any:
@@ -529,11 +648,20 @@ class BatchBackend(Backend):
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self._machine = self.model.add(Kind.MACHINE, None, {
-                K.NAME: self.name, K.STATE: "UNKNOWN", K.NUM_NODES: "0", K.VERSION: self.version_text,
-                K.BACKEND: self.name}, owner=self.name)
+                K.NAME: self.system.machine_name() or self.name, K.STATE: "UNKNOWN", K.NUM_NODES: "0",
+                K.VERSION: self.version_text, K.BACKEND: self.name}, owner=self.name)
             self._report(await self._poll(info=True))
             task_status.started()
+            nursery.start_soon(self._sweep_spool_loop)
             await self._poll_loop()
+
+    async def _sweep_spool_loop(self) -> None:
+        """Now and then, remove old output files of jobs no agent follows any more."""
+        while True:
+            keep = {path for tracked in self._jobs.values() for path in tracked.spool_files}
+            for path in common.sweep_spool(self.spool_dir, keep, self.spool_max_age):
+                log.info("removed old output file %s", path)
+            await trio.sleep(3600)
 
     async def aclose(self) -> None:
         # Jobs stay with the scheduler; polling and output followers stop.
@@ -553,13 +681,20 @@ class BatchBackend(Backend):
 
     async def _poll_loop(self) -> None:
         next_info = trio.current_time() + self.info_interval
+        next_time_used = trio.current_time() + self.time_used_interval
+        next_nodes = trio.current_time() + self.node_interval
         while True:
             with trio.move_on_after(self._delay()):
                 await self._wake.wait()
             self._wake = trio.Event()
-            info = trio.current_time() >= next_info
+            info = trio.current_time() >= next_info or self._queues_stale
+            self._queues_stale = False
+            nodes = info or trio.current_time() >= next_nodes
             try:
-                errors = await self._poll(info=info)
+                errors = await self._poll(info=info, nodes=nodes)
+                if trio.current_time() >= next_time_used:
+                    self._refresh_time_used()
+                    next_time_used = trio.current_time() + self.time_used_interval
                 self._retire_due()
             except Exception as exc:  # noqa: BLE001 - one bad poll must not end the agent
                 log.exception("polling %s failed", self.system.label)
@@ -567,31 +702,35 @@ class BatchBackend(Backend):
             self._report(errors)
             if info:
                 next_info = trio.current_time() + self.info_interval
+            if nodes:
+                next_nodes = trio.current_time() + self.node_interval
 
-    async def _poll(self, *, info: bool) -> List[str]:
+    async def _poll(self, *, info: bool, nodes: bool = False) -> List[str]:
         results: Dict[str, Any] = {}
         errors: Dict[str, str] = {}
         system = self.system
 
-        async def fetch(what: str, argv: Optional[Sequence[str]], parser: Callable[[str], Any]) -> None:
-            if argv is None:
-                return
-            try:
-                result = await self.run_cmd(argv)
-                results[what] = await self._parse(parser, result.stdout)
-            except ServiceError as exc:
-                errors[what] = exc.message
-            except ValueError as exc:
-                errors[what] = f"unreadable answer of {' '.join(argv[:3])}: {exc}"
-
         self._generation += 1
         generation = self._generation
         user = None if self.context.all_users else self.user
+
+        async def fetch(what: str) -> None:
+            try:
+                answer = await system.fetch(what, user, self.run_cmd, self._parse)
+            except ServiceError as exc:
+                errors[what] = exc.message
+            except ValueError as exc:
+                errors[what] = f"unreadable answer of the {what} query: {exc}"
+            else:
+                if answer is not None:
+                    results[what] = answer
+
         async with trio.open_nursery() as nursery:
             if info:
-                nursery.start_soon(fetch, "queues", system.queues_argv(), system.parse_queues)
-                nursery.start_soon(fetch, "nodes", system.nodes_argv(), system.parse_nodes)
-            nursery.start_soon(fetch, "jobs", system.status_argv(user), lambda t: system.parse_status(t, user))
+                nursery.start_soon(fetch, "queues")
+            if info or nodes:
+                nursery.start_soon(fetch, "nodes")
+            nursery.start_soon(fetch, "jobs")
         if "queues" in results:
             await self._apply_queues(results["queues"])
         if "nodes" in results:
@@ -638,7 +777,8 @@ class BatchBackend(Backend):
         else:
             up = sum(1 for _key, node in self._nodes.values() if node.state == "UP")
             state = "UP" if up == len(self._nodes) else ("ALERT" if up else "DOWN")
-        self.model.update(self._machine, {K.STATE: state, K.NUM_NODES: str(len(self._nodes))})
+        self.model.update(self._machine, {K.STATE: state, K.NUM_NODES: str(len(self._nodes)),
+                                          K.NAME: self.system.machine_name() or self.name})
 
     def _set(self, key: int, values: Mapping[str, Any]) -> None:
         """Update an element; an empty value clears an attribute only if it was ever set."""
@@ -659,12 +799,7 @@ class BatchBackend(Backend):
         default = next((q.name for q in listed.values() if q.is_default), None) or next(iter(listed), None)
         with self.model.batch():
             for name, queue in listed.items():
-                values = {
-                    K.NAME: name, K.STATE: queue.state, K.NATIVE_STATE: queue.native_state,
-                    K.DEFAULT: "true" if name == default else "false", K.MAX_TIME: _text(queue.max_time),
-                    K.TOTAL_NODES: _text(queue.total_nodes), K.TOTAL_SLOTS: _text(queue.total_slots),
-                    K.FREE_SLOTS: _text(queue.free_slots), K.HOSTS: ",".join(queue.hosts),
-                }
+                values = queue_values(queue, name == default)
                 key = self._queues.get(name)
                 if key is None:
                     values[K.BACKEND] = self.name
@@ -680,11 +815,15 @@ class BatchBackend(Backend):
         self._default = default
 
     def _queue_for(self, name: str, current: Optional[int] = None) -> int:
-        key = self._queues.get(name) if name else None
-        if key is not None:
-            return key
+        """The queue of a job; one pending in several (``a,b``) is shown in the first known."""
+        names = [n for n in name.split(",") if n]
+        for each in names:
+            key = self._queues.get(each)
+            if key is not None:
+                return key
         if current is not None:
             return current
+        name = names[0] if names else ""
         if not name:
             default = self.default_queue()
             if default is not None:
@@ -694,6 +833,7 @@ class BatchBackend(Backend):
         if key is None:
             key = self._queues[name] = self.model.add(
                 Kind.QUEUE, None, {K.NAME: name, K.STATE: "NORMAL", K.BACKEND: self.name}, owner=self.name)
+            self._queues_stale = True  # a queue the last listing lacked: asked again
         return key
 
     def _apply_nodes(self, nodes: List[NativeNode]) -> None:
@@ -705,11 +845,7 @@ class BatchBackend(Backend):
                 if not node.name or node.name in listed:
                     continue
                 listed.add(node.name)
-                values = {
-                    K.NAME: node.name, K.STATE: node.state, K.NATIVE_STATE: node.native_state,
-                    K.CPUS: _text(node.cpus), K.CPUS_USED: _text(node.cpus_used), K.MEMORY: _text(node.memory_mb),
-                    K.QUEUES: ",".join(node.queues), K.REASON: node.reason,
-                }
+                values = node_values(node)
                 known = self._nodes.get(node.name)
                 if known is None:
                     values[K.NUMBER] = str(len(self._nodes))
@@ -758,32 +894,11 @@ class BatchBackend(Backend):
     # ------------------------------------------------------------------ jobs
 
     def _job_values(self, job: NativeJob, tracked: Optional[_Job]) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-        state = self.system.job_state(job)
-        values: Dict[str, Any] = {
-            K.STATE: state.value, K.NATIVE_STATE: job.native_state, K.MESSAGE: job.reason,
-            K.USER: job.user, K.NATIVE_ID: job.job_id, K.ACCOUNT: job.account, K.HOSTS: ",".join(job.hosts),
-            K.NUM_NODES: _text(job.num_nodes), K.TIME_LIMIT: _text(job.time_limit),
-            K.SUBMIT_TIME: job.submit_time, K.START_TIME: job.start_time, K.END_TIME: job.end_time,
-        }
-        if tracked is None or not tracked.submitted:
-            values.update({K.NAME: job.name, K.NUM_PROCS: _text(job.num_procs), K.WORKING_DIR: job.work_dir})
-        else:
-            # A job submitted here keeps the name, size and settings it was submitted with
-            # where the listing shows none (or a shortened name).
-            for name in (K.USER, K.ACCOUNT, K.TIME_LIMIT, K.NUM_NODES):
-                if values[name] == "":
-                    del values[name]
-        if job.time_used is not None:
-            values[K.TIME_USED] = str(job.time_used)
-        process: Dict[str, Any] = {K.STATE: state.value, K.NATIVE_STATE: job.native_state}
-        if state.final:
-            end = {K.EXIT_CODE: _text(job.exit_code), K.SIGNAL: _signal_text(job.signal)}
-            values.update(end)
-            process.update(end)
-        return values, process
+        return job_values(self.system, job, submitted=tracked is not None and tracked.submitted)
 
     def _node_of(self, job: NativeJob) -> Optional[int]:
-        known = self._nodes.get(job.hosts[0]) if job.hosts else None
+        host = self.system.first_host(job)
+        known = self._nodes.get(host) if host else None
         return known[0] if known is not None else None
 
     async def _apply_listing(self, jobs: List[NativeJob], generation: int) -> None:
@@ -886,10 +1001,23 @@ class BatchBackend(Backend):
                 pass
         tracked.spool_files = ()
 
+    def _refresh_time_used(self) -> None:
+        """Time used of running jobs: a listing that changes nothing else does not touch the
+        model, so the clock is brought up to date here, once every ``time_used_interval``."""
+        model = self.model
+        with model.batch():
+            for tracked in self._jobs.values():
+                if tracked.completed:
+                    continue
+                record = self._table.record(tracked.native_id)
+                if record is not None and record.time_used and tracked.element in model:
+                    model.update(tracked.element, {K.TIME_USED: str(record.time_used)})
+
     async def _finish_gone(self, gone: List[str]) -> None:
         """Jobs the listing no longer shows: their end from the system's accounting."""
         # An array job lives on while the listing shows any of its tasks.
         arrays = {record.array_id for record in self._table.records() if record.array_id}
+        todo: List[_Job] = []
         for native_id in gone:
             tracked = self._jobs.get(native_id)
             if tracked is None or tracked.completed:
@@ -897,12 +1025,19 @@ class BatchBackend(Backend):
             if native_id in arrays:
                 self._table.expect(native_id, self._generation)
                 continue
-            try:
-                record = await self.system.final_record(native_id, self.run_cmd)
-                failed = False
-            except (ServiceError, ValueError) as exc:
-                log.info("cannot look up how %s job %s ended: %s", self.system.label, native_id, exc)
-                record, failed = None, True
+            todo.append(tracked)
+        if not todo:
+            return
+        try:
+            found: Dict[str, Optional[NativeJob]] = await self.system.final_records(
+                [t.native_id for t in todo], self.run_cmd)
+            failed = False
+        except (ServiceError, ValueError) as exc:
+            log.info("cannot look up how %d %s jobs ended: %s", len(todo), self.system.label, exc)
+            found, failed = {}, True
+        for tracked in todo:
+            native_id = tracked.native_id
+            record = found.get(native_id)
             if record is not None:
                 self._update_job(tracked, record)
                 if not self.system.job_state(record).final:
@@ -910,7 +1045,7 @@ class BatchBackend(Backend):
                     self._table.expect(native_id, self._generation)
                 continue
             tracked.gone_polls += 1
-            if tracked.gone_polls < self.MAX_GONE_POLLS:
+            if native_id not in found and tracked.gone_polls < self.MAX_GONE_POLLS:
                 self._table.expect(native_id, self._generation)  # asked again after the next listing
                 continue
             why = ("the accounting lookup kept failing" if failed else "it has no record of how it ended")
@@ -945,7 +1080,9 @@ class BatchBackend(Backend):
         spec = _batch_settings(spec)
         base = spec.working_dir or os.getcwd()
         spool: List[str] = []
-        stdout, stderr = spec.stdout_path, spec.stderr_path
+        stdout, stderr = spec.stdout_path or None, spec.stderr_path or None
+        if stdout is not None and stderr is None:
+            stderr = self.system.stderr_default(stdout)
         if stdout is None or stderr is None:
             out, err = self._spool_paths(spec.client_ref or spec.display_name)
             if stdout is None:
@@ -956,15 +1093,11 @@ class BatchBackend(Backend):
                 spool.append(err)
         spec = attrs.evolve(spec, queue=name, stdout_path=stdout, stderr_path=stderr)
         argv, stdin = self.system.submit_command(spec)
-        follow = {}
-        for stream, path in (("stdout", stdout), ("stderr", stderr)):
-            if stream == "stderr" and path == stdout:
-                continue
-            if self.system.expandable(path):
-                log.info("cannot follow %s of a job: %r is expanded by %s", stream, path, self.system.label)
-                continue
-            follow[stream] = os.path.join(base, path)
-        stale = {stream: _signature(path) for stream, path in follow.items()}
+        named = {"stdout": stdout}
+        if stderr != stdout:
+            named["stderr"] = stderr
+        # Files left by an earlier run under the same names are not this job's output.
+        stale = {stream: _signature(os.path.join(base, path)) for stream, path in named.items()}
         try:
             # The submit command may pass its environment to the job.
             result = await self.run_cmd(argv, stdin=stdin, check=False, env=dict(os.environ))
@@ -972,6 +1105,16 @@ class BatchBackend(Backend):
             message = exc.message + ("; the job may or may not have been submitted" if exc.timed_out else "")
             raise SubmitError(message, ErrorKind.UNAVAILABLE) from None
         native_id = self.system.parse_submitted(result)
+        follow = {}
+        for stream, path in named.items():
+            found = self.system.follow_path(path, native_id, spec, self.user)
+            if found is None:
+                log.info("cannot follow %s of %s job %s: %r is expanded by %s", stream, self.system.label,
+                         native_id, path, self.system.label)
+                continue
+            follow[stream] = os.path.join(base, found)
+            if found != path:
+                stale[stream] = None
         tracked = self._register(native_id, spec, queue, key, submitted=True)
         tracked.spool_files = tuple(spool)
         tracked.paths = dict(follow)
@@ -1002,7 +1145,7 @@ class BatchBackend(Backend):
             self._set(tracked.element, attrs_)
             return tracked
         state = JobState.HOLD if spec.hold else JobState.QUEUING
-        first = {K.STATE: state.value, K.NATIVE_STATE: ""}
+        first = {K.STATE: state.value, K.NATIVE_STATE: self.system.submitted_state}
         first.update(values or {})
         attrs_.update(first)
         attrs_[K.QUEUE] = queue
@@ -1162,7 +1305,7 @@ class BatchBackend(Backend):
     async def _job_command(self, job: int, op: str, queue: str = "") -> _Job:
         tracked = self._tracked(job)
         label = self.system.label
-        if tracked.completed:
+        if tracked.completed and not self.system.commands_after_end:
             raise JobError(f"{label} job {tracked.native_id} has ended already", ErrorKind.OPERATION_FAILED)
         record = self._table.record(tracked.native_id) or NativeJob(
             tracked.native_id, native_state=str(self.model.attr(tracked.element, K.NATIVE_STATE) or ""))

@@ -40,6 +40,8 @@ class NativeJob:
     hosts: Tuple[str, ...] = ()
     num_nodes: Optional[int] = None
     num_procs: Optional[int] = None
+    #: CPUs the job uses or asked for, where the system counts them apart from processes
+    num_cpus: Optional[int] = None
     submit_time: str = ""
     start_time: str = ""
     end_time: str = ""
