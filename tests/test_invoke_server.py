@@ -185,7 +185,9 @@ def processes_of(state_dir: Path) -> List[int]:
                 words = f.read().split(b"\0")
         except OSError:
             continue
-        if b"proxy_agent" in b" ".join(words[:3]) and any(w == prefix or w.startswith(prefix + b"/") for w in words):
+        if words[1:3] not in ([b"-m", b"proxy_agent"], [b"-m", b"proxy_agent.schedulers.keeper"]):
+            continue
+        if any(w == prefix or w.startswith(prefix + b"/") for w in words):
             found.append(int(entry))
     return found
 

@@ -125,6 +125,8 @@ class _AgentLink:
 
     async def get(self) -> AgentClient:
         """The connected client; _Unreachable saying why there is none."""
+        if self._started is not None and self._started.poll() is not None:
+            self._started = None  # reaped: an agent that lost the directory to another
         client = self.client
         if client is not None and client.ended is None:
             return client
