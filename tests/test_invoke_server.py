@@ -40,6 +40,8 @@ class InvokeClient:
         self._err_pos = 0
         self._notifies: List[str] = []
         self._taken: List[bool] = []
+        #: how long one line may take to come
+        self.timeout = TIMEOUT
 
     async def send(self, data: bytes) -> None:
         await self.proc.stdin.send_all(data)
@@ -48,7 +50,7 @@ class InvokeClient:
         await self.proc.stdin.aclose()
 
     async def _line(self, stream, buffer: bytearray, pos_name: str) -> Optional[str]:
-        with trio.fail_after(TIMEOUT):
+        with trio.fail_after(self.timeout):
             while True:
                 pos = getattr(self, pos_name)
                 end = buffer.find(b"\r\n", pos)

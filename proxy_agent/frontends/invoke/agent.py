@@ -518,8 +518,9 @@ class AgentJobs:
                     if state.final:
                         job.push(*_final_update(client, job, element, state))
                         return running_since
-                    message = element.get("jobStatusMessage")
-                    job.push(state, message if isinstance(message, str) and message else None)
+                    # The client hears "queued" or "started"; a scheduler's reason (why a
+                    # job waits) is in the agent's log and its clients' views.
+                    job.push(state)
             if element.removed:
                 job.push(JobState.DELETED, "the job was removed from the agent")
                 return running_since
