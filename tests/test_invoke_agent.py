@@ -203,3 +203,19 @@ async def test_an_agent_that_cannot_start_fails_the_job_with_its_reason(tmp_path
         # The server goes on, and tries again at the next job.
         await invoke.send(b"QUERY_FEATURES\r\n")
         assert await invoke.reply() == "SM"
+
+
+async def test_the_end_of_each_job_in_words(tmp_path):
+    async with invoke_server(state_dir=tmp_path / "state") as invoke:
+        cases = {
+            1: (["-c", "kill -SEGV $$"], "1", "FAILED killed by signal SIGSEGV"),
+            2: (["-c", 'test "$PROXY_AGENT_PROCESS_INDEX" != 1 || exit 4'], "3", "FAILED process 2 of 3: exit status 4"),
+            3: (["-c", "exit 0"], "2", "DONE exit status 0"),
+        }
+        for rid, (args, count, _) in cases.items():
+            attrs = [(n, count if n == "count" else v) for n, v in attributes("/bin/sh", args, workdir=tmp_path)]
+            job = await invoke.created_job(rid, attrs)
+            assert job == f"job-{rid}"
+        for rid, (_, _, expected) in cases.items():
+            final = await invoke.final_status(f"job-{rid}")
+            assert f"{final.status.value} {final.text}" == expected
