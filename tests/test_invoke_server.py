@@ -1,6 +1,8 @@
 """The Invoke Server as a grid RPC client meets it: ``python -m proxy_agent.invoke`` over real
-pipes, running real programs on this host.  The last section drives the server loop against a
-scripted job gateway, for orders of events real processes cannot be made to produce."""
+pipes, its jobs real programs run by the agent's local scheduler (each test has a state
+directory of its own, where the server starts an agent; it is stopped afterwards).  The last
+section drives the server loop against a scripted job gateway, for orders of events real
+processes cannot be made to produce."""
 
 from __future__ import annotations
 
