@@ -38,7 +38,7 @@ import sys
 from collections import deque
 from contextlib import asynccontextmanager
 from subprocess import DEVNULL
-from typing import AsyncIterator, Deque, Dict, List, Optional, Sequence, Tuple
+from typing import AsyncIterator, Deque, Dict, List, Optional, Sequence, Set, Tuple
 
 import trio
 
@@ -68,6 +68,10 @@ COMMAND_BOUND = 60.0
 #: Element ids of this server's session begin here (ids are base + the service's job key,
 #: the same in every session, so a job keeps its id across a reconnection).
 BASE_ID = 1000
+#: Names that are parameters of the client's submit(), not attributes.
+_SUBMIT_PARAMETERS = frozenset({"exec_path", "args", "count", "env", "cwd", "queue", "sub_id", "timeout", "broker"})
+#: Seconds between two sweeps of the output of jobs that are not this server's.
+OUTPUT_TRIM_INTERVAL = 10.0
 #: Texts of the agent's job states (``jobStatus``) that this gateway understands.
 _STATES = {state.value: state for state in JobState}
 
@@ -238,7 +242,7 @@ class _AgentLink:
 class _Job:
     __slots__ = (
         "key", "spec", "history", "changed", "final", "ended", "cancelled", "timed_out",
-        "agent_id", "submitting", "has_slot", "slot_given", "waiting", "files",
+        "agent_id", "has_slot", "slot_given", "waiting", "files",
     )
 
     def __init__(self, key: int, spec: JobSpec, files: Dict[str, int]) -> None:
@@ -252,7 +256,6 @@ class _Job:
         self.timed_out = False
         #: the job's element id in the agent's model, once it has it
         self.agent_id: Optional[str] = None
-        self.submitting = False
         self.has_slot = False
         self.slot_given = trio.Event()
         #: while the job waits for a slot: cancelling this ends the wait
@@ -308,12 +311,15 @@ class AgentJobs:
         self._keys = itertools.count(1)
         self._sub_ids = itertools.count(1)
         self._closing = False
+        #: agent ids of the jobs followed now (the output of the others is not kept)
+        self._followed: Set[Optional[str]] = set()
 
     @classmethod
     @asynccontextmanager
     async def open(cls, settings: AgentSettings, *, slots: Optional[int] = None) -> AsyncIterator["AgentJobs"]:
         async with trio.open_nursery() as nursery:
             jobs = cls(nursery, settings, slots=slots)
+            nursery.start_soon(jobs._drop_other_output)
             try:
                 yield jobs
             finally:
@@ -330,6 +336,20 @@ class AgentJobs:
             await self.link.get()
         except _Unreachable:
             pass
+
+    async def _drop_other_output(self) -> None:
+        """The agent sends every client the output of every job; the mirror would keep that
+        of the jobs of others (an IDE's, say) for ever."""
+        while True:
+            await trio.sleep(OUTPUT_TRIM_INTERVAL)
+            client = self.link.client
+            if client is None:
+                continue
+            for element in list(client.jobs.values()):
+                if element.id not in self._followed and element.output:
+                    del element.output[:]
+                    for process in client.children(element):
+                        del process.output[:]
 
     # ------------------------------------------------------------------ the gateway
 
@@ -401,8 +421,8 @@ class AgentJobs:
             attributes["account"] = spec.account
         attributes["jobName"] = spec.display_name
         for name, value in spec.extra:
-            attributes.setdefault(name, value)
-        job.submitting = True
+            if name not in _SUBMIT_PARAMETERS:
+                attributes.setdefault(name, value)
         try:
             job.agent_id = await client.submit(
                 spec.executable,
@@ -419,31 +439,41 @@ class AgentJobs:
             raise SubmitError(exc.message or str(exc)) from None
         except ClientError as exc:
             raise SubmitError(f"the agent did not take the job: {exc}", ErrorKind.UNAVAILABLE) from None
-        finally:
-            job.submitting = False
+        self._followed.add(job.agent_id)
         log.info("job %d is %s in the agent (%s)", job.key, job.agent_id, sub_id)
 
     async def _run(self, job: _Job) -> None:
         try:
-            if not job.has_slot:
-                with job.waiting:
-                    await job.slot_given.wait()
-                if job.cancelled:
-                    job.push(JobState.KILLED, "cancelled before it started")
-                    return
-                try:
-                    await self._submit(job)
-                except SubmitError as exc:
-                    job.push(JobState.FAILED, exc.message)
-                    return
-            if job.cancelled:
-                await self._terminate(job)
-            await self._follow(job)
+            await self._run_job(job)
+        except Exception as exc:  # noqa: BLE001 - one job's trouble must not end the others
+            log.exception("job %d: following it failed", job.key)
+            job.push(JobState.FAILED, f"internal error: {type(exc).__name__}: {exc}")
         finally:
+            self._followed.discard(job.agent_id)
             self._release_slot(job)
             _close_files(job)
             if not job.final:
                 job.push(JobState.FAILED, "the server ended before the job did")
+
+    async def _run_job(self, job: _Job) -> None:
+        if not job.has_slot:
+            with job.waiting:
+                await job.slot_given.wait()
+            if job.cancelled:
+                job.push(JobState.KILLED, "cancelled before it started")
+                return
+            try:
+                await self._submit(job)
+            except SubmitError as exc:
+                job.push(JobState.FAILED, exc.message)
+                return
+        if job.cancelled:
+            # Cancelled while it was being submitted.
+            try:
+                await self._terminate(job)
+            except JobError as exc:
+                log.warning("job %d: %s", job.key, exc.message)
+        await self._follow(job)
 
     async def _terminate(self, job: _Job) -> None:
         try:
