@@ -15,6 +15,7 @@ import trio
 
 from agent_fixtures import agent_argv, subprocess_env
 from proxy_agent.client import AgentClient
+from proxy_agent.frontends.invoke import agent as agent_module
 from proxy_agent.frontends.invoke.agent import AgentJobs, AgentSettings
 from proxy_agent.frontends.invoke.protocol import InvokeStatus, encode_job_create
 from proxy_agent.service.jobs import JobSpec, JobState
@@ -228,3 +229,72 @@ async def test_the_end_of_each_job_in_words(tmp_path):
         for rid, (_, _, expected) in cases.items():
             final = await invoke.final_status(f"job-{rid}")
             assert f"{final.status.value} {final.text}" == expected
+
+
+async def test_scheduler_queue_and_broker_options_reach_the_agent(tmp_path):
+    state = tmp_path / "state"
+    async with invoke_server("--agent-option=--scheduler=local,sim", state_dir=state) as invoke:
+        # a scheduler without a queue, with a broker: the broker ranks that scheduler's queues
+        job1 = await invoke.created_job(
+            1, attributes("/bin/true", ["x"], workdir=tmp_path, extra=[("scheduler", "sim"), ("broker", "Null")])
+        )
+        # candidate queues without a broker: the first that can run the job
+        job2 = await invoke.created_job(
+            2, attributes("/bin/true", ["x"], workdir=tmp_path, extra=[("queue", "sim:long,local:default")])
+        )
+        # the client's queue_name wins over the queue option
+        attrs = attributes("/bin/true", ["x"], workdir=tmp_path, extra=[("queue", "sim:long")])
+        job3 = await invoke.created_job(3, attrs + [("queue_name", "local:default")])
+        assert [job1, job2, job3] == ["job-1", "job-2", "job-3"]
+        async with await _ptp_client_of(state) as ptp:
+            await ptp.init(base_id=5000)
+            await ptp.model_def()
+            await ptp.start_events()
+
+            def placed():
+                jobs = sorted((j for j in ptp.jobs.values() if (j.sub_id or "").startswith("ninfg-")),
+                              key=lambda j: int(j.sub_id.rsplit("-", 1)[1]))
+                if len(jobs) < 3:
+                    return None
+                return [(ptp.element(j.parent).get("backend"), ptp.element(j.parent).name, j.get("brokerReason"))
+                        for j in jobs]
+
+            (q1, q2, q3) = await ptp.wait_for(placed, TIMEOUT)
+        assert q1[:2] == ("sim", "batch") and q1[2].startswith("Null: ")
+        assert q2[:2] == ("sim", "long") and q2[2].startswith("Null: ")
+        assert q3[:2] == ("local", "default")
+        await invoke.send(b"EXIT\r\n")
+        assert await invoke.reply() == "S"
+        assert await invoke.wait() == 0
+
+
+async def test_the_output_of_other_clients_jobs_is_not_kept(tmp_path, monkeypatch):
+    state = tmp_path / "state"
+    monkeypatch.setenv("PYTHONPATH", subprocess_env()["PYTHONPATH"])
+    monkeypatch.setattr(agent_module, "OUTPUT_TRIM_INTERVAL", 0.05)
+    try:
+        with trio.fail_after(TIMEOUT):
+            async with AgentJobs.open(AgentSettings(str(state))) as jobs:
+                # one job of the server's, so that it is connected
+                out = tmp_path / "mine"
+                key = await jobs.submit(JobSpec("/bin/echo", ("mine",), stdout_path=str(out)))
+                assert [u.state async for u in jobs.watch(key)][-1] is JobState.FINISHED
+                mirror = jobs.link.client
+                async with await _ptp_client_of(state) as ptp:
+                    await ptp.init(base_id=5000)
+                    await ptp.model_def()
+                    await ptp.start_events()
+                    other = await ptp.submit("/bin/sh", ["-c", "for i in 1 2 3; do echo line $i; sleep 0.3; done"])
+                    # (ids are the session's base id plus the job's key in the agent)
+                    seen = await mirror.wait_for(
+                        lambda: mirror.find_job(str(int(other) - 5000 + agent_module.BASE_ID)), TIMEOUT)
+                    assert seen.get("jobSubId") == ptp.job(other).get("jobSubId")
+                    # The server's mirror gets the lines too, and lets them go.
+                    await mirror.wait_for(lambda: seen.output, TIMEOUT)
+                    while seen.output or any(p.output for p in mirror.children(seen)):
+                        await trio.sleep(0.02)
+                    await ptp.wait_for(lambda: len(ptp.job(other).output) == 3, TIMEOUT)
+        assert out.read_text() == "mine\n"
+    finally:
+        with trio.CancelScope(shield=True):
+            await stop_agent(state)
