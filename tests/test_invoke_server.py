@@ -669,6 +669,20 @@ async def test_bad_command_line_refuses_every_request_with_the_reason(tmp_path):
         assert await client.wait() == 0
 
 
+def test_the_command_is_declared_for_installation():
+    import importlib
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    target = project["project"]["scripts"]["proxy-invoke-server"]
+    module, _, name = target.partition(":")
+    assert callable(getattr(importlib.import_module(module), name))
+    assert module == "proxy_agent.frontends.invoke.__main__"
+
+
 # --------------------------------------------------------------------------- the loop against a scripted gateway
 
 
