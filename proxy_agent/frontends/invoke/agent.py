@@ -130,7 +130,7 @@ class _AgentLink:
     async def get(self) -> AgentClient:
         """The connected client; _Unreachable saying why there is none."""
         if self._started is not None and self._started.poll() is not None:
-            self._started = None  # reaped: an agent that lost the directory to another
+            self._started = None  # reaped (say an agent that found the directory taken)
         client = self.client
         if client is not None and client.ended is None:
             return client
@@ -188,7 +188,7 @@ class _AgentLink:
             first = str(exc)
         if not self.settings.start:
             raise _Unreachable(f"no agent serves {self.settings.state_dir} ({first})")
-        self._start_agent()
+        started = self._start_agent()
         with trio.move_on_after(START_BOUND):
             while True:
                 await trio.sleep(0.05)
@@ -196,15 +196,14 @@ class _AgentLink:
                     return await AgentClient.connect_unix(path, strict=False)
                 except ConnectError:
                     pass
-                started = self._started
-                if started is not None and started.poll() is not None:
+                if started.poll() is not None:
                     why = self._agent_errors()
                     if "in use" not in why:
                         # Not a race with another agent starting: this one failed.
                         raise _Unreachable(f"the agent could not be started: {why or f'exit status {started.returncode}'}")
         raise _Unreachable(f"the agent started in {self.settings.state_dir} did not answer within {START_BOUND:.0f} s")
 
-    def _start_agent(self) -> None:
+    def _start_agent(self) -> subprocess.Popen:
         settings = self.settings
         try:
             os.makedirs(settings.state_dir, mode=0o700, exist_ok=True)
@@ -219,13 +218,16 @@ class _AgentLink:
         try:
             # A session of its own: signals meant for this server's group do not reach it,
             # and it stays when this server ends, for the next one.
-            self._started = subprocess.Popen(
+            started = subprocess.Popen(
                 argv, stdin=DEVNULL, stdout=DEVNULL, stderr=errors, start_new_session=True, close_fds=True,
             )
         except OSError as exc:
             raise _Unreachable(f"cannot start the agent {argv[0]}: {exc.strerror or exc}") from None
         finally:
             os.close(errors)
+        # Kept to be reaped, should it end while this server runs.
+        self._started = started
+        return started
 
     def _agent_errors(self) -> str:
         try:
