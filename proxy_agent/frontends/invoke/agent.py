@@ -421,7 +421,8 @@ class AgentJobs:
             attributes["nodes"] = str(spec.nodes)
         if spec.account:
             attributes["account"] = spec.account
-        attributes["jobName"] = spec.display_name
+        program = spec.extra_value("mpi_program")
+        attributes["jobName"] = os.path.basename(program) if program else spec.display_name
         for name, value in spec.extra:
             if name not in _SUBMIT_PARAMETERS:
                 attributes.setdefault(name, value)
