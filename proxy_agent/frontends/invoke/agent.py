@@ -124,6 +124,8 @@ class _AgentLink:
         self.client: Optional[AgentClient] = None
         self._attempt: Optional[trio.Event] = None
         self._error: Optional[str] = None
+        #: the last attempt could not connect (as opposed to: its connection ended later)
+        self._failed = False
         self._started: Optional[subprocess.Popen] = None
         self._closing = False
 
@@ -131,15 +133,21 @@ class _AgentLink:
         """The connected client; _Unreachable saying why there is none."""
         if self._started is not None and self._started.poll() is not None:
             self._started = None  # reaped (say an agent that found the directory taken)
-        client = self.client
-        if client is not None and client.ended is None:
-            return client
-        if self._closing:
-            raise _Unreachable("the server is shutting down")
-        if self._attempt is None:
-            self._attempt = trio.Event()
-            self._nursery.start_soon(self._hold, self._attempt)
-        await self._attempt.wait()
+        for _ in range(2):
+            client = self.client
+            if client is not None and client.ended is None:
+                return client
+            if self._closing:
+                raise _Unreachable("the server is shutting down")
+            attempt = self._attempt
+            if attempt is None or (attempt.is_set() and not self._failed):
+                # None yet, or one whose connection has just ended: a new one
+                attempt = self._attempt = trio.Event()
+                self._failed = False
+                self._nursery.start_soon(self._hold, attempt)
+            await attempt.wait()
+            if self._failed:
+                break
         client = self.client
         if client is None or client.ended is not None:
             raise _Unreachable(self._error or "the connection to the agent ended")
@@ -153,8 +161,10 @@ class _AgentLink:
             client = await self._connect()
         except _Unreachable as exc:
             self._error = str(exc)
+            self._failed = True
             log.warning("cannot reach the agent: %s", exc)
-            self._attempt = None
+            if self._attempt is attempt:
+                self._attempt = None
             attempt.set()
             return
         try:
@@ -165,6 +175,7 @@ class _AgentLink:
                     await client.start_events(timeout=COMMAND_BOUND)
                 except ClientError as exc:
                     self._error = f"the agent at {self.settings.socket} did not accept this server: {exc}"
+                    self._failed = True
                     log.warning("%s", self._error)
                     return
                 self.client = client
@@ -176,8 +187,9 @@ class _AgentLink:
                     self._error = f"the connection to the agent ended: {exc}"
                     log.warning("%s", self._error)
         finally:
-            self.client = None
-            self._attempt = None
+            if self._attempt is attempt:
+                self.client = None
+                self._attempt = None
             attempt.set()
 
     async def _connect(self) -> AgentClient:
