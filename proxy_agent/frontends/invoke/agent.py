@@ -63,6 +63,8 @@ AGENT_ERRORS = "agent.err"
 START_BOUND = 30.0
 #: How long to keep trying to reach the agent again once the connection broke.
 RECONNECT_BOUND = 60.0
+#: How long a job may take to show up in the model of an agent connected to again.
+ADOPT_BOUND = 10.0
 #: How long a command to the agent may take.
 COMMAND_BOUND = 60.0
 #: Element ids of this server's session begin here (ids are base + the service's job key,
@@ -539,15 +541,21 @@ class AgentJobs:
                     return
                 await trio.sleep(1.0)
                 continue
-            element = client.find_job(job.agent_id) if job.agent_id else None
-            if element is None:
+            try:
+                # A new agent may take a moment to adopt the jobs of the one before.
+                element = await client.wait_for(lambda: client.find_job(job.agent_id), timeout=ADOPT_BOUND)
+            except WaitTimeout:
                 job.push(JobState.DELETED, "the agent no longer knows the job")
                 return
+            except ClientError:
+                await trio.sleep(0.5)
+                continue
             lost_at = None
             try:
                 running_since = await self._follow_on(client, element, job, running_since)
             except ClientError as exc:
-                log.info("job %d: the connection to the agent ended (%s); following on", job.key, exc)
+                log.info("job %d: the connection to the agent failed (%s); following on", job.key, exc)
+                await trio.sleep(0.5)
 
     async def _follow_on(self, client: AgentClient, element: Element, job: _Job, running_since: Optional[float]) -> Optional[float]:
         seen: Optional[str] = None
