@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Invoke Server figures on the local gateway: JOB_CREATE -> CREATE_NOTIFY latency and jobs per second.
+"""Invoke Server figures on the local scheduler: JOB_CREATE -> CREATE_NOTIFY latency and jobs per second.
 
-Each run starts ``python -m proxy_agent.invoke`` over real pipes and measures:
+Each run starts ``python -m proxy_agent.invoke`` over real pipes on a fresh state directory
+(the server starts the agent there; one job, not counted, waits for it to be up) and measures:
 
 * latency: JOB_CREATE requests sent one at a time, each waiting for its CREATE_NOTIFY: the
   time from writing the request to reading the notify (median and 90th percentile);
@@ -14,10 +15,14 @@ Figures are medians over the runs.  Usage: scripts/bench_invoke.py [--runs N] [-
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import trio
@@ -70,10 +75,35 @@ class Lines:
             self.buffer += data
 
 
+def stop_agent(state_dir: str) -> None:
+    """End the agent the server started in ``state_dir`` (its keeper leaves when idle)."""
+    try:
+        with open(os.path.join(state_dir, "agent.lock")) as f:
+            pid = json.load(f)["pid"]
+        os.kill(pid, signal.SIGTERM)
+    except (OSError, ValueError, KeyError):
+        return
+    for _ in range(100):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+
+
 async def one_run(jobs: int, workdir: str):
+    state_dir = tempfile.mkdtemp(prefix="bench-invoke-")
+    try:
+        return await _measure(jobs, workdir, state_dir)
+    finally:
+        stop_agent(state_dir)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+async def _measure(jobs: int, workdir: str, state_dir: str):
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "proxy_agent.invoke"],
+        [sys.executable, "-m", "proxy_agent.invoke", "--state-dir", state_dir],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -82,9 +112,15 @@ async def one_run(jobs: int, workdir: str):
     replies, notifies = Lines(proc.stdout), Lines(proc.stderr)
     attrs = attributes(workdir)
     try:
+        # a first job, not counted: the agent is up once it has ended
+        await proc.stdin.send_all(encode_job_create(1, attrs))
+        if await replies.next() != "S":
+            raise RuntimeError("JOB_CREATE refused")
+        while not _final(await notifies.next()):
+            pass
         # latency, one request at a time
         latencies = []
-        rid = 0
+        rid = 1
         ended = 0
         for _ in range(jobs):
             rid += 1
@@ -149,7 +185,7 @@ async def main_async(runs: int, jobs: int) -> None:
         return statistics.median(r[key] for r in results)
 
     print(
-        f"invoke server, local gateway, /bin/true, {runs} runs of {jobs} jobs (medians over runs):\n"
+        f"invoke server, agent's local scheduler, /bin/true, {runs} runs of {jobs} jobs (medians over runs):\n"
         f"  JOB_CREATE -> CREATE_NOTIFY latency: median {med('median') * 1000:.2f} ms, p90 {med('p90') * 1000:.2f} ms\n"
         f"  burst: {med('creates_per_s'):.0f} CREATE_NOTIFY per second, {med('jobs_per_s'):.0f} whole jobs per second"
     )

@@ -48,6 +48,12 @@ MESH = textwrap.dedent(
         with socket.create_connection((host, int(port)), timeout=10) as conn:
             conn.sendall(me.encode())
         connected += 1
+    # stay (and keep listening) until every peer has connected here too: a process that left
+    # early would refuse a slower peer
+    import time
+    deadline = time.monotonic() + 60
+    while len(heard) < connected and time.monotonic() < deadline:
+        time.sleep(0.05)
     print("SEEN", me, "|".join(sorted(everyone)), "connected", connected, flush=True)
     print("HANDLES", os.environ["GLOBUS_GRAM_MULTIJOB_HANDLE"], os.environ["GLOBUS_GRAM_JOB_HANDLE"],
           os.environ["GLOBUS_GRAM_SUBJOB_RANK"], flush=True)

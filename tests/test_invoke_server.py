@@ -1,13 +1,18 @@
 """The Invoke Server as a grid RPC client meets it: ``python -m proxy_agent.invoke`` over real
-pipes, running real programs on this host.  The last section drives the server loop against a
-scripted job gateway, for orders of events real processes cannot be made to produce."""
+pipes, its jobs real programs run by the agent's local scheduler (each test has a state
+directory of its own, where the server starts an agent; it is stopped afterwards).  The last
+section drives the server loop against a scripted job gateway, for orders of events real
+processes cannot be made to produce."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -37,6 +42,8 @@ class InvokeClient:
         self._err_pos = 0
         self._notifies: List[str] = []
         self._taken: List[bool] = []
+        #: how long one line may take to come
+        self.timeout = TIMEOUT
 
     async def send(self, data: bytes) -> None:
         await self.proc.stdin.send_all(data)
@@ -45,7 +52,7 @@ class InvokeClient:
         await self.proc.stdin.aclose()
 
     async def _line(self, stream, buffer: bytearray, pos_name: str) -> Optional[str]:
-        with trio.fail_after(TIMEOUT):
+        with trio.fail_after(self.timeout):
             while True:
                 pos = getattr(self, pos_name)
                 end = buffer.find(b"\r\n", pos)
@@ -130,9 +137,15 @@ def _final(line: str) -> bool:
 
 
 @asynccontextmanager
-async def invoke_server(*args: str, env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None):
+async def invoke_server(*args: str, env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None,
+                        state_dir: Optional[Path] = None):
+    """The server as the client starts it, on a state directory of its own (an agent is
+    started there at its first job, and stopped when the block ends)."""
+    own_state = state_dir is None
+    if state_dir is None:
+        state_dir = Path(tempfile.mkdtemp(prefix="invoke-state-"))
     proc = await trio.lowlevel.open_process(
-        [sys.executable, "-m", "proxy_agent.invoke", *args],
+        [sys.executable, "-m", "proxy_agent.invoke", "--state-dir", str(state_dir), *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -147,6 +160,63 @@ async def invoke_server(*args: str, env: Optional[Dict[str, str]] = None, cwd: O
             proc.kill()
             with trio.CancelScope(shield=True):
                 await proc.wait()
+        with trio.CancelScope(shield=True):
+            await stop_agent(state_dir)
+        if own_state:
+            shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def agent_pid(state_dir: Path) -> Optional[int]:
+    """The pid of the agent holding a state directory (None: none does)."""
+    try:
+        about = json.loads((state_dir / "agent.lock").read_text() or "{}")
+    except (OSError, ValueError):
+        return None
+    pid = about.get("pid")
+    return pid if isinstance(pid, int) and alive(pid) else None
+
+
+def processes_of(state_dir: Path) -> List[int]:
+    """Pids of the agents and keepers working in a state directory (found by their command
+    lines: an agent the server started may still be starting, before it took the lock)."""
+    found = []
+    prefix = str(state_dir).encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                words = f.read().split(b"\0")
+        except OSError:
+            continue
+        if words[1:3] not in ([b"-m", b"proxy_agent"], [b"-m", b"proxy_agent.schedulers.keeper"]):
+            continue
+        if any(w == prefix or w.startswith(prefix + b"/") for w in words):
+            found.append(int(entry))
+    return found
+
+
+async def stop_agent(state_dir: Path) -> None:
+    """End the agent of a state directory and its keeper (SIGTERM, then SIGKILL)."""
+    # An agent started just before the server ended may not be listed yet.
+    with trio.move_on_after(1.0):
+        while not processes_of(state_dir) and (state_dir / "agent.err").exists():
+            await trio.sleep(0.05)
+    pids = processes_of(state_dir)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+    with trio.move_on_after(5):
+        while any(alive(p) for p in pids):
+            await trio.sleep(0.05)
+        return
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def attributes(program: str, args: Sequence[str], *, workdir: Path, extra=(), out: Optional[Path] = None, err: Optional[Path] = None):
@@ -217,7 +287,9 @@ async def wait_gone(pids: Sequence[int], within: float = 5.0) -> None:
 
 
 async def test_facts_sheet_exchange_byte_for_byte(tmp_path):
-    stub = script(tmp_path / "_stub_pi_trial", 'echo "pi trial $3"\necho "to stderr" >&2\n')
+    # It runs long enough for the agent to report it running (a shorter one may go from
+    # PENDING straight to DONE, which the client accepts too).
+    stub = script(tmp_path / "_stub_pi_trial", 'echo "pi trial $3"\necho "to stderr" >&2\nsleep 0.5\n')
     out, err = tmp_path / "ngtmpfile.o9UguW", tmp_path / "ngtmpfile.i7T1TH"
     log = tmp_path / "invoke.log"
     args = [
@@ -498,7 +570,7 @@ async def test_staging_into_a_missing_tmp_dir_fails_the_create(tmp_path):
 async def test_missing_program_fails_in_create_notify(tmp_path):
     async with invoke_server() as client:
         assert await client.create(1, attributes(str(tmp_path / "nothing"), ["x"], workdir=tmp_path)) == "S"
-        assert await client.notify() == f"CREATE_NOTIFY 1 F program {tmp_path / 'nothing'}: No such file or directory"
+        assert await client.notify() == f"CREATE_NOTIFY 1 F executable '{tmp_path / 'nothing'}' not found"
         # The server goes on.
         job = await client.created_job(2, attributes("/bin/true", ["x"], workdir=tmp_path))
         assert job == "job-2"
@@ -569,13 +641,18 @@ async def test_unknown_scheduler_fails_in_create_notify(tmp_path):
         attrs = attributes("/bin/true", ["x"], workdir=tmp_path, extra=[("scheduler", "slurm"), ("queue", "debug")])
         assert await client.create(1, attrs) == "S"
         line = await client.notify()
-        assert line.startswith("CREATE_NOTIFY 1 F scheduler 'slurm' is not available")
+        assert line == "CREATE_NOTIFY 1 F no scheduler named 'slurm'; running: local"
+        # A scheduler without a queue: its default queue, which the agent lacks.
+        attrs = attributes("/bin/true", ["x"], workdir=tmp_path, extra=[("scheduler", "sge")])
+        assert await client.create(2, attrs) == "S"
+        line = await client.notify()
+        assert line.startswith("CREATE_NOTIFY 2 F the agent runs no scheduler 'sge' (it runs local)"), line
 
 
 async def test_options_on_the_command_line_are_defaults(tmp_path):
     async with invoke_server("--queue", "elsewhere") as client:
         assert await client.create(1, attributes("/bin/true", ["x"], workdir=tmp_path)) == "S"
-        assert await client.notify() == "CREATE_NOTIFY 1 F no queue elsewhere here; the only queue is local:default"
+        assert await client.notify() == "CREATE_NOTIFY 1 F no queue named 'elsewhere'; queues: local:default"
         attrs = attributes("/bin/true", ["x"], workdir=tmp_path, extra=[("queue", "default")])
         # Job ids are given with the S reply, so the failed request had one too.
         assert await client.created_job(2, attrs) == "job-2"
@@ -590,6 +667,20 @@ async def test_bad_command_line_refuses_every_request_with_the_reason(tmp_path):
         await client.send(b"EXIT\r\n")
         assert await client.reply() == "S"
         assert await client.wait() == 0
+
+
+def test_the_command_is_declared_for_installation():
+    import importlib
+
+    import pytest
+
+    tomllib = pytest.importorskip("tomllib")
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    target = project["project"]["scripts"]["proxy-invoke-server"]
+    module, _, name = target.partition(":")
+    assert callable(getattr(importlib.import_module(module), name))
+    assert module == "proxy_agent.frontends.invoke.__main__"
 
 
 # --------------------------------------------------------------------------- the loop against a scripted gateway

@@ -1,7 +1,9 @@
 """Command line of the Invoke Server: ``proxy-invoke-server`` / ``python -m proxy_agent.invoke``.
 
 A grid RPC client starts it with ``-l LOGFILE`` at most; the other options are for people
-and wrapper scripts.  stdout and stderr carry the protocol and nothing else: logs go to the
+and wrapper scripts.  The jobs are the agent's: the server is a client of the agent that
+serves the state directory (``--state-dir``, the agent's default), and starts one there
+when none does (see ``agent.py``).  stdout and stderr carry the protocol and nothing else: logs go to the
 log file or nowhere, and the process's own descriptors 0, 1 and 2 are pointed at /dev/null
 once the protocol has taken its copies, so no library or child process can write into the
 protocol by accident.
@@ -23,7 +25,9 @@ from typing import List, Optional
 
 import trio
 
-from .local import SCHEDULER, LocalJobs
+from ...schedulers.base import BACKENDS
+from ...service.store import default_state_dir
+from .agent import AgentJobs, AgentSettings
 from .request import InvokeDefaults
 from .server import InvokeServer
 
@@ -45,18 +49,34 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ninf-G Invoke Server: runs the jobs a grid RPC client asks for through the "
         "agent's schedulers. Requests on stdin, replies on stdout, notifies on stderr.",
     )
+    parser.add_argument(
+        "--state-dir",
+        metavar="DIR",
+        help="the state directory of the agent whose jobs these are (default: the agent's, "
+        "$XDG_STATE_HOME/proxy-agent); an agent is started there if none serves it",
+    )
+    parser.add_argument(
+        "--agent-option",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="an option for the agent this server starts when none runs (repeat for several; "
+        "e.g. --agent-option=--scheduler=local,slurm)",
+    )
     parser.add_argument("-l", dest="log_file", metavar="LOGFILE", help="write the log here (otherwise there is none)")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more detail in the log")
     parser.add_argument(
         "--scheduler",
-        choices=[SCHEDULER],
-        help="scheduler for jobs whose request names none (here: local, processes on this host)",
+        choices=list(BACKENDS),
+        help="scheduler for jobs whose request names none (default: the agent's first); an agent "
+        "started by this server runs it",
     )
     parser.add_argument("--queue", metavar="QUEUE[,QUEUE...]", help="queue, or candidate queues, for jobs that name none")
     parser.add_argument("--broker", metavar="NAME", help="broker for jobs that name none")
     parser.add_argument("--mpirun", metavar="PATH", help="the mpirun that starts MPI and BLACS jobs (default: from PATH)")
     parser.add_argument(
-        "--slots", type=int, metavar="N", help="run at most N jobs at once; the others wait queued (default: no limit)"
+        "--slots", type=int, metavar="N",
+        help="run at most N of this server's jobs at once; the others wait queued (default: no limit)"
     )
     parser.add_argument(
         "--exit-grace",
@@ -133,7 +153,14 @@ async def _watch_signals(server: InvokeServer) -> None:
 async def serve(args: Optional[argparse.Namespace], refusal: Optional[str]) -> str:
     pipes = ProtocolPipes()
     try:
-        async with LocalJobs.open(slots=args.slots if args else None) as jobs:
+        settings = AgentSettings(
+            (args.state_dir if args else None) or default_state_dir(),
+            schedulers=[args.scheduler] if args and args.scheduler else ["local"],
+            agent_options=args.agent_option if args else (),
+        )
+        async with AgentJobs.open(settings, slots=args.slots if args else None) as jobs:
+            if refusal is None:
+                jobs.connect_soon()
             server = InvokeServer(
                 jobs,
                 pipes.requests,

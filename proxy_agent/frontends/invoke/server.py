@@ -22,9 +22,8 @@ Replies are written in request order by the one task that reads requests; notifi
 writer task fed through a channel, so lines never interleave.  A reply is written before
 anything its request causes is started, so a CREATE_NOTIFY never overtakes its ``S``.
 
-The job service is reached through :class:`JobGateway`, three calls wide.  ``local.py`` has
-an implementation that runs jobs as processes on this host; the agent's job service is the
-other.
+The job service is reached through :class:`JobGateway`, three calls wide; ``agent.py`` has
+the implementation over the agent's job service.
 """
 
 from __future__ import annotations
