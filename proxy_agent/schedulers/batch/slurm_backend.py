@@ -46,6 +46,7 @@ log = logging.getLogger("proxy_agent.schedulers.slurm")
 class SlurmSystem(BatchSystem):
     label = "SLURM"
     submitted_state = "PENDING"
+    submit_program = "sbatch"
     commands_after_end = True  # SLURM's answer says what happened to the job
     #: Jobs looked up one by one with scontrol when they leave the listing (the rest: one sacct).
     MAX_SCONTROL_LOOKUPS = 20
