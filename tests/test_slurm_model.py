@@ -457,6 +457,11 @@ async def test_vanished_jobs_get_a_final_state_and_are_retired(nursery, autojump
     (process,) = model.processes(elements["2"])
     assert model.attr(process, K.EXIT_CODE) == "2" and model.attr(process, K.STATE) == "FAILED"
     assert any(argv[0] == "sacct" and "--completion" in argv for _, argv in fake.calls)
+    # looked up together: scontrol job by job, then one sacct for those it no longer knows
+    sacct = [argv for _, argv in fake.calls if argv[0] == "sacct"]
+    assert len(sacct) == 1 and "--jobs=2,3" in sacct[0]
+    assert sorted(argv[4] for _, argv in fake.calls if argv[:4] == ("scontrol", "--oneliner", "show", "job")) == [
+        "1", "2", "3"]
     assert model.attr(elements["3"], K.STATE) == "DELETED"
     assert model.attr(elements["3"], K.NATIVE_STATE) == "UNKNOWN"
     assert "no longer lists" in model.attr(elements["3"], K.MESSAGE)
@@ -724,3 +729,48 @@ async def test_jobs_of_other_backends_are_not_this_ones(nursery, autojump_clock)
     with pytest.raises(JobError, match="not a SLURM job") as info:
         await slurm.backend.terminate(424242)
     assert info.value.kind is ErrorKind.NO_SUCH_JOB
+
+
+async def test_time_used_is_refreshed_once_a_minute(nursery, autojump_clock):
+    """The running clock alone changes nothing at each poll; it is brought up to date once a
+    minute, together for every job."""
+    fake = FakeSlurm()
+    fake.jobs = {"1": job("1", "RUNNING", time_used="0:05")}
+    slurm = await start(nursery, fake)
+    model = slurm.model
+    element = job_element(model, "1")
+    assert model.attr(element, K.TIME_USED) == "5"
+    slurm.sync()
+    for seconds in range(6, 50, 2):
+        fake.jobs["1"] = job("1", "RUNNING", time_used=f"0:{seconds:02d}")
+        await trio.sleep(2)
+    assert model.attr(element, K.TIME_USED) == "5"
+    assert not [e for e in slurm.sync() if isinstance(e, ElementChange) and e.kind is ElementKind.JOB]
+    await trio.sleep(20)
+    assert model.attr(element, K.TIME_USED) == "48"
+    assert [e for e in slurm.sync() if isinstance(e, ElementChange) and e.kind is ElementKind.JOB]
+
+
+async def test_a_spool_directory_with_a_percent_sign_is_taken_literally(nursery, autojump_clock, tmp_path):
+    """sbatch would expand ``%x`` in a file name: the agent's own files have it doubled."""
+    fake = FakeSlurm()
+    spool = tmp_path / "50%x"
+    slurm = await start(nursery, fake, spool_dir=str(spool), retention=5)
+    eid = await slurm.submit_ptp(["jobSubId=pct", "execName=prog"])
+    argv = [argv for _, argv in fake.calls if argv[0] == "sbatch"][-1]
+    output = next(a for a in argv if a.startswith("--output="))
+    assert output.startswith(f"--output={tmp_path}/50%%x/pct.")
+    tracked = slurm.backend._by_element[eid]
+    assert all(path.startswith(f"{spool}/pct.") for path in tracked.spool_files)
+    assert tracked.paths["stdout"] == tracked.spool_files[0]
+    slurm_id = slurm.model.attr(eid, K.NATIVE_ID)
+    fake.jobs[slurm_id] = job(slurm_id, "RUNNING")
+    await trio.sleep(1.5)
+    with open(tracked.spool_files[0], "w") as f:
+        f.write("written where sbatch was told\n")
+    fake.jobs[slurm_id] = job(slurm_id, "COMPLETED")
+    await trio.sleep(3)
+    slurm.sync()
+    assert slurm.output(slurm.model.processes(eid)[0]) == ["written where sbatch was told"]
+    await trio.sleep(10)
+    assert list(spool.iterdir()) == []

@@ -265,6 +265,11 @@ class BatchSystem(abc.ABC):
         followed)."""
         return None if self.expandable(path) else path
 
+    def literal_path(self, path: str) -> str:
+        """A file name as the submit command is to take it literally (the agent's own output
+        files: no pattern of the system may expand in them)."""
+        return path
+
     def stderr_default(self, stdout: str) -> Optional[str]:
         """Where standard error goes when only standard output is named (None: a file of
         its own in the spool directory)."""
@@ -1088,10 +1093,10 @@ class BatchBackend(Backend):
         if stdout is None or stderr is None:
             out, err = self._spool_paths(spec.client_ref or spec.display_name)
             if stdout is None:
-                stdout = out
+                stdout = self.system.literal_path(out)
                 spool.append(out)
             if stderr is None:
-                stderr = err
+                stderr = self.system.literal_path(err)
                 spool.append(err)
         spec = attrs.evolve(spec, queue=name, stdout_path=stdout, stderr_path=stderr)
         argv, stdin = self.system.submit_command(spec)

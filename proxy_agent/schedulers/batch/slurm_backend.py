@@ -222,6 +222,9 @@ class SlurmSystem(BatchSystem):
     def follow_path(self, path: str, job_id: str, spec: JobSpec, user: str) -> Optional[str]:
         return slurm.expand_output_pattern(path, job_id, spec.display_name or "", user)
 
+    def literal_path(self, path: str) -> str:
+        return path.replace("%", "%%")
+
     def stderr_default(self, stdout: str) -> Optional[str]:
         return stdout  # SLURM's own default: both streams in one file
 
