@@ -1,21 +1,28 @@
 """The batch engine: what every batch system backend shares.
 
-A batch system (Grid Engine, PBS...) is a :class:`BatchSystem`: its commands as argv lists,
+A batch system (SLURM, Grid Engine, PBS...) is a :class:`BatchSystem`: its commands as argv lists,
 parsers of their answers into the neutral records of :mod:`.records`, its state table and
 its submission dialect.  :class:`BatchBackend` does the rest, the same way for every system:
 
 * **Polling**: one status query per poll for every job shown (the agent user's, or every
-  user's with ``--all-users``), the queues and hosts every ``info_interval`` (a minute, or four polls).  Queries of
-  one poll run side by side; a big answer is parsed in a worker thread.  After a submission
-  or a job command the engine polls every ``fast_poll_interval`` for a while.
+  user's with ``--all-users``), the queues every ``info_interval`` (a minute, or four polls,
+  and at the next poll when a job names a queue not listed) and the hosts every
+  ``node_interval`` (the same unless the system asks for more).  Queries of one poll run
+  side by side; a big answer is parsed in a worker thread.  A system may ask a listing its
+  own way (:meth:`BatchSystem.fetch`: SLURM tries JSON, then text).  After a submission
+  or a job command the engine polls every ``fast_poll_interval`` for a while.  A job's
+  ``timeUsed`` is not a change by itself: it is refreshed for every job once every
+  ``time_used_interval`` (a minute).
 * **Back-off**: a failing or hanging query is logged, shown as the machine's ERROR state and
   told to the clients once (and once more when the scheduler answers again); polls are then
   spaced twice as far each time, up to ``max_backoff``.
 * **Job table**: each listing is compared with the previous one (:class:`JobTable`): only
   jobs whose record changed touch the model, whatever the size of the listing.
-* **Final states**: a job that leaves the listing is looked up once through the system's
-  accounting (:meth:`BatchSystem.final_record`); while the lookup finds nothing it is tried
-  again for ``MAX_GONE_POLLS`` polls, then the job is DELETED ("no record of how it ended").
+* **Final states**: the jobs that leave one listing are looked up together through the
+  system's accounting (:meth:`BatchSystem.final_records`, by default one
+  :meth:`BatchSystem.final_record` each); while the lookup finds nothing yet it is tried
+  again for ``MAX_GONE_POLLS`` polls, then (or at once, when the system says it has no
+  record for good) the job is DELETED ("no record of how it ended").
   Jobs that have ended leave the model ``retention`` seconds later.
 * **Submission races**: a job announced by its submission is not reported gone by a listing
   that started before the submission (:meth:`JobTable.expect`); a job that ended before it
@@ -23,10 +30,13 @@ its submission dialect.  :class:`BatchBackend` does the rest, the same way for e
 * **Output**: a job submitted here writes its standard output and error to files, in the
   spool directory (``~/.proxy-agent/BACKEND``) unless the submission names files.  They are
   followed while the job runs; a job's final state is shown only once all of its output has
-  been delivered, and the spool files are removed then.  Output carries its file offsets,
-  so the job store records how far delivery got.
+  been delivered, and the spool files are removed then (files an earlier agent left there
+  are removed after a week).  Output carries its file offsets, so the job store records
+  how far delivery got.  A system whose file names hold patterns expands them once the
+  job has its id (:meth:`BatchSystem.follow_path`).
 * **Adoption**: jobs an earlier agent submitted come back from the store by their native
-  id (:meth:`BatchBackend.adopt`), and their output is delivered from where it stopped.
+  id (:meth:`BatchBackend.adopt`), and their output is delivered from where it stopped; a
+  recorded end is shown after that output.
 * **Queue figures**: each queue shows ``totalSlots`` and ``freeSlots`` as the scheduler
   reports them and ``waitingJobs``/``runningJobs`` (the scheduler's counts where it gives
   them, else counted from the listed jobs), the names the local backend's figures have.
