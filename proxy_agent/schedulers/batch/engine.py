@@ -362,32 +362,41 @@ class JobTable:
     def apply(self, jobs: Iterable[NativeJob], generation: int) -> JobChanges:
         with _gc_paused():
             keys, records, retired = self._keys, self._records, self._retired
+            key_of, missing = _JOB_KEY, _MISSING
             added: List[NativeJob] = []
             changed: List[NativeJob] = []
             seen: Set[str] = set()
+            see = seen.add
+            stored = 0
             for job in jobs:
                 job_id = job.job_id
                 if job_id in seen:
                     continue
-                seen.add(job_id)
-                key = _JOB_KEY(job)
-                old = keys.get(job_id, _MISSING)
-                if old is _MISSING:
-                    if job_id in retired:
+                see(job_id)
+                key = key_of(job)
+                old = keys.get(job_id, missing)
+                if old is missing:
+                    if retired and job_id in retired:
                         continue
                     added.append(job)
                 elif old != key:
                     changed.append(job)
                 keys[job_id] = key
                 records[job_id] = job
+                stored += 1
             expected = self._expected
-            for job_id in [j for j in expected if j in seen]:
-                del expected[job_id]
-            gone = [j for j in keys if j not in seen and not (j in expected and expected[j] >= generation)]
-            for job_id in gone:
-                del keys[job_id], records[job_id]
-                expected.pop(job_id, None)
-            self._retired = {j for j in retired if j in seen}
+            if expected:
+                for job_id in [j for j in expected if j in seen]:
+                    del expected[job_id]
+            if stored == len(keys):
+                gone: List[str] = []  # every job known was listed
+            else:
+                gone = [j for j in keys if j not in seen and not (j in expected and expected[j] >= generation)]
+                for job_id in gone:
+                    del keys[job_id], records[job_id]
+                    expected.pop(job_id, None)
+            if retired:
+                self._retired = {j for j in retired if j in seen}
             return JobChanges(added, changed, gone)
 
 
@@ -572,6 +581,8 @@ class BatchBackend(Backend):
         self._queue_records: Dict[str, NativeQueue] = {}
         self._default: Optional[str] = None
         self._queues_stale = False
+        #: whether the queues' job figures may have changed since they were last counted
+        self._figures_stale = True
         self._nodes: Dict[str, Tuple[int, NativeNode]] = {}
         self._table = JobTable()
         self._jobs: Dict[str, _Job] = {}
@@ -754,10 +765,12 @@ class BatchBackend(Backend):
             self._apply_nodes(results["nodes"])
         if "jobs" in results:
             try:
-                await self._apply_listing(results["jobs"], generation)
+                if await self._apply_listing(results["jobs"], generation):
+                    self._figures_stale = True
             except ServiceError as exc:
                 errors["final states"] = exc.message
-            self._update_figures()
+            if self._figures_stale or "queues" in results:
+                self._update_figures()
         self._failing = bool(errors)
         self._update_machine()
         return list(dict.fromkeys(errors.values()))
@@ -878,6 +891,7 @@ class BatchBackend(Backend):
     def _update_figures(self) -> None:
         """waitingJobs/runningJobs of each queue: the scheduler's counts when it gives them,
         else the listed jobs'; freeSlots from the scheduler, else total less running slots."""
+        self._figures_stale = False
         counts: Dict[int, List[int]] = {key: [0, 0, 0] for key in self._queues.values()}
         for tracked in self._jobs.values():
             if tracked.completed:
@@ -918,7 +932,8 @@ class BatchBackend(Backend):
         known = self._nodes.get(host) if host else None
         return known[0] if known is not None else None
 
-    async def _apply_listing(self, jobs: List[NativeJob], generation: int) -> None:
+    async def _apply_listing(self, jobs: List[NativeJob], generation: int) -> bool:
+        """Apply a listing; whether it changed anything."""
         changes = self._table.apply(jobs, generation)
         fresh = changes.added + changes.changed
         if fresh:
@@ -933,6 +948,7 @@ class BatchBackend(Backend):
                 await trio.lowlevel.checkpoint()
         if changes.gone:
             await self._finish_gone(changes.gone)
+        return bool(changes)
 
     def _apply_job(self, job: NativeJob) -> None:
         tracked = self._jobs.get(job.job_id)
@@ -989,6 +1005,7 @@ class BatchBackend(Backend):
             tracked.retire_at = None
 
     def _completed(self, tracked: _Job) -> None:
+        self._figures_stale = True
         tracked.completed = True
         tracked.retire_at = trio.current_time() + self.retention
         self._retire.append((tracked.retire_at, tracked.native_id))
@@ -1007,6 +1024,7 @@ class BatchBackend(Backend):
             if tracked.element in self.model:
                 self.model.remove(tracked.element)
             self._table.retire(native_id)
+            self._figures_stale = True
             self._remove_spool(tracked)
 
     @staticmethod
@@ -1172,6 +1190,7 @@ class BatchBackend(Backend):
             process = model.add(Kind.PROCESS, element, {k: v for k, v in first.items() if k in (
                 K.STATE, K.NATIVE_STATE, K.EXIT_CODE, K.SIGNAL) and v}, owner=self.name)
         tracked = _Job(native_id, element, process, queue, submitted=submitted)
+        self._figures_stale = True
         self._jobs[native_id] = tracked
         self._by_element[element] = tracked
         self._table.expect(native_id, self._generation)
@@ -1413,6 +1432,7 @@ class BatchBackend(Backend):
                 self.model.move(tracked.element, queue)
                 tracked.queue = queue
                 self.model.update(tracked.element, {K.QUEUE: queue})
+                self._figures_stale = True
 
 
 # --------------------------------------------------------------------------- helpers

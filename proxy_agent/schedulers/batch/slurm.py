@@ -22,6 +22,7 @@ How SLURM's records become the engine's
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import List, Optional, Tuple
 
@@ -112,6 +113,7 @@ STATE_TABLE = StateTable(
 HELD_REASONS = frozenset({"JobHeldUser", "JobHeldAdmin"})
 
 
+@functools.lru_cache(maxsize=1024)
 def native_word(raw: str) -> str:
     """SLURM's state as one upper-case long name (``CD`` -> ``COMPLETED``)."""
     return _state_key(raw) or "UNKNOWN"
@@ -143,21 +145,35 @@ def _seconds(duration: str) -> Optional[int]:
     return sp.duration_seconds(duration) if duration else None
 
 
+#: Durations that repeat from job to job (time limits), read once.
+_limit_seconds = functools.lru_cache(maxsize=4096)(_seconds)
+
+
+@functools.lru_cache(maxsize=4096)
+def _state_and_message(state: str, reason: str) -> Tuple[str, str]:
+    word = native_word(state)
+    pending = service_state(word, reason) in (JobState.QUEUING, JobState.HOLD)
+    return word, sp.job_message(reason, pending=pending)
+
+
+@functools.lru_cache(maxsize=1024)
+def _exit(text: str) -> Tuple[Optional[int], str]:
+    code, sig = split_exit_code(text)
+    return None if code is None else (128 + sig if sig else code), str(sig) if sig else ""
+
+
 def native_job(job: SlurmJob) -> NativeJob:
     """A SLURM job record as the engine's record (see the module documentation)."""
-    word = native_word(job.state)
-    pending = service_state(word, job.reason) in (JobState.QUEUING, JobState.HOLD)
-    code, sig = split_exit_code(job.exit_code)
+    word, message = _state_and_message(job.state, job.reason)
+    exit_code, signal = _exit(job.exit_code)
     tasks = job.num_tasks
     return NativeJob(
-        job.job_id, name=job.name, user=job.user, queue=job.partition, native_state=word,
-        reason=sp.job_message(job.reason, pending=pending), account=job.account,
-        hosts=(job.nodes,) if job.nodes else (), num_nodes=job.num_nodes, num_cpus=job.num_cpus,
-        num_procs=tasks if tasks and 0 < tasks < _NO_VALUE else 1,
-        time_used=_seconds(job.time_used), time_limit=_seconds(job.time_limit),
-        exit_code=None if code is None else (128 + sig if sig else code), signal=str(sig) if sig else "",
-        work_dir=job.work_dir, stdout_path=job.stdout_path, stderr_path=job.stderr_path,
-        cancelled=word == "CANCELLED",
+        job.job_id, name=job.name, user=job.user, queue=job.partition, native_state=word, reason=message,
+        account=job.account, hosts=(job.nodes,) if job.nodes else (), num_nodes=job.num_nodes,
+        num_cpus=job.num_cpus, num_procs=tasks if tasks and 0 < tasks < _NO_VALUE else 1,
+        time_used=_seconds(job.time_used), time_limit=_limit_seconds(job.time_limit),
+        exit_code=exit_code, signal=signal, work_dir=job.work_dir, stdout_path=job.stdout_path,
+        stderr_path=job.stderr_path, cancelled=word == "CANCELLED",
     )
 
 

@@ -61,6 +61,8 @@ class SlurmSystem(BatchSystem):
         #: "accounting" (slurmdbd), "completion" (the job-completion log) or None
         self.sacct_mode: Optional[str] = None
         self._json: Dict[str, bool] = {}
+        #: the last listing's records and what they became: an unchanged record is not converted again
+        self._converted: Dict[str, Tuple[SlurmJob, NativeJob]] = {}
 
     @property
     def state_table(self) -> StateTable:
@@ -103,7 +105,7 @@ class SlurmSystem(BatchSystem):
         if what == "jobs":
             now = int(time.time())
             return await self._query(
-                "squeue", run, parse, slurm.native_job, sp.squeue_argv(user), sp.parse_squeue_text,
+                "squeue", run, parse, None, sp.squeue_argv(user), sp.parse_squeue_text,
                 sp.squeue_argv(user, json=True), lambda text: sp.parse_squeue_json(text, user, now))
         if what == "queues":
             if not self.config:
@@ -119,25 +121,43 @@ class SlurmSystem(BatchSystem):
     def parse_status(self, text: str, user: Optional[str]) -> List[NativeJob]:
         return [slurm.native_job(j) for j in sp.parse_squeue_text(text)]
 
-    async def _query(self, kind: str, run: Run, parse: Parse, convert: Callable[[Any], Any],
+    def _native_jobs(self, records: List[SlurmJob]) -> List[NativeJob]:
+        old, new, out = self._converted, {}, []
+        for record in records:
+            pair = old.get(record.job_id)
+            if pair is None or pair[0] != record:
+                pair = (record, slurm.native_job(record))
+            new[record.job_id] = pair
+            out.append(pair[1])
+        self._converted = new
+        return out
+
+    async def _query(self, kind: str, run: Run, parse: Parse, convert: Optional[Callable[[Any], Any]],
                      text_argv: Sequence[str], text_parser: Callable[[str], list],
                      json_argv: Sequence[str], json_parser: Callable[[str], list]) -> list:
         """One query in JSON if this SLURM has it for ``kind``, else (or if JSON turns out not
-        to work while text does) in text; records converted in the parser's thread."""
+        to work while text does) in text; records converted in the parser's thread (jobs
+        by :meth:`_native_jobs`)."""
+
+        def converted(parser: Callable[[str], list]) -> Callable[[str], list]:
+            if convert is None:
+                return lambda text: self._native_jobs(parser(text))
+            return lambda text: [convert(r) for r in parser(text)]
+
         if self._json.get(kind):
             try:
                 result = await run(json_argv)
-                return await parse(lambda text: [convert(r) for r in json_parser(text)], result.stdout)
+                return await parse(converted(json_parser), result.stdout)
             except (CommandFailed, sp.SlurmError) as exc:
                 json_error = exc
             result = await run(text_argv)  # raises if SLURM itself is failing
-            records = await parse(lambda text: [convert(r) for r in text_parser(text)], result.stdout)
+            records = await parse(converted(text_parser), result.stdout)
             log.warning("%s does not work here (%s); using the text format from now on",
                         " ".join(json_argv[:3]), json_error)
             self._json[kind] = False
             return records
         result = await run(text_argv)
-        return await parse(lambda text: [convert(r) for r in text_parser(text)], result.stdout)
+        return await parse(converted(text_parser), result.stdout)
 
     def job_state(self, job: NativeJob) -> JobState:
         return slurm.service_state(job.native_state, job.reason)
