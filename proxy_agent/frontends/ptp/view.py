@@ -56,6 +56,8 @@ STALL_SECONDS = 15.0
 #: Range groups per NEW/CHANGE event, so no frame grows without bound.
 MAX_GROUPS_PER_EVENT = 2000
 _OUTPUT_CHUNK = 64 * 1024
+#: Distinct values a slot's render cache takes before it checks that values recur.
+_CACHE_TRIAL = 4096
 
 _PTP_KIND = {
     Kind.MACHINE: ElementKind.MACHINE,
@@ -119,7 +121,7 @@ class _Renderer:
     by several clients) they stay :class:`_Ref` markers.
     """
 
-    __slots__ = ("kind", "schema", "rules", "base", "plan", "version")
+    __slots__ = ("kind", "schema", "rules", "base", "plan", "version", "_caches", "_uses")
 
     def __init__(self, kind: Kind, schema, rules: RenderRules, base: Optional[int]) -> None:
         self.kind = kind
@@ -128,11 +130,16 @@ class _Renderer:
         self.base = base
         self.plan: List[object] = []
         self.version = -1
+        self._caches = []
+        self._uses = []
 
     def _refresh(self) -> None:
         keys = self.schema.keys
         self.plan = [self._entry(name) for name in keys]
         self.version = self.schema.version
+        # rendered values per slot (see encoded); entries may have changed with the schema
+        self._caches: List[Optional[dict]] = [{} for _ in keys]
+        self._uses: List[int] = [0] * len(keys)
 
     def _entry(self, name: str):
         kind, rules = self.kind, self.rules
@@ -198,6 +205,50 @@ class _Renderer:
                     out.append(ptp_id + "=")
         return out
 
+    def encoded(self, values: Sequence, parts: list) -> int:
+        """Append a value row's arguments to ``parts`` as encoded bytes (and :class:`_Ref`
+        markers); returns how many arguments they are.
+
+        Most values recur (states, users, queues, node references): what a value renders to is
+        remembered per slot, so a big snapshot encodes each distinct value once.  A slot whose
+        values hardly recur (names, ids) stops being remembered.
+        """
+        if self.version != self.schema.version:
+            self._refresh()
+        caches = self._caches
+        if len(caches) != len(self.plan):
+            caches.extend({} for _ in range(len(self.plan) - len(caches)))
+        count = 0
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            cache = caches[i]
+            hit = cache.get(value) if cache is not None else None
+            if hit is None:
+                entry = self.plan[i]
+                if entry is None:
+                    continue
+                if entry.__class__ is str:
+                    if value.__class__ is str:
+                        arg = entry + value  # type: ignore[operator]
+                        hit = (1, (encode_args((arg,)),))
+                    else:
+                        args = [entry + item for item in value]  # type: ignore[operator]
+                        hit = (len(args), (encode_args(args),) if args else ())
+                else:
+                    args = entry(value)  # type: ignore[operator]
+                    hit = (len(args), _encode_parts(args))
+                if cache is not None:
+                    cache[value] = hit
+                    if len(cache) > _CACHE_TRIAL and len(cache) * 2 > self._uses[i]:
+                        caches[i] = None  # values of this slot hardly recur
+                        cache.clear()
+            if cache is not None:
+                self._uses[i] += 1
+            count += hit[0]
+            parts.extend(hit[1])
+        return count
+
     def args(self, values: Sequence) -> list:
         """``key=value`` arguments of a value row (and :class:`_Ref` markers when shared)."""
         if self.version != self.schema.version:
@@ -217,24 +268,35 @@ class _Renderer:
 
 
 class _Ranges:
-    """Element ids of a group in a shared snapshot, as (first, last) key pairs."""
+    """Element ids of a group in a shared snapshot: ascending service keys, written as a range
+    set once a client's base id is known."""
 
-    __slots__ = ("pairs",)
+    __slots__ = ("keys", "pairs")
 
     def __init__(self, keys: List[int]) -> None:
-        pairs = []
-        first = last = keys[0]
-        for key in keys[1:]:
-            if key == last + 1:
-                last = key
-            else:
-                pairs.append((first, last))
-                first = last = key
-        pairs.append((first, last))
-        self.pairs = pairs
+        self.keys = keys
+        #: (first, last) runs, or None when no two keys are adjacent (each its own range)
+        self.pairs: Optional[List[Tuple[int, int]]] = None
+        if len(keys) > 1 and any(map(int.__eq__, keys[1:], map((1).__add__, keys))):
+            pairs = []
+            first = last = keys[0]
+            for key in keys[1:]:
+                if key == last + 1:
+                    last = key
+                else:
+                    pairs.append((first, last))
+                    first = last = key
+            pairs.append((first, last))
+            self.pairs = pairs
 
     def text(self, base: int) -> str:
-        return ",".join(str(a + base) if a == b else f"{a + base}-{b + base}" for a, b in self.pairs)
+        pairs = self.pairs
+        if pairs is None:
+            keys = self.keys
+            if len(keys) == 1:
+                return str(keys[0] + base)
+            return ",".join(map(str, map(base.__add__, keys)))
+        return ",".join(str(a + base) if a == b else f"{a + base}-{b + base}" for a, b in pairs)
 
 
 def _encode_parts(items: list) -> list:
@@ -253,6 +315,23 @@ def _encode_parts(items: list) -> list:
     if run:
         parts.append(encode_args(run))
     return parts
+
+
+def _joined_parts(parts: list) -> list:
+    """Consecutive bytes in ``parts`` joined into one."""
+    out: list = []
+    run: List[bytes] = []
+    for part in parts:
+        if part.__class__ is bytes:
+            run.append(part)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else b"".join(run))
+            run = []
+        out.append(part)
+    if run:
+        out.append(run[0] if len(run) == 1 else b"".join(run))
+    return out
 
 
 class SnapshotPlan:
@@ -346,57 +425,92 @@ def snapshot_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
 
 
 def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
-    elements = model._elements  # read directly: this is the hot path of a big snapshot
     events: List[Tuple[int, int, list]] = []
     ascending = model.ascending()
     for kind in CREATE_ORDER:
-        keys = model.keys(kind)
+        elements: Iterable[Element] = model.elements(kind)
         if not ascending:
-            keys.sort()
-        if not keys:
-            continue
+            elements = sorted(elements, key=_key_of)
         renderer = _Renderer(kind, model.schema(kind), rules, None)
-        args_of = renderer.args
+        encode_row = renderer.encoded
         event_id = _PTP_KIND[kind].new_event
-        by_parent: Dict[int, List[Element]] = {}
-        for key in keys:
-            element = elements[key]
-            group = by_parent.get(element.parent)
-            if group is None:
-                by_parent[element.parent] = [element]
-            else:
-                group.append(element)
         process = kind is Kind.PROCESS
-        for parent, members in by_parent.items():
-            if len(members) == 1:
-                element = members[0]
-                args = args_of(element.values)
-                ref = str(element.rank) if process else _Ranges([element.key])
-                items = [parent, "1", ref, str(len(args)), *args]
-                events.append((event_id, len(items), _encode_parts(items)))
-                continue
-            same: Dict[tuple, List[Element]] = {}
-            for element in members:
-                row = tuple(element.values)
-                bucket = same.get(row)
-                if bucket is None:
-                    same[row] = [element]
-                else:
-                    bucket.append(element)
-            groups = list(same.items())
-            for start in range(0, len(groups), MAX_GROUPS_PER_EVENT):
-                part = groups[start:start + MAX_GROUPS_PER_EVENT]
-                items: list = [parent, str(len(part))]
-                for row, bucket in part:
-                    args = args_of(row)
+        # parent -> id of a row -> [row, key or rank, ...].  Elements created alike share
+        # their row object, so most of the grouping is by identity; equal rows that are
+        # distinct objects are merged below.
+        by_parent: Dict[int, Dict[int, list]] = {}
+        last_parent = None
+        groups: Dict[int, list] = {}
+        for element in elements:
+            parent = element.parent
+            if parent != last_parent:
+                last_parent = parent
+                groups = by_parent.get(parent)  # type: ignore[assignment]
+                if groups is None:
+                    groups = by_parent[parent] = {}
+            row = element.values
+            group = groups.get(id(row))
+            if group is None:
+                groups[id(row)] = [row, element.rank if process else element.key]
+            else:
+                group.append(element.rank if process else element.key)
+        for parent, groups in by_parent.items():
+            if len(groups) == 1:
+                (group,) = groups.values()
+                if len(group) == 2:
+                    # a single child (a job's only process): no grouping needed
+                    row_parts: list = []
+                    nargs = encode_row(group[0], row_parts)
                     if process:
-                        items.append(_ids_text([e.rank for e in bucket]))
+                        parts = [parent, _ONE + _encoded_number(group[1]) + _encoded_number(nargs)]
                     else:
-                        items.append(_Ranges([e.key for e in bucket]))
-                    items.append(str(len(args)))
-                    items.extend(args)
-                events.append((event_id, len(items), _encode_parts(items)))
+                        parts = [parent, _ONE, group[1], _encoded_number(nargs)]
+                    parts.extend(row_parts)
+                    events.append((event_id, 4 + nargs, _joined_parts(parts)))
+                    continue
+                merged = [(group[0], group)]
+            else:
+                same: Dict[tuple, list] = {}
+                for group in groups.values():
+                    bucket = same.get(group[0])
+                    if bucket is None:
+                        same[group[0]] = group
+                    else:
+                        bucket.extend(group[1:])
+                        bucket.append(None)  # marks a bucket to sort
+                merged = list(same.items())
+            for start in range(0, len(merged), MAX_GROUPS_PER_EVENT):
+                part = merged[start:start + MAX_GROUPS_PER_EVENT]
+                parts = [parent, _encoded_number(len(part))]
+                total = 2
+                for row, bucket in part:
+                    members = bucket[1:]
+                    if members[-1] is None:
+                        members = sorted(m for m in members if m is not None)
+                    if process:
+                        parts.append(encode_args((_ids_text(members),)))
+                    else:
+                        parts.append(members[0] if len(members) == 1 else _Ranges(members))
+                    row_parts = []
+                    nargs = encode_row(row, row_parts)
+                    parts.append(_encoded_number(nargs))
+                    parts.extend(row_parts)
+                    total += 2 + nargs
+                events.append((event_id, total, _joined_parts(parts)))
     return SnapshotPlan(model.version, events)
+
+
+_SMALL_NUMBERS = [encode_args((str(n),)) for n in range(1024)]
+_ONE = _SMALL_NUMBERS[1]
+
+
+def _encoded_number(n: int) -> bytes:
+    """A number as one encoded argument."""
+    return _SMALL_NUMBERS[n] if 0 <= n < 1024 else encode_args((str(n),))
+
+
+def _key_of(element: Element) -> int:
+    return element.key
 
 
 class ModelView(ChangeSink):
