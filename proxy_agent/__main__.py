@@ -40,7 +40,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(backends: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The agent's command line; ``backends`` limits the backend options to those backends'
+    (the others' modules then need not be imported)."""
     parser = _Parser(
         prog="proxy-agent",
         description="Resource-manager proxy agent: presents this machine's schedulers to an IDE "
@@ -88,8 +90,42 @@ def build_parser() -> argparse.ArgumentParser:
                         help="benchmark figures per queue for the Benchmark broker (INI: [SCHEDULER:QUEUE] sections "
                         "of BENCHMARK = FIGURE lines)")
     for name in BACKENDS:
-        backend_class(name).add_arguments(parser)
+        if backends is None or name in backends:
+            backend_class(name).add_arguments(parser)
     return parser
+
+
+def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line, parsed.  Start-up imports only the backends it names: the options are
+    parsed with theirs first, and with every backend's (as ``--help`` shows them) only when
+    something is left over, so what is accepted and every message are the same."""
+    requested = _requested_schedulers(argv)
+    if requested is not None:
+        args, rest = build_parser(requested).parse_known_args(argv)
+        if not rest:
+            return args
+    return build_parser().parse_args(argv)
+
+
+def _requested_schedulers(argv: Sequence[str]) -> Optional[List[str]]:
+    """The backends ``--scheduler`` names (the default's when absent), or None when the command
+    line must be read with every backend's options (help, or anything unclear)."""
+    value = "local"
+    for i, arg in enumerate(argv):
+        if arg in ("-h", "--help") or arg == "--":
+            return None
+        if arg == "--scheduler":
+            if i + 1 >= len(argv):
+                return None
+            value = argv[i + 1]
+        elif arg.startswith("--scheduler="):
+            value = arg.partition("=")[2]
+        elif arg.startswith("--sch") and "--scheduler".startswith(arg.partition("=")[0]):
+            return None  # an abbreviation: leave it to argparse
+    names = [name.strip() for name in value.split(",")]
+    if not all(name in BACKENDS for name in names):
+        return None
+    return names
 
 
 def _scheduler_names(text: str) -> List[str]:
@@ -290,8 +326,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .joblist import main as joblist_main
 
         return joblist_main(argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_arguments(argv)
     try:
         names = _scheduler_names(args.scheduler)
         if not 0 < args.auth_timeout <= 3600:

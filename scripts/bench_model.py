@@ -115,8 +115,17 @@ class _UnixClient:
     """A client of a ``--unix`` agent that reads raw bytes (no decoding)."""
 
     def __init__(self, path: str, base_id: int) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(path)
+        deadline = time.monotonic() + 60
+        while True:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.sock.connect(path)
+                break
+            except ConnectionRefusedError:  # bound, not yet listening
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
         self.base_id = base_id
         self.tid = 0
         self.decoder = Decoder(max_frame_size=1 << 30)

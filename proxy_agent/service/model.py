@@ -466,11 +466,14 @@ class ServiceModel:
         return self._next_ranks.get(job.key, 0)
 
     def add_many(
-        self, kind: Kind, parent: Optional[int], attrs_list: Sequence[Mapping[str, AttrValue]], owner: str = ""
+        self, kind: Kind, parent: Optional[int], attrs_list: Sequence[Mapping[str, AttrValue]], owner: str = "",
+        rows: Optional[Dict[int, tuple]] = None,
     ) -> range:
         """Create related elements with contiguous keys (a job's processes, a machine's nodes).
 
-        Processes get the next ranks of their job, in list order.
+        Processes get the next ranks of their job, in list order.  Elements given the same
+        mapping object share one row; ``rows`` carries that sharing across calls (the caller
+        keeps every mapping it used alive, and the mappings unchanged, while it passes it).
         """
         parent_key = ROOT if parent is None else parent
         parent_element = self._check_parent(kind, parent_key)
@@ -480,7 +483,8 @@ class ServiceModel:
         attach = self._attach
         # Elements given the same attribute mapping share one (immutable) row of values: a
         # backend that reuses mappings for alike jobs keeps a big model small.
-        rows: Dict[int, tuple] = {}
+        if rows is None:
+            rows = {}
         for key, attrs in zip(keys, attrs_list):
             row = rows.get(id(attrs))
             if row is None:

@@ -341,29 +341,37 @@ class SnapshotPlan:
         self.version = version
         #: (event id, argument count, parts)
         self.events = events
-        self._frames: Dict[Tuple[int, int], List[bytes]] = {}
+        self._renderings: Dict[Tuple[int, int], _Rendering] = {}
+
+    def chunks(self, base: int, tid: int) -> Iterator[bytes]:
+        """The snapshot's frames for a client, in chunks of about SNAPSHOT_CHUNK_BYTES, each
+        rendered when it is first asked for; clients with the same base id and TID share them."""
+        return self._rendering(base, tid).reader()
 
     def frames(self, base: int, tid: int) -> List[bytes]:
-        """The snapshot's frames for a client, in chunks of about SNAPSHOT_CHUNK_BYTES."""
-        cached = self._frames.get((base, tid))
-        if cached is not None:
-            return cached
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            chunks = self._render(base, tid)
-        finally:
-            if enabled:
-                gc.enable()
-        if len(self._frames) >= 4:
-            self._frames.clear()
-        self._frames[(base, tid)] = chunks
-        return chunks
+        """All the snapshot's chunks for a client (see :meth:`chunks`)."""
+        rendering = self._rendering(base, tid)
+        for _ in rendering.reader():
+            pass
+        return rendering.chunks
 
-    def _render(self, base: int, tid: int) -> List[bytes]:
-        chunks: List[bytes] = []
+    def _rendering(self, base: int, tid: int) -> "_Rendering":
+        rendering = self._renderings.get((base, tid))
+        if rendering is None:
+            if len(self._renderings) >= 4:
+                # keep those still being read; a finished one is rendered again if asked for
+                for key in [k for k, r in self._renderings.items() if r.done]:
+                    del self._renderings[key]
+            rendering = self._renderings[(base, tid)] = _Rendering(self._render(base, tid))
+        return rendering
+
+    def _render(self, base: int, tid: int) -> Iterator[bytes]:
+        assemble_frame(0, tid, 0, b"")  # checks the TID once
         current: List[bytes] = []
         size = 0
+        ids: Dict[int, bytes] = {}  # element ids already written (parents recur)
+        refs: Dict[Tuple[str, int], bytes] = {}  # references already written (nodes recur)
+        heads: Dict[Tuple[int, int], bytes] = {}
         for event_id, nargs, parts in self.events:
             pieces = []
             for part in parts:
@@ -371,23 +379,32 @@ class SnapshotPlan:
                 if cls is bytes:
                     pieces.append(part)
                 elif cls is int:
-                    text = str(base + part).encode()
-                    pieces.append(b" %08X:%s" % (len(text), text))
+                    piece = ids.get(part)
+                    if piece is None:
+                        text = str(base + part)
+                        piece = ids[part] = _PREFIXES[len(text)] + text.encode()
+                    pieces.append(piece)
                 elif cls is _Ranges:
                     text = part.text(base).encode()
                     pieces.append(b" %08X:%s" % (len(text), text))
                 else:  # _Ref
-                    text = (part.prefix + str(base + part.key)).encode()
-                    pieces.append(b" %08X:%s" % (len(text), text))
-            frame = assemble_frame(event_id, tid, nargs, b"".join(pieces))
+                    piece = refs.get((part.prefix, part.key))
+                    if piece is None:
+                        text = (part.prefix + str(base + part.key)).encode()
+                        piece = refs[(part.prefix, part.key)] = b" %08X:%s" % (len(text), text)
+                    pieces.append(piece)
+            head = heads.get((event_id, nargs))
+            if head is None:
+                head = heads[(event_id, nargs)] = b" %04X:%08X:%08X" % (event_id, tid, nargs)
+            body = b"".join(pieces)
+            frame = b"%08X%s%s" % (len(body) + len(head), head, body)
             current.append(frame)
             size += len(frame)
             if size >= SNAPSHOT_CHUNK_BYTES:
-                chunks.append(b"".join(current))
+                yield b"".join(current)
                 current, size = [], 0
         if current:
-            chunks.append(b"".join(current))
-        return chunks
+            yield b"".join(current)
 
     def wire_events(self, base: int) -> List[WireEvent]:
         """The snapshot as (event id, arguments) for a client (tests and tools)."""
@@ -397,6 +414,40 @@ class SnapshotPlan:
         for chunk in self.frames(base, 0):
             decoder.feed(chunk)
         return [(frame.msg_id, list(frame.args)) for frame in decoder]
+
+
+_PREFIXES = [b" %08X:" % n for n in range(32)]
+
+
+class _Rendering:
+    """The chunks of one snapshot for one (base id, TID), rendered as readers first reach them."""
+
+    __slots__ = ("chunks", "source", "done")
+
+    def __init__(self, source: Iterator[bytes]) -> None:
+        self.chunks: List[bytes] = []
+        self.source = source
+        self.done = False
+
+    def reader(self) -> Iterator[bytes]:
+        i = 0
+        chunks = self.chunks
+        while True:
+            if i == len(chunks):
+                if self.done:
+                    return
+                enabled = gc.isenabled()
+                gc.disable()  # thousands of new objects, none of them garbage
+                try:
+                    chunks.append(next(self.source))
+                except StopIteration:
+                    self.done = True
+                    return
+                finally:
+                    if enabled:
+                        gc.enable()
+            yield chunks[i]
+            i += 1
 
 
 #: The latest snapshot plan of each model, per rules: model -> {rules: plan}
@@ -589,6 +640,11 @@ class ModelView(ChangeSink):
     def subscribe_frames(self, tid: int) -> List[bytes]:
         """:meth:`subscribe_plan` with the snapshot as encoded frames for ``tid``."""
         return self.subscribe_plan().frames(self.base, tid)
+
+    def subscribe_chunks(self, tid: int) -> Iterator[bytes]:
+        """:meth:`subscribe_plan` with the snapshot's frames for ``tid`` rendered chunk by chunk
+        as they are taken (the snapshot is of this instant whenever they are taken)."""
+        return self.subscribe_plan().chunks(self.base, tid)
 
     def unsubscribe(self) -> None:
         if self.subscribed:
