@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import gc
 import weakref
+from array import array
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
@@ -269,34 +270,39 @@ class _Renderer:
 
 class _Ranges:
     """Element ids of a group in a shared snapshot: ascending service keys, written as a range
-    set once a client's base id is known."""
+    set once a client's base id is known.  Kept as the keys themselves while no two are
+    adjacent, else as a flat array of (first, last) runs: a million jobs' groups stay small."""
 
-    __slots__ = ("keys", "pairs")
+    __slots__ = ("keys", "runs")
 
     def __init__(self, keys: List[int]) -> None:
-        self.keys = keys
-        #: (first, last) runs, or None when no two keys are adjacent (each its own range)
-        self.pairs: Optional[List[Tuple[int, int]]] = None
+        self.keys: Optional[List[int]] = keys
+        self.runs: Optional[array] = None
         if len(keys) > 1 and any(map(int.__eq__, keys[1:], map((1).__add__, keys))):
-            pairs = []
+            runs = array("q")
             first = last = keys[0]
             for key in keys[1:]:
                 if key == last + 1:
                     last = key
                 else:
-                    pairs.append((first, last))
+                    runs.append(first)
+                    runs.append(last)
                     first = last = key
-            pairs.append((first, last))
-            self.pairs = pairs
+            runs.append(first)
+            runs.append(last)
+            self.runs = runs
+            self.keys = None
 
     def text(self, base: int) -> str:
-        pairs = self.pairs
-        if pairs is None:
+        runs = self.runs
+        if runs is None:
             keys = self.keys
+            assert keys is not None
             if len(keys) == 1:
                 return str(keys[0] + base)
             return ",".join(map(str, map(base.__add__, keys)))
-        return ",".join(str(a + base) if a == b else f"{a + base}-{b + base}" for a, b in pairs)
+        it = iter(runs)
+        return ",".join(str(a + base) if a == b else f"{a + base}-{b + base}" for a, b in zip(it, it))
 
 
 def _encode_parts(items: list) -> list:
