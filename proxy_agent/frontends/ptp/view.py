@@ -351,23 +351,22 @@ class SnapshotPlan:
 
     def chunks(self, base: int, tid: int) -> Iterator[bytes]:
         """The snapshot's frames for a client, in chunks of about SNAPSHOT_CHUNK_BYTES, each
-        rendered when it is first asked for; clients with the same base id and TID share them."""
-        return self._rendering(base, tid).reader()
+        rendered when it is first asked for.  Clients with the same base id and TID that read
+        at the same time share the chunks; a chunk every reader has passed is let go."""
+        return self._rendering(base, tid).reader(keep=False)
 
     def frames(self, base: int, tid: int) -> List[bytes]:
-        """All the snapshot's chunks for a client (see :meth:`chunks`)."""
+        """All the snapshot's chunks for a client, kept for later callers (tests, tools)."""
         rendering = self._rendering(base, tid)
-        for _ in rendering.reader():
+        for _ in rendering.reader(keep=True):
             pass
-        return rendering.chunks
+        return rendering.chunks  # type: ignore[return-value]
 
     def _rendering(self, base: int, tid: int) -> "_Rendering":
         rendering = self._renderings.get((base, tid))
-        if rendering is None:
-            if len(self._renderings) >= 4:
-                # keep those still being read; a finished one is rendered again if asked for
-                for key in [k for k, r in self._renderings.items() if r.done]:
-                    del self._renderings[key]
+        if rendering is None or rendering.released:
+            for key in [k for k, r in self._renderings.items() if r.done and not r.readers]:
+                del self._renderings[key]  # finished: rendered again if asked for again
             rendering = self._renderings[(base, tid)] = _Rendering(self._render(base, tid))
         return rendering
 
@@ -426,34 +425,82 @@ _PREFIXES = [b" %08X:" % n for n in range(32)]
 
 
 class _Rendering:
-    """The chunks of one snapshot for one (base id, TID), rendered as readers first reach them."""
+    """The chunks of one snapshot for one (base id, TID), rendered as readers first reach them.
 
-    __slots__ = ("chunks", "source", "done")
+    A chunk stays while a reader has yet to take it, or for good once a keeping reader
+    (:meth:`SnapshotPlan.frames`) has come; otherwise it is let go (``released``: a reader
+    arriving later gets a rendering of its own), so that a big snapshot is never held whole.
+    """
+
+    __slots__ = ("chunks", "source", "done", "readers", "keep", "released")
 
     def __init__(self, source: Iterator[bytes]) -> None:
-        self.chunks: List[bytes] = []
+        self.chunks: List[Optional[bytes]] = []
         self.source = source
         self.done = False
+        #: readers in progress
+        self.readers: List[_Reader] = []
+        self.keep = False
+        self.released = False
 
-    def reader(self) -> Iterator[bytes]:
-        i = 0
+    def reader(self, keep: bool) -> "_Reader":
+        if keep:
+            self.keep = True
+        return _Reader(self)
+
+    def take(self, reader: "_Reader") -> Optional[bytes]:
+        """The reader's next chunk (None at the end)."""
         chunks = self.chunks
-        while True:
-            if i == len(chunks):
-                if self.done:
-                    return
-                enabled = gc.isenabled()
-                gc.disable()  # thousands of new objects, none of them garbage
-                try:
-                    chunks.append(next(self.source))
-                except StopIteration:
-                    self.done = True
-                    return
-                finally:
-                    if enabled:
-                        gc.enable()
-            yield chunks[i]
-            i += 1
+        i = reader.position
+        if i == len(chunks):
+            if self.done:
+                return None
+            enabled = gc.isenabled()
+            gc.disable()  # thousands of new objects, none of them garbage
+            try:
+                chunks.append(next(self.source))
+            except StopIteration:
+                self.done = True
+                return None
+            finally:
+                if enabled:
+                    gc.enable()
+        chunk = chunks[i]
+        reader.position = i + 1
+        if not self.keep and min(r.position for r in self.readers) > i:
+            chunks[i] = None  # every reader has it
+            self.released = True
+        return chunk
+
+
+class _Reader:
+    """One client's way through a :class:`_Rendering` (counted from its creation on)."""
+
+    __slots__ = ("rendering", "position", "__weakref__")
+
+    def __init__(self, rendering: _Rendering) -> None:
+        self.rendering: Optional[_Rendering] = rendering
+        self.position = 0
+        rendering.readers.append(self)
+
+    def __iter__(self) -> "_Reader":
+        return self
+
+    def __next__(self) -> bytes:
+        rendering = self.rendering
+        chunk = rendering.take(self) if rendering is not None else None
+        if chunk is None:
+            self.close()
+            raise StopIteration
+        return chunk
+
+    def close(self) -> None:
+        rendering, self.rendering = self.rendering, None
+        if rendering is not None:
+            rendering.readers.remove(self)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 #: The latest snapshot plan of each model, per rules: model -> {rules: plan}
