@@ -437,51 +437,43 @@ class SimBackend(Backend):
         yield from self._add_existing_jobs(self.options.jobs)
 
     def _add_existing_jobs(self, count: int) -> Iterator[None]:
-        """``count`` jobs in mixed states; add_many per queue in steps of _POPULATE_STEP jobs,
-        each followed by its jobs' processes (for a share of them)."""
+        """``count`` jobs in mixed states, in steps of _POPULATE_STEP jobs: each step's jobs
+        drawn, added with one add_many per queue, then processes for a share of them.  Only
+        one step's draws are held at a time (a million jobs' would be a hundred megabytes)."""
         if count <= 0:
             return
         rng = self._rng
         queues = [self.queue_ids[name] for name in QUEUE_NAMES]
-        mix_index: List[int] = []
-        queue_index: List[int] = []
-        names: List[int] = []
-        users: List[int] = []
-        procs: List[int] = []
         mix_weights = [w for _, w in _JOB_MIX]
+        # Jobs with equal attributes share one attribute dict, and so one row of the model.
+        shared: Dict[tuple, dict] = {}
+        rows: Dict[int, tuple] = {}
         for start in range(0, count, _POPULATE_STEP):
             k = min(_POPULATE_STEP, count - start)
-            mix_index += rng.choices(range(len(_JOB_MIX)), weights=mix_weights, k=k)
-            queue_index += rng.choices(range(len(queues)), weights=_QUEUE_WEIGHTS, k=k)
-            names += rng.choices(range(len(_JOB_NAMES)), k=k)
-            users += rng.choices(range(len(_USERS)), k=k)
-            procs += rng.choices(range(len(_NUM_PROCS)), weights=_NUM_PROCS_WEIGHTS, k=k)
+            mix_index = rng.choices(range(len(_JOB_MIX)), weights=mix_weights, k=k)
+            queue_index = rng.choices(range(len(queues)), weights=_QUEUE_WEIGHTS, k=k)
+            names = rng.choices(range(len(_JOB_NAMES)), k=k)
+            users = rng.choices(range(len(_USERS)), k=k)
+            procs = rng.choices(range(len(_NUM_PROCS)), weights=_NUM_PROCS_WEIGHTS, k=k)
+            per_queue: List[List[dict]] = [[] for _ in queues]
+            per_queue_meta: List[List[Tuple[int, int]]] = [[] for _ in queues]
+            for i in range(k):
+                key = (mix_index[i], queue_index[i], names[i], users[i], procs[i])
+                attrs_ = shared.get(key)
+                if attrs_ is None:
+                    native = _JOB_MIX[key[0]][0]
+                    attrs_ = shared[key] = {
+                        K.NAME: _JOB_NAMES[key[2]],
+                        **_state(native),
+                        K.QUEUE: queues[key[1]],
+                        K.NUM_PROCS: _NUM_PROCS[key[4]],
+                        K.USER: _USERS[key[3]],
+                    }
+                per_queue[key[1]].append(attrs_)
+                per_queue_meta[key[1]].append((key[0], key[4]))
             yield
-        # Jobs with equal attributes share one attribute dict (the model copies values).
-        shared: Dict[tuple, dict] = {}
-        per_queue: List[List[dict]] = [[] for _ in queues]
-        per_queue_meta: List[List[Tuple[int, int]]] = [[] for _ in queues]
-        for i in range(count):
-            if i % _POPULATE_STEP == 0:
-                yield
-            key = (mix_index[i], queue_index[i], names[i], users[i], procs[i])
-            attrs_ = shared.get(key)
-            if attrs_ is None:
-                native = _JOB_MIX[key[0]][0]
-                attrs_ = shared[key] = {
-                    K.NAME: _JOB_NAMES[key[2]],
-                    **_state(native),
-                    K.QUEUE: queues[key[1]],
-                    K.NUM_PROCS: _NUM_PROCS[key[4]],
-                    K.USER: _USERS[key[3]],
-                }
-            per_queue[key[1]].append(attrs_)
-            per_queue_meta[key[1]].append((key[0], key[4]))
-        rows: Dict[int, tuple] = {}  # one model row per shared dict, across the steps
-        for q, queue_id in enumerate(queues):
-            for start in range(0, len(per_queue[q]), _POPULATE_STEP):
-                yield from self._add_step(queue_id, per_queue[q][start:start + _POPULATE_STEP],
-                                          per_queue_meta[q][start:start + _POPULATE_STEP], rows)
+            for q, queue_id in enumerate(queues):
+                yield from self._add_step(queue_id, per_queue[q], per_queue_meta[q], rows)
 
     def _add_step(self, queue_id: int, attrs_list: List[dict], meta: List[Tuple[int, int]],
                   rows: Dict[int, tuple]) -> Iterator[None]:

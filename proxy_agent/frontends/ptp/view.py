@@ -539,49 +539,62 @@ def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
         encode_row = renderer.encoded
         event_id = _PTP_KIND[kind].new_event
         process = kind is Kind.PROCESS
-        # parent -> id of a row -> [row, key or rank, ...].  Elements created alike share
-        # their row object, so most of the grouping is by identity; equal rows that are
-        # distinct objects are merged below.
-        by_parent: Dict[int, Dict[int, list]] = {}
-        last_parent = None
-        groups: Dict[int, list] = {}
+        # parent -> [row, key or rank, ...] while its children share one row object, else
+        # id of a row -> such a group.  Elements created alike share their row object, so most
+        # of the grouping is by identity; equal rows that are distinct objects merge below.
+        by_parent: Dict[int, Union[list, Dict[int, list]]] = {}
+        last_parent = last_row = last_group = None
         for element in elements:
             parent = element.parent
-            if parent != last_parent:
-                last_parent = parent
-                groups = by_parent.get(parent)  # type: ignore[assignment]
-                if groups is None:
-                    groups = by_parent[parent] = {}
             row = element.values
-            group = groups.get(id(row))
-            if group is None:
-                groups[id(row)] = [row, element.rank if process else element.key]
+            member = element.rank if process else element.key
+            if row is last_row and parent == last_parent:
+                last_group.append(member)  # type: ignore[union-attr]
+                continue
+            entry = by_parent.get(parent)
+            if entry is None:
+                last_group = by_parent[parent] = [row, member]
+            elif entry.__class__ is list:
+                if entry[0] is row:  # type: ignore[index]
+                    entry.append(member)  # type: ignore[union-attr]
+                    last_group = entry
+                else:
+                    last_group = [row, member]
+                    by_parent[parent] = {id(entry[0]): entry, id(row): last_group}  # type: ignore[index]
             else:
-                group.append(element.rank if process else element.key)
-        for parent, groups in by_parent.items():
-            if len(groups) == 1:
-                (group,) = groups.values()
+                group = entry.get(id(row))  # type: ignore[union-attr]
+                if group is None:
+                    last_group = entry[id(row)] = [row, member]  # type: ignore[index]
+                else:
+                    group.append(member)
+                    last_group = group
+            last_parent, last_row = parent, row
+        for parent, entry in by_parent.items():
+            unsorted: Set[int] = set()
+            if entry.__class__ is list:
+                group = entry  # type: ignore[assignment]
                 if len(group) == 2:
-                    # a single child (a job's only process): no grouping needed
+                    # a single child (a job's only process): no grouping needed; the event
+                    # refers to the pieces its values share with others, nothing copied
                     row_parts: list = []
                     nargs = encode_row(group[0], row_parts)
                     if process:
-                        parts = [parent, _ONE + _encoded_number(group[1]) + _encoded_number(nargs)]
+                        head = _ONE + _encoded_number(group[1]) + _encoded_number(nargs)
+                        events.append((event_id, 4 + nargs, (parent, head, *row_parts)))
                     else:
-                        parts = [parent, _ONE, group[1], _encoded_number(nargs)]
-                    parts.extend(row_parts)
-                    events.append((event_id, 4 + nargs, _joined_parts(parts)))
+                        parts = [parent, _ONE, group[1], _encoded_number(nargs), *row_parts]
+                        events.append((event_id, 4 + nargs, tuple(_joined_parts(parts))))
                     continue
                 merged = [(group[0], group)]
             else:
                 same: Dict[tuple, list] = {}
-                for group in groups.values():
+                for group in entry.values():  # type: ignore[union-attr]
                     bucket = same.get(group[0])
                     if bucket is None:
                         same[group[0]] = group
                     else:
                         bucket.extend(group[1:])
-                        bucket.append(None)  # marks a bucket to sort
+                        unsorted.add(id(bucket))
                 merged = list(same.items())
             for start in range(0, len(merged), MAX_GROUPS_PER_EVENT):
                 part = merged[start:start + MAX_GROUPS_PER_EVENT]
@@ -589,8 +602,8 @@ def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
                 total = 2
                 for row, bucket in part:
                     members = bucket[1:]
-                    if members[-1] is None:
-                        members = sorted(m for m in members if m is not None)
+                    if id(bucket) in unsorted:
+                        members.sort()
                     if process:
                         parts.append(encode_args((_ids_text(members),)))
                     else:
@@ -600,7 +613,7 @@ def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
                     parts.append(_encoded_number(nargs))
                     parts.extend(row_parts)
                     total += 2 + nargs
-                events.append((event_id, total, _joined_parts(parts)))
+                events.append((event_id, total, tuple(_joined_parts(parts))))
     return SnapshotPlan(model.version, events)
 
 
