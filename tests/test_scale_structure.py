@@ -141,3 +141,55 @@ def test_start_up_imports_only_the_backends_it_runs():
     bad = subprocess.run([sys.executable, "-m", "proxy_agent", "--no-such-option"], capture_output=True,
                          text=True, env=subprocess_env(), timeout=60)
     assert bad.returncode == 2 and "unrecognized arguments: --no-such-option" in bad.stderr
+
+
+def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
+    import json
+    import os
+    import socket
+    import time
+
+    keeper = subprocess.Popen([sys.executable, "-m", "proxy_agent.schedulers.keeper", str(tmp_path)],
+                              env=subprocess_env())
+    try:
+        path = tmp_path / "keeper.sock"
+        deadline = time.monotonic() + 30
+        while True:
+            sock = socket.socket(socket.AF_UNIX)
+            try:
+                sock.connect(str(path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                sock.close()
+                assert time.monotonic() < deadline, "the keeper did not open its socket"
+                time.sleep(0.02)
+        lines = sock.makefile("rb")
+
+        def send(message: dict) -> None:
+            sock.sendall(json.dumps(message).encode() + b"\n")
+
+        send({"op": "hello"})
+        lines.readline()
+        env = dict(os.environ)
+        send({"op": "spawn", "key": 1, "argv": ["/bin/true"], "env": env, "cwd": str(tmp_path), "count": 1})
+        send({"op": "spawn", "key": 2, "argv": ["/bin/sh", "-c", "echo out"], "env": env, "cwd": str(tmp_path),
+              "count": 1})
+        done, output = set(), []
+        while done != {1, 2}:
+            message = json.loads(lines.readline())
+            if message["op"] == "done":
+                done.add(message["key"])
+            elif message["op"] == "output":
+                output.append((message["key"], message["stream"]))
+        assert sorted(os.listdir(tmp_path / "jobs" / "1")) == ["status.json"]  # silent: no files
+        assert sorted(os.listdir(tmp_path / "jobs" / "2")) == ["0.out", "status.json"]
+        assert (tmp_path / "jobs" / "2" / "0.out").read_text() == "out\n"
+        assert output == [(2, "stdout")]  # told before its end, which the agent relies on
+        send({"op": "bye", "policy": "terminate"})
+        sock.close()
+    finally:
+        try:
+            keeper.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            keeper.kill()
+            keeper.wait()
