@@ -617,13 +617,13 @@ def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
     return SnapshotPlan(model.version, events)
 
 
-_SMALL_NUMBERS = [encode_args((str(n),)) for n in range(1024)]
+_SMALL_NUMBERS = [encode_args((str(n),)) for n in range(256)]
 _ONE = _SMALL_NUMBERS[1]
 
 
 def _encoded_number(n: int) -> bytes:
     """A number as one encoded argument."""
-    return _SMALL_NUMBERS[n] if 0 <= n < 1024 else encode_args((str(n),))
+    return _SMALL_NUMBERS[n] if 0 <= n < 256 else encode_args((str(n),))
 
 
 def _key_of(element: Element) -> int:
