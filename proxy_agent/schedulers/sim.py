@@ -137,6 +137,8 @@ class SimOptions:
 
 #: Jobs created between two checkpoints while the cluster is built.
 _POPULATE_STEP = 20000
+#: Jobs and nodes from which a cluster is collected once built (see :meth:`SimBackend.run`).
+_BIG_CLUSTER = 50000
 
 # Timer actions.
 _START, _STEP, _REMOVE = 0, 1, 2
@@ -269,6 +271,11 @@ class SimBackend(Backend):
             finally:
                 if enabled:
                     gc.enable()
+            if enabled and self.options.jobs + self.options.nodes >= _BIG_CLUSTER:
+                # Everything just made is in the youngest generation.  One full collection
+                # now, before any client is served, makes it old; else the collector would
+                # walk the whole cluster at some later moment, in the middle of serving one.
+                gc.collect()
         task_status.started()
         await self._loop()
 

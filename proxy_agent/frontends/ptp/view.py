@@ -32,6 +32,7 @@ from __future__ import annotations
 import gc
 import weakref
 from array import array
+from itertools import islice
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
@@ -343,11 +344,32 @@ def _joined_parts(parts: list) -> list:
 class SnapshotPlan:
     """The whole model as NEW events whose ids are not yet a client's (see module docs)."""
 
-    def __init__(self, version: int, events: List[Tuple[int, int, list]]) -> None:
+    def __init__(self, version: int, events: Iterable[Tuple[int, int, tuple]]) -> None:
         self.version = version
-        #: (event id, argument count, parts)
-        self.events = events
+        #: (event id, argument count, parts), made as far as readers have got
+        self._events: List[Tuple[int, int, tuple]] = []
+        self._source: Optional[Iterator[Tuple[int, int, tuple]]] = iter(events)
         self._renderings: Dict[Tuple[int, int], _Rendering] = {}
+
+    def _more(self) -> bool:
+        """Make the next few events; False once there are no more."""
+        source = self._source
+        if source is None:
+            return False
+        events = self._events
+        before = len(events)
+        events.extend(islice(source, 256))
+        if len(events) == before:
+            self._source = None
+            return False
+        return True
+
+    @property
+    def events(self) -> List[Tuple[int, int, tuple]]:
+        """Every event of the plan (made now if need be)."""
+        while self._more():
+            pass
+        return self._events
 
     def chunks(self, base: int, tid: int) -> Iterator[bytes]:
         """The snapshot's frames for a client, in chunks of about SNAPSHOT_CHUNK_BYTES, each
@@ -377,7 +399,14 @@ class SnapshotPlan:
         ids: Dict[int, bytes] = {}  # element ids already written (parents recur)
         refs: Dict[Tuple[str, int], bytes] = {}  # references already written (nodes recur)
         heads: Dict[Tuple[int, int], bytes] = {}
-        for event_id, nargs, parts in self.events:
+        events = self._events
+        more = self._more
+        index = 0
+        while True:
+            if index == len(events) and not more():
+                break
+            event_id, nargs, parts = events[index]
+            index += 1
             pieces = []
             for part in parts:
                 cls = part.__class__
@@ -529,15 +558,15 @@ def snapshot_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
 
 
 def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
-    events: List[Tuple[int, int, list]] = []
+    """Group the model's elements now (what the snapshot holds is decided at this instant: rows
+    are immutable, so holding them is holding the values); encode the groups into events later,
+    as the plan's readers get to them."""
     ascending = model.ascending()
+    grouped: List[Tuple[Kind, Dict[int, Union[list, Dict[int, list]]]]] = []
     for kind in CREATE_ORDER:
         elements: Iterable[Element] = model.elements(kind)
         if not ascending:
             elements = sorted(elements, key=_key_of)
-        renderer = _Renderer(kind, model.schema(kind), rules, None)
-        encode_row = renderer.encoded
-        event_id = _PTP_KIND[kind].new_event
         process = kind is Kind.PROCESS
         # parent -> [row, key or rank, ...] while its children share one row object, else
         # id of a row -> such a group.  Elements created alike share their row object, so most
@@ -569,7 +598,23 @@ def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
                     group.append(member)
                     last_group = group
             last_parent, last_row = parent, row
-        for parent, entry in by_parent.items():
+        grouped.append((kind, by_parent))
+    return SnapshotPlan(model.version, _emit(grouped, [_Renderer(kind, model.schema(kind), rules, None)
+                                                       for kind, _ in grouped]))
+
+
+def _emit(grouped: list, renderers: List["_Renderer"]) -> Iterator[Tuple[int, int, tuple]]:
+    """The NEW events of grouped elements (see :func:`_build_plan`), kind by kind."""
+    for index, (kind, by_parent) in enumerate(grouped):
+        grouped[index] = None  # let each kind's groups go once its events are made
+        encode_row = renderers[index].encoded
+        event_id = _PTP_KIND[kind].new_event
+        process = kind is Kind.PROCESS
+        items = list(by_parent.items())
+        by_parent.clear()
+        for i in range(len(items)):
+            parent, entry = items[i]
+            items[i] = None  # type: ignore[call-overload]  # its groups go once its events are made
             unsorted: Set[int] = set()
             if entry.__class__ is list:
                 group = entry  # type: ignore[assignment]
@@ -580,10 +625,10 @@ def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
                     nargs = encode_row(group[0], row_parts)
                     if process:
                         head = _ONE + _encoded_number(group[1]) + _encoded_number(nargs)
-                        events.append((event_id, 4 + nargs, (parent, head, *row_parts)))
+                        yield event_id, 4 + nargs, (parent, head, *row_parts)
                     else:
                         parts = [parent, _ONE, group[1], _encoded_number(nargs), *row_parts]
-                        events.append((event_id, 4 + nargs, tuple(_joined_parts(parts))))
+                        yield event_id, 4 + nargs, tuple(_joined_parts(parts))
                     continue
                 merged = [(group[0], group)]
             else:
@@ -613,8 +658,7 @@ def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
                     parts.append(_encoded_number(nargs))
                     parts.extend(row_parts)
                     total += 2 + nargs
-                events.append((event_id, total, tuple(_joined_parts(parts))))
-    return SnapshotPlan(model.version, events)
+                yield event_id, total, tuple(_joined_parts(parts))
 
 
 _SMALL_NUMBERS = [encode_args((str(n),)) for n in range(256)]
