@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import List
 
 from benchlib import ROOT, RawAgent, median
 from proxy_agent.protocol.messages import CommandId, EventId

@@ -6,9 +6,12 @@ its client starts events.  At that instant the whole model is rendered into NEW 
 yet (:meth:`ModelView.drain`).  Both are PTP wire events with the client's own ids: element
 id = the client's base id + the service key; a process is named by its rank within its job.
 
-The snapshot is rendered once for every client that subscribes while the model is unchanged
-(:class:`SnapshotPlan`, shared): only the ids, which depend on each client's base id, are
-filled in per client, and clients with the same base id and TID share the bytes too.
+The snapshot is planned once for every client that subscribes while the model is unchanged
+(:class:`SnapshotPlan`, shared): the elements are grouped at that instant, and their events are
+encoded as the first reader gets to them; only the ids, which depend on each client's base id,
+are filled in per client.  The frames are rendered a chunk at a time as the session's writer
+takes them, so the client decodes one while the next is made; clients with the same base id
+and TID reading at the same time share the bytes too (see ``docs/performance.md``).
 
 Between two drains every element carries at most one pending record, so the memory held for
 changes is bounded by the size of the model however long events stay stopped: a later value
