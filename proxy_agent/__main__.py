@@ -102,7 +102,8 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
     requested = _requested_schedulers(argv)
     if requested is not None:
         args, rest = build_parser(requested).parse_known_args(argv)
-        if not rest:
+        names = [name.strip() for name in args.scheduler.split(",")]
+        if not rest and all(name in requested for name in names):
             return args
     return build_parser().parse_args(argv)
 
