@@ -307,7 +307,8 @@ def main() -> None:
     worst = [bench_unique_in_process(jobs, args.nodes) for _ in range(runs)]
     print(f"worst case in process: {jobs:,} jobs with unique attributes and one process each, {args.nodes} nodes:")
     print(
-        f"  plan {_ms(median([w['plan'] for w in worst]))} + render {_ms(median([w['render'] for w in worst]))}"
+        f"  grouping {_ms(median([w['plan'] for w in worst]))} + encoding and rendering"
+        f" {_ms(median([w['render'] for w in worst]))}"
         f" = {_ms(median([w['seconds'] for w in worst]))}  ({worst[0]['frames']} frames, {worst[0]['bytes'] / 1e6:.1f} MB)"
     )
 
