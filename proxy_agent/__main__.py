@@ -50,7 +50,9 @@ class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(backends: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
+    """The agent's command line; ``backends`` limits the backend options to those backends'
+    (the others' modules then need not be imported)."""
     parser = _Parser(
         prog="proxy-agent",
         description="Resource-manager proxy agent: presents this machine's schedulers to an IDE "
@@ -109,8 +111,46 @@ def build_parser() -> argparse.ArgumentParser:
     runtime.add_argument("--runtime-advertise", metavar="NAME",
                          help="the host name compute nodes reach the agent by (default: this host's name)")
     for name in BACKENDS:
-        backend_class(name).add_arguments(parser)
+        if backends is None or name in backends:
+            backend_class(name).add_arguments(parser)
     return parser
+
+
+def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
+    """The command line, parsed.  Start-up imports only the backends it names: the options are
+    parsed with theirs first, and with every backend's (as ``--help`` shows them) only when
+    something is left over, so what is accepted and every message are the same."""
+    requested = _requested_schedulers(argv)
+    if requested is not None:
+        args, rest = build_parser(requested).parse_known_args(argv)
+        names = [name.strip() for name in args.scheduler.split(",")]
+        if not rest and all(name in requested for name in names):
+            args.parsed_backends = requested
+            return args
+    args = build_parser().parse_args(argv)
+    args.parsed_backends = list(BACKENDS)
+    return args
+
+
+def _requested_schedulers(argv: Sequence[str]) -> Optional[List[str]]:
+    """The backends ``--scheduler`` names (the default's when absent), or None when the command
+    line must be read with every backend's options (help, or anything unclear)."""
+    value = "local"
+    for i, arg in enumerate(argv):
+        if arg in ("-h", "--help") or arg == "--":
+            return None
+        if arg == "--scheduler":
+            if i + 1 >= len(argv):
+                return None
+            value = argv[i + 1]
+        elif arg.startswith("--scheduler="):
+            value = arg.partition("=")[2]
+        elif arg.startswith("--sch") and "--scheduler".startswith(arg.partition("=")[0]):
+            return None  # an abbreviation: leave it to argparse
+    names = [name.strip() for name in value.split(",")]
+    if not all(name in BACKENDS for name in names):
+        return None
+    return names
 
 
 def _scheduler_names(text: str) -> List[str]:
@@ -343,12 +383,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .joblist import main as joblist_main
 
         return joblist_main(argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_arguments(argv)
     try:
         names = _scheduler_names(args.scheduler)
-        for name in BACKENDS:
-            # A bad value is refused even for a backend not selected, never silently ignored.
+        for name in args.parsed_backends:
+            # A bad value is refused even for a backend not selected, never silently ignored
+            # (a backend's options given on the command line are always among those parsed).
             backend_class(name).options_from_args(args)
         if not 0 < args.auth_timeout <= 3600:
             raise ValueError(f"--auth-timeout must be between 0 and 3600 seconds, got {args.auth_timeout:g}")

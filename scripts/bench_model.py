@@ -1,43 +1,65 @@
 #!/usr/bin/env python3
-"""Initial-model delivery at cluster scale, and agent start-up latency.
+"""The initial model at cluster scale: time, memory and bytes, each next to its floor.
 
-* model: ``--scheduler sim --sim-nodes 10000 --sim-jobs 100000``; time from
-  sending START_EVENTS to receiving the last event of the initial model
-  (a LIST_FILTERS sent right behind START_EVENTS is answered only after the
-  whole initial model, so its OK marks the end).  Also bytes on the wire
-  and the agent's peak RSS.  Targets: <= 1.0 s, <= 150 MB.
-* start-up: from spawning ``proxy-agent --stdio`` to the OK for INIT,
-  median of several runs.  Target: <= 250 ms.
+* scaling: ``--scheduler sim --sim-nodes 10000 --sim-jobs N`` for N = 10k, 100k and 1M: time
+  from sending START_EVENTS to receiving (and decoding) the last event of the initial model (a
+  LIST_FILTERS sent right behind START_EVENTS is answered only after the whole initial model,
+  so its OK marks the end), the agent's CPU time in that interval, bytes on the wire, the
+  agent's peak RSS and the cost per job.  Floor: the same client receiving and decoding the
+  very same bytes from a process that only writes them to a pipe.
+  Targets: 100k jobs <= 0.12 s and <= 120 MB; 1M jobs <= 1.2 s and <= 400 MB.
+* clients: one ``--unix`` agent per measurement with 1, 2 and 10 clients that send
+  START_EVENTS at the same instant; time until the last client has the whole model (read as
+  bytes, not decoded, so that the benchmark's own decoding does not count).  Same base id for
+  every client, then a different one each.  Targets: 2 clients <= 1.3x, 10 clients <= 3x one.
+* worst case, in process: every job with its own attributes and one process (nothing shares
+  a range group); builds the snapshot plan and renders it to bytes.
 
-Usage: scripts/bench_model.py [--nodes N] [--jobs N] [--runs N] [--startup-runs N]
+Medians of ``--runs`` runs (the 1M model: ``--big-runs``).
+Usage: scripts/bench_model.py [--nodes N] [--runs N] [--big-runs N] [--skip-big] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import selectors
+import socket
+import subprocess
+import sys
+import tempfile
 import time
+from typing import List
 
-from benchlib import RawAgent, median
+from benchlib import ROOT, RawAgent, median
 from proxy_agent.protocol.messages import CommandId, EventId
+from proxy_agent.protocol.wire import Decoder, Frame, encode_frame
 
 
-def bench_model(nodes: int, jobs: int, process_share: float = 0.1) -> dict:
-    agent = RawAgent(["--scheduler", "sim", "--sim-nodes", str(nodes), "--sim-jobs", str(jobs),
-                      "--sim-process-share", str(process_share)])
+def _sim_args(nodes: int, jobs: int, process_share: float) -> List[str]:
+    return ["--scheduler", "sim", "--sim-nodes", str(nodes), "--sim-jobs", str(jobs),
+            "--sim-process-share", str(process_share)]
+
+
+def bench_model(nodes: int, jobs: int, process_share: float = 0.1, keep_bytes: bool = False) -> dict:
+    """One agent over stdio: START_EVENTS to the last model event, every frame decoded."""
+    agent = RawAgent(_sim_args(nodes, jobs, process_share))
     try:
         agent.handshake()
         before = agent.bytes_received
+        captured: List[bytes] = []
+        if keep_bytes:
+            agent.capture = captured
+        cpu0 = agent.cpu_seconds()
         t0 = time.perf_counter()
         start_tid = agent.send(CommandId.START_EVENTS)
-        # The agent answers commands sent after START_EVENTS only once the whole initial
-        # model is out, so the reply to this LIST_FILTERS marks its end.
         fence_tid = agent.send(CommandId.LIST_FILTERS)
-        counts = {"events": 0}
+        events = 0
         first = None
         last_model_event = t0
         for frame in agent.frames():
             if frame.tid == start_tid and EventId.NEW_JOB <= frame.msg_id <= EventId.REMOVE_QUEUE:
-                counts["events"] += 1
+                events += 1
                 last_model_event = time.perf_counter()
                 if first is None:
                     first = last_model_event - t0
@@ -45,131 +67,249 @@ def bench_model(nodes: int, jobs: int, process_share: float = 0.1) -> dict:
                 break
             elif frame.msg_id == EventId.ERROR:
                 raise RuntimeError(f"agent error: {frame.args}")
-        elapsed = last_model_event - t0
+        cpu = agent.cpu_seconds() - cpu0
+        agent.capture = None
         return {
-            "seconds": elapsed,
+            "seconds": last_model_event - t0,
             "first_event": first or 0.0,
-            "events": counts["events"],
+            "cpu": cpu,
+            "events": events,
             "bytes": agent.bytes_received - before,
             "rss_mb": agent.peak_rss_mb(),
+            "wire": b"".join(captured),
         }
     finally:
         agent.close()
 
 
-def bench_raw_receive(nodes: int, jobs: int, process_share: float) -> float:
-    """START_EVENTS to the fence's OK, reading bytes without decoding them (the agent's side alone)."""
-    import os
+_WRITER = "import sys; data = sys.stdin.buffer.read(); sys.stdout.buffer.write(data); sys.stdout.flush()"
 
-    from proxy_agent.protocol.wire import encode_frame
 
-    agent = RawAgent(["--scheduler", "sim", "--sim-nodes", str(nodes), "--sim-jobs", str(jobs),
-                      "--sim-process-share", str(process_share)])
+def bench_floor(wire: bytes, start_tid: int) -> float:
+    """The client receiving and decoding the same bytes from a process that only writes them."""
+    # The writer gets the bytes first and is told to start by its stdin's end, so that its
+    # start-up does not count; the clock runs from that moment to the last model event.
+    writer = subprocess.Popen([sys.executable, "-c", _WRITER], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, bufsize=0)
     try:
-        agent.handshake()
+        decoder = Decoder(max_frame_size=1 << 30)
         t0 = time.perf_counter()
-        agent.send(CommandId.START_EVENTS)
-        fence = agent.send(CommandId.LIST_FILTERS)
-        end = encode_frame(EventId.OK, fence, [])
-        tail = b""
+        writer.stdin.write(wire)
+        writer.stdin.close()
+        last = t0
         while True:
-            data = os.read(agent.proc.stdout.fileno(), 1 << 20)
-            if not data or (tail + data).endswith(end):
+            data = os.read(writer.stdout.fileno(), 1 << 20)
+            if not data:
                 break
-            tail = data[-len(end):]
-        return time.perf_counter() - t0
+            decoder.feed(data)
+            for frame in decoder:
+                if isinstance(frame, Frame) and frame.tid == start_tid and \
+                        EventId.NEW_JOB <= frame.msg_id <= EventId.REMOVE_QUEUE:
+                    last = time.perf_counter()
+        return last - t0
     finally:
-        agent.close()
+        writer.wait()
+
+
+class _UnixClient:
+    """A client of a ``--unix`` agent that reads raw bytes (no decoding)."""
+
+    def __init__(self, path: str, base_id: int) -> None:
+        deadline = time.monotonic() + 60
+        while True:
+            self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                self.sock.connect(path)
+                break
+            except ConnectionRefusedError:  # bound, not yet listening
+                self.sock.close()
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+        self.base_id = base_id
+        self.tid = 0
+        self.decoder = Decoder(max_frame_size=1 << 30)
+        self.tail = b""
+        self.done = False
+        self.fence_end = b""
+
+    def send(self, cid: CommandId, *args: str) -> int:
+        self.tid += 1
+        self.sock.sendall(encode_frame(int(cid), self.tid, list(args)))
+        return self.tid
+
+    def complete(self, tid: int) -> None:
+        while True:
+            for frame in self.decoder:
+                if frame.tid == tid and frame.msg_id in (EventId.OK, EventId.ERROR):
+                    if frame.msg_id == EventId.ERROR:
+                        raise RuntimeError(f"agent error: {frame.args}")
+                    return
+            data = self.sock.recv(1 << 16)
+            if not data:
+                raise RuntimeError("agent closed the connection")
+            self.decoder.feed(data)
+
+    def handshake(self) -> None:
+        self.complete(self.send(CommandId.INIT, "version=2.0", f"baseId={self.base_id}"))
+        self.complete(self.send(CommandId.MODEL_DEF))
+
+    def request_model(self) -> bytes:
+        """START_EVENTS and a fence behind it, as one write; returns the fence's OK frame."""
+        start = encode_frame(int(CommandId.START_EVENTS), self.tid + 1, [])
+        fence = encode_frame(int(CommandId.LIST_FILTERS), self.tid + 2, [])
+        self.tid += 2
+        self.fence_end = encode_frame(int(EventId.OK), self.tid, [])
+        return start + fence
+
+    def read_some(self) -> None:
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise RuntimeError("agent closed the connection")
+        if (self.tail + data[-64:]).endswith(self.fence_end):
+            self.done = True
+        self.tail = data[-64:]
+
+
+def bench_clients(nodes: int, jobs: int, clients: int, same_base: bool) -> dict:
+    """``clients`` clients of one ``--unix`` agent ask for the initial model at one instant."""
+    with tempfile.TemporaryDirectory(prefix="bench-model-") as tmp:
+        path = os.path.join(tmp, "agent.sock")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "proxy_agent", "--unix", path, "--state-dir", os.path.join(tmp, "state"),
+             *_sim_args(nodes, jobs, 0.1)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not os.path.exists(path):
+                if time.monotonic() > deadline or proc.poll() is not None:
+                    raise RuntimeError("the agent did not open its socket")
+                time.sleep(0.01)
+            conns = [_UnixClient(path, 100 if same_base else 100 + n * 10_000_000) for n in range(clients)]
+            for conn in conns:
+                conn.handshake()
+            requests = [conn.request_model() for conn in conns]
+            selector = selectors.DefaultSelector()
+            for conn in conns:
+                selector.register(conn.sock, selectors.EVENT_READ, conn)
+            cpu0 = _cpu_seconds(proc.pid)
+            t0 = time.perf_counter()
+            for conn, request in zip(conns, requests):
+                conn.sock.sendall(request)
+            waiting = clients
+            while waiting:
+                for key, _ in selector.select(timeout=60):
+                    conn = key.data
+                    conn.read_some()
+                    if conn.done:
+                        selector.unregister(conn.sock)
+                        waiting -= 1
+            elapsed = time.perf_counter() - t0
+            cpu = _cpu_seconds(proc.pid) - cpu0
+            for conn in conns:
+                conn.sock.close()
+            return {"seconds": elapsed, "cpu": cpu}
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def bench_unique_in_process(jobs: int, nodes: int) -> dict:
     """Worst case for grouping, in process: every job has its own name and id and one process.
 
     Nothing can share a range group, and every process needs its own NEW_PROCESS event (its
-    parent differs).  Times building the snapshot events and encoding them to bytes.
+    parent differs).  Times building the snapshot plan and rendering it to frames.
     """
     import gc
 
-    from proxy_agent.model import Model
-    from proxy_agent.protocol.ids import IdAllocator
-    from proxy_agent.protocol.messages import ElementKind as K
-    from proxy_agent.protocol.wire import encode_frame
+    from proxy_agent.frontends.ptp.view import NATIVE_RULES, snapshot_plan
+    from proxy_agent.service.model import K, Kind, ServiceModel
 
-    model = Model(IdAllocator(100))
-    machine = model.add(K.MACHINE, None, {"name": "bench", "machineState": "UP"})
-    model.add_many(K.NODE, machine, [{"name": f"n{i:05d}", "nodeState": "UP", "nodeNumber": str(i)} for i in range(nodes)])
-    queues = [model.add(K.QUEUE, None, {"name": q, "queueState": "NORMAL"}) for q in ("batch", "debug", "long")]
+    model = ServiceModel()
+    machine = model.add(Kind.MACHINE, None, {K.NAME: "bench", K.STATE: "UP"})
+    model.add_many(Kind.NODE, machine, [{K.NAME: f"n{i:05d}", K.STATE: "UP", K.NUMBER: str(i)} for i in range(nodes)])
+    queues = [model.add(Kind.QUEUE, None, {K.NAME: q, K.STATE: "NORMAL"}) for q in ("batch", "debug", "long")]
     for j in range(jobs):
         queue = queues[j % 3]
-        job = model.add(K.JOB, queue, {
-            "name": f"run-{j}", "jobId": f"bench.{j}", "jobState": "RUNNING", "jobStatus": "RUNNING",
-            "queueId": str(queue), "jobNumProcs": "1", "userId": "alice",
+        job = model.add(Kind.JOB, queue, {
+            K.NAME: f"run-{j}", K.NATIVE_ID: f"bench.{j}", K.STATE: "RUNNING", K.NATIVE_STATE: "R",
+            K.QUEUE: queue, K.NUM_PROCS: "1", K.USER: "alice",
         })
-        model.add_many(K.PROCESS, job, [{"processState": "RUNNING", "processIndex": "0", "processPID": str(10000 + j)}])
+        model.add_many(Kind.PROCESS, job, [{K.STATE: "RUNNING", K.PID: str(10000 + j)}])
     gc.collect()
     t0 = time.perf_counter()
-    size = frames = 0
-    for chunk in model.snapshot_wire(5):
-        for event_id, args in chunk:
-            size += len(encode_frame(event_id, 5, args))
-            frames += 1
-    return {"seconds": time.perf_counter() - t0, "bytes": size, "frames": frames}
+    plan = snapshot_plan(model, NATIVE_RULES)
+    t1 = time.perf_counter()
+    chunks = plan.frames(100, 5)
+    t2 = time.perf_counter()
+    return {"plan": t1 - t0, "render": t2 - t1, "seconds": t2 - t0, "bytes": sum(map(len, chunks)),
+            "frames": len(plan.events)}
 
 
-def bench_startup(runs: int) -> list:
-    times = []
-    for _ in range(runs):
-        agent = RawAgent()
-        try:
-            tid = agent.send(CommandId.INIT, "version=2.0", "baseId=100")
-            agent.complete(tid)
-            times.append(time.perf_counter() - agent.started)
-        finally:
-            agent.close()
-    return times
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1000:.1f} ms"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=10000)
-    parser.add_argument("--jobs", type=int, default=100000)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--startup-runs", type=int, default=11)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--big-runs", type=int, default=5, help="runs of the 1M-job model")
+    parser.add_argument("--skip-big", action="store_true", help="leave out the 1M-job model")
+    parser.add_argument("--quick", action="store_true", help="100k jobs only, fewer runs")
     args = parser.parse_args()
 
-    results = [bench_model(args.nodes, args.jobs) for _ in range(args.runs)]
-    secs = median([r["seconds"] for r in results])
-    rss = max(r["rss_mb"] for r in results)
-    print(f"initial model, sim {args.nodes} nodes / {args.jobs} jobs, {args.runs} runs:")
-    for r in results:
+    sizes = [(10_000, args.runs), (100_000, args.runs)]
+    if not args.skip_big and not args.quick:
+        sizes.append((1_000_000, args.big_runs))
+    if args.quick:
+        sizes = [(100_000, 3)]
+    print(f"initial model over stdio, sim {args.nodes} nodes (START_EVENTS -> last model event, decoded):")
+    for jobs, runs in sizes:
+        results = [bench_model(args.nodes, jobs, keep_bytes=(n == 0)) for n in range(runs)]
+        floors = [bench_floor(results[0]["wire"], 1 + 2) for _ in range(runs)]  # START_EVENTS is TID 3
+        secs = median([r["seconds"] for r in results])
+        cpu = median([r["cpu"] for r in results])
+        floor = median(floors)
+        rss = max(r["rss_mb"] for r in results)
         print(
-            f"  START_EVENTS -> last model event {r['seconds'] * 1000:8.1f} ms  (first after {r['first_event'] * 1000:.1f} ms)"
-            f"  {r['events']} events  {r['bytes'] / 1e6:.1f} MB on the wire  peak RSS {r['rss_mb']:.1f} MB"
+            f"  {jobs:>9,} jobs: median {_ms(secs)} (first event {_ms(median([r['first_event'] for r in results]))},"
+            f" agent CPU {_ms(cpu)}), floor {_ms(floor)} (x{secs / floor:.2f});"
+            f" {secs / jobs * 1e6:.2f} us/job; {results[0]['events']} events,"
+            f" {results[0]['bytes'] / 1e6:.1f} MB; peak RSS {rss:.0f} MB; {runs} runs"
         )
-    print(f"  median {secs * 1000:.1f} ms (target <= 1000 ms)   peak RSS max {rss:.1f} MB (target <= 150 MB)")
 
-    every = [bench_model(args.nodes, args.jobs, process_share=1.0) for _ in range(args.runs)]
-    raw = [bench_raw_receive(args.nodes, args.jobs, process_share=1.0) for _ in range(args.runs)]
-    print("the same with every job listing its processes (--sim-process-share 1):")
-    print(
-        f"  median {median([r['seconds'] for r in every]) * 1000:.1f} ms with every frame decoded by the client,"
-        f" {median(raw) * 1000:.1f} ms for the bytes alone"
-        f"  {every[0]['events']} events  {every[0]['bytes'] / 1e6:.1f} MB on the wire"
-        f"  peak RSS max {max(r['rss_mb'] for r in every):.1f} MB"
-    )
+    jobs = 100_000
+    runs = 3 if args.quick else args.runs
+    print(f"clients at once, --unix agent, {jobs:,} jobs (until the last client has the model, bytes read raw):")
+    for same_base in (True, False):
+        one = None
+        for count in (1, 2, 10):
+            results = [bench_clients(args.nodes, jobs, count, same_base) for _ in range(runs)]
+            secs = median([r["seconds"] for r in results])
+            cpu = median([r["cpu"] for r in results])
+            if one is None:
+                one = secs
+            label = "same base id" if same_base else "own base ids"
+            print(f"  {count:>2} client(s), {label}: median {_ms(secs)} (agent CPU {_ms(cpu)}), x{secs / one:.2f} of one")
 
-    worst = [bench_unique_in_process(args.jobs, args.nodes) for _ in range(args.runs)]
-    print(f"worst case in process: {args.jobs} jobs with unique attributes and one process each, {args.nodes} nodes:")
+    worst = [bench_unique_in_process(jobs, args.nodes) for _ in range(runs)]
+    print(f"worst case in process: {jobs:,} jobs with unique attributes and one process each, {args.nodes} nodes:")
     print(
-        f"  snapshot + encode median {median([w['seconds'] for w in worst]) * 1000:.1f} ms"
-        f"  ({worst[0]['frames']} frames, {worst[0]['bytes'] / 1e6:.1f} MB)"
-    )
-
-    startup = bench_startup(args.startup_runs)
-    print(f"start-up, spawn -> OK for INIT, {len(startup)} runs:")
-    print(
-        f"  median {median(startup) * 1000:.1f} ms  min {min(startup) * 1000:.1f} ms  max {max(startup) * 1000:.1f} ms"
-        " (target: median <= 250 ms)"
+        f"  grouping {_ms(median([w['plan'] for w in worst]))} + encoding and rendering"
+        f" {_ms(median([w['render'] for w in worst]))}"
+        f" = {_ms(median([w['seconds'] for w in worst]))}  ({worst[0]['frames']} frames, {worst[0]['bytes'] / 1e6:.1f} MB)"
     )
 
 

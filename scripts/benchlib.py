@@ -10,6 +10,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from typing import Callable, List, Optional, Sequence
 
@@ -24,6 +25,10 @@ class RawAgent:
     """An agent subprocess driven over stdio with raw frames."""
 
     def __init__(self, agent_args: Sequence[str] = (), env: Optional[dict] = None) -> None:
+        # Its own state directory: one agent per directory, and others may be running.
+        self._state = tempfile.TemporaryDirectory(prefix="bench-agent-")
+        env = dict(os.environ if env is None else env)
+        env["XDG_STATE_HOME"] = self._state.name
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "proxy_agent", "--stdio", *agent_args],
@@ -38,6 +43,8 @@ class RawAgent:
         self.bytes_received = 0
         self.tid = 0
         self._pending: List[Frame] = []
+        #: when a list, every chunk of bytes received is appended to it
+        self.capture: Optional[List[bytes]] = None
 
     def send(self, cid: CommandId, *args: str) -> int:
         self.tid += 1
@@ -58,6 +65,8 @@ class RawAgent:
             if not data:
                 return
             self.bytes_received += len(data)
+            if self.capture is not None:
+                self.capture.append(data)
             self.decoder.feed(data)
             for item in self.decoder:
                 if not isinstance(item, Frame):
@@ -108,6 +117,7 @@ class RawAgent:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
+        self._state.cleanup()
 
 
 def median(values: Sequence[float]) -> float:

@@ -9,7 +9,8 @@ What it does, for every job:
 
 * starts the job's processes (one process group, led by process 0; stdin ``/dev/null``;
   stdout and stderr on pipes) with the environment, directory and arguments the agent gives;
-* copies each process's output into files, ``jobs/KEY/RANK.out`` and ``RANK.err``, which the
+* copies each process's output into files, ``jobs/KEY/RANK.out`` and ``RANK.err`` (made when
+  the first output comes: a stream that wrote nothing has no file), which the
   agent reads and a later agent can read again from where delivery stopped.  While an agent
   is connected, a file may run at most :data:`AHEAD` bytes ahead of what the agent has read:
   beyond that the keeper stops reading the pipe and the process's writes wait, as on a
@@ -368,9 +369,11 @@ class Keeper:
         directory = os.path.join(self.jobs_dir, str(key))
         job = _Job(key, directory)
         try:
-            os.makedirs(directory, mode=0o700, exist_ok=True)
-            for name in os.listdir(directory):  # an earlier job with this key, forgotten
-                os.unlink(os.path.join(directory, name))
+            try:
+                os.mkdir(directory, mode=0o700)
+            except FileExistsError:
+                for name in os.listdir(directory):  # an earlier job with this key, forgotten
+                    os.unlink(os.path.join(directory, name))
         except OSError as exc:
             self._send({"op": "failed", "key": key, "error": f"cannot prepare {directory}: {exc.strerror or exc}"})
             return
@@ -418,9 +421,7 @@ class Keeper:
         self.by_pid[popen.pid] = (job, process)
         for stream, fd in process.fds.items():
             os.set_blocking(fd, False)
-            path = os.path.join(job.dir, f"{rank}.{'out' if stream == 'stdout' else 'err'}")
-            job.files[(rank, stream)] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            job.sizes[(rank, stream)] = 0
+            job.sizes[(rank, stream)] = 0  # its file is made when output first comes
             self.by_fd[fd] = (job, process, stream)
             self.selector.register(fd, selectors.EVENT_READ, ("pipe", None))
 
@@ -439,7 +440,7 @@ class Keeper:
         if not data:
             self._close_pipe(fd)
             return
-        out = job.files[where]
+        out = _output_file(job, where)
         view = memoryview(data)
         while view:
             written = os.write(out, view)
@@ -541,7 +542,7 @@ class Keeper:
             if not data:
                 break
             job, process, stream = entry
-            os.write(job.files[(process.rank, stream)], data)
+            os.write(_output_file(job, (process.rank, stream)), data)
             job.sizes[(process.rank, stream)] += len(data)
             self._notify_output(job, (process.rank, stream))
         if fd in self.by_fd:
@@ -632,6 +633,17 @@ class Keeper:
             for process in job.processes:
                 if process.exited_at is not None and not process.reported and now - process.exited_at >= EOF_GRACE:
                     self._check_process(job, process)
+
+
+def _output_file(job: _Job, where: Tuple[int, str]) -> int:
+    """The write end of a process's output file, made when the first output comes (most
+    processes of a busy host write nothing to one stream or both: no file to make)."""
+    fd = job.files.get(where)
+    if fd is None:
+        rank, stream = where
+        path = os.path.join(job.dir, f"{rank}.{'out' if stream == 'stdout' else 'err'}")
+        fd = job.files[where] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    return fd
 
 
 def _group(pgid: int) -> dict:

@@ -50,7 +50,7 @@ import gc
 import heapq
 import random
 import sys
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import attrs
 import trio
@@ -134,6 +134,11 @@ class SimOptions:
     time_scale: float = 1.0
     #: share of existing jobs that list their processes
     process_share: float = 0.1
+
+#: Jobs created between two checkpoints while the cluster is built.
+_POPULATE_STEP = 20000
+#: Jobs and nodes from which a cluster is collected once built (see :meth:`SimBackend.run`).
+_BIG_CLUSTER = 50000
 
 # Timer actions.
 _START, _STEP, _REMOVE = 0, 1, 2
@@ -255,7 +260,22 @@ class SimBackend(Backend):
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         if self.machine_id is None:
-            self.populate()
+            # in steps, so that a big cluster's construction keeps no client waiting for
+            # the answers that do not need it (INIT)
+            enabled = gc.isenabled()
+            gc.disable()
+            try:
+                with self.model.batch():
+                    for _ in self._populate():
+                        await trio.lowlevel.checkpoint()
+            finally:
+                if enabled:
+                    gc.enable()
+            if enabled and self.options.jobs + self.options.nodes >= _BIG_CLUSTER:
+                # Everything just made is in the youngest generation.  One full collection
+                # now, before any client is served, makes it old; else the collector would
+                # walk the whole cluster at some later moment, in the middle of serving one.
+                gc.collect()
         task_status.started()
         await self._loop()
 
@@ -374,12 +394,14 @@ class SimBackend(Backend):
         gc.disable()  # hundreds of thousands of new objects, none of them garbage
         try:
             with self.model.batch():
-                self._populate()
+                for _ in self._populate():
+                    pass
         finally:
             if enabled:
                 gc.enable()
 
-    def _populate(self) -> None:
+    def _populate(self) -> Iterator[None]:
+        """Build the cluster, yielding now and then (see :meth:`run`)."""
         model = self.model
         rng = self._rng
         count = self.options.nodes
@@ -418,45 +440,57 @@ class SimBackend(Backend):
                 owner=owner,
             )
             self.queue_ids[name] = queue_id
-        self._add_existing_jobs(self.options.jobs)
+        yield
+        yield from self._add_existing_jobs(self.options.jobs)
 
-    def _add_existing_jobs(self, count: int) -> None:
-        """``count`` jobs in mixed states; one add_many per queue, processes for a share."""
+    def _add_existing_jobs(self, count: int) -> Iterator[None]:
+        """``count`` jobs in mixed states, in steps of _POPULATE_STEP jobs: each step's jobs
+        drawn, added with one add_many per queue, then processes for a share of them.  Only
+        one step's draws are held at a time (a million jobs' would be a hundred megabytes)."""
         if count <= 0:
             return
         rng = self._rng
-        model = self.model
         queues = [self.queue_ids[name] for name in QUEUE_NAMES]
-        mix_index = rng.choices(range(len(_JOB_MIX)), weights=[w for _, w in _JOB_MIX], k=count)
-        queue_index = rng.choices(range(len(queues)), weights=_QUEUE_WEIGHTS, k=count)
-        names = rng.choices(range(len(_JOB_NAMES)), k=count)
-        users = rng.choices(range(len(_USERS)), k=count)
-        procs = rng.choices(range(len(_NUM_PROCS)), weights=_NUM_PROCS_WEIGHTS, k=count)
-        # Jobs with equal attributes share one attribute dict (the model copies values).
+        mix_weights = [w for _, w in _JOB_MIX]
+        # Jobs with equal attributes share one attribute dict, and so one row of the model.
         shared: Dict[tuple, dict] = {}
-        per_queue: List[List[dict]] = [[] for _ in queues]
-        per_queue_meta: List[List[Tuple[int, int]]] = [[] for _ in queues]
-        for i in range(count):
-            key = (mix_index[i], queue_index[i], names[i], users[i], procs[i])
-            attrs_ = shared.get(key)
-            if attrs_ is None:
-                native = _JOB_MIX[key[0]][0]
-                attrs_ = shared[key] = {
-                    K.NAME: _JOB_NAMES[key[2]],
-                    **_state(native),
-                    K.QUEUE: queues[key[1]],
-                    K.NUM_PROCS: _NUM_PROCS[key[4]],
-                    K.USER: _USERS[key[3]],
-                }
-            per_queue[key[1]].append(attrs_)
-            per_queue_meta[key[1]].append((key[0], key[4]))
+        rows: Dict[int, tuple] = {}
+        for start in range(0, count, _POPULATE_STEP):
+            k = min(_POPULATE_STEP, count - start)
+            mix_index = rng.choices(range(len(_JOB_MIX)), weights=mix_weights, k=k)
+            queue_index = rng.choices(range(len(queues)), weights=_QUEUE_WEIGHTS, k=k)
+            names = rng.choices(range(len(_JOB_NAMES)), k=k)
+            users = rng.choices(range(len(_USERS)), k=k)
+            procs = rng.choices(range(len(_NUM_PROCS)), weights=_NUM_PROCS_WEIGHTS, k=k)
+            per_queue: List[List[dict]] = [[] for _ in queues]
+            per_queue_meta: List[List[Tuple[int, int]]] = [[] for _ in queues]
+            for i in range(k):
+                key = (mix_index[i], queue_index[i], names[i], users[i], procs[i])
+                attrs_ = shared.get(key)
+                if attrs_ is None:
+                    native = _JOB_MIX[key[0]][0]
+                    attrs_ = shared[key] = {
+                        K.NAME: _JOB_NAMES[key[2]],
+                        **_state(native),
+                        K.QUEUE: queues[key[1]],
+                        K.NUM_PROCS: _NUM_PROCS[key[4]],
+                        K.USER: _USERS[key[3]],
+                    }
+                per_queue[key[1]].append(attrs_)
+                per_queue_meta[key[1]].append((key[0], key[4]))
+            yield
+            for q, queue_id in enumerate(queues):
+                yield from self._add_step(queue_id, per_queue[q], per_queue_meta[q], rows)
+
+    def _add_step(self, queue_id: int, attrs_list: List[dict], meta: List[Tuple[int, int]],
+                  rows: Dict[int, tuple]) -> Iterator[None]:
+        model = self.model
+        rng = self._rng
         listed = self.process_share
         churn = self.options.churn > 0
-        for q, queue_id in enumerate(queues):
-            if not per_queue[q]:
-                continue
-            ids = model.add_many(Kind.JOB, queue_id, per_queue[q], owner=self.name)
-            for job_id, (mix, nprocs) in zip(ids, per_queue_meta[q]):
+        if attrs_list:
+            ids = model.add_many(Kind.JOB, queue_id, attrs_list, owner=self.name, rows=rows)
+            for job_id, (mix, nprocs) in zip(ids, meta):
                 native = _JOB_MIX[mix][0]
                 if native not in _ENDED:
                     self._active.append(job_id)
@@ -465,6 +499,7 @@ class SimBackend(Backend):
                 if native in _ENDED and churn:
                     # they ended at some point of the last retention period
                     self._schedule(self.retention * rng.random(), _REMOVE, job_id, 0)
+            yield
 
     def _add_processes(self, job_id: int, count: int, native: str, rng: random.Random) -> None:
         process = _state(native)

@@ -17,8 +17,11 @@ arguments), or an ``int`` service key for a reference to another element (a job'
 a process's ``node``; see :data:`REFERENCES`).  Their names are the neutral ones in :class:`K`
 plus whatever further names a backend shows (described by its
 :class:`~proxy_agent.service.attributes.AttrInfo` list).  Values are stored per kind in
-columns (one key table per kind, one list of values per element): a model of a million jobs
-with a dict per element would cost several times the memory.
+columns (one key table per kind, one row of values per element): a model of a million jobs
+with a dict per element would cost several times the memory.  A row is an immutable tuple,
+replaced when the element changes, so that elements created from one attribute mapping (in
+one :meth:`ServiceModel.add_many`) share a single row, and a renderer can group alike
+elements by their row's identity before comparing values.
 
 Changes
 -------
@@ -189,7 +192,7 @@ class Element:
 
     __slots__ = ("key", "kind", "parent", "values", "children", "owner", "rank")
 
-    def __init__(self, key: int, kind: Kind, parent: int, values: list, owner: str, rank: int = -1) -> None:
+    def __init__(self, key: int, kind: Kind, parent: int, values: tuple, owner: str, rank: int = -1) -> None:
         self.key = key
         self.kind = kind
         self.parent = parent
@@ -199,6 +202,37 @@ class Element:
         self.owner = owner
         #: a process's index in its job (-1 for other kinds)
         self.rank = rank
+
+
+class _ElementIndex:
+    """Every element by key, looked up in the tables of each kind: no table of all elements
+    beside them (for a million jobs that is tens of megabytes less).  Keys are unique across
+    kinds; the biggest kinds are looked in first."""
+
+    __slots__ = ("_tables",)
+
+    def __init__(self, by_kind: Dict[Kind, Dict[int, Element]]) -> None:
+        order = (Kind.JOB, Kind.PROCESS, Kind.NODE, Kind.QUEUE, Kind.MACHINE)
+        self._tables = tuple(by_kind[kind] for kind in order)
+
+    def get(self, key: int, default: Optional[Element] = None) -> Optional[Element]:
+        for table in self._tables:
+            element = table.get(key)
+            if element is not None:
+                return element
+        return default
+
+    def __getitem__(self, key: int) -> Element:
+        element = self.get(key)
+        if element is None:
+            raise KeyError(key)
+        return element
+
+    def __contains__(self, key: object) -> bool:
+        return self.get(key) is not None  # type: ignore[arg-type]
+
+    def __len__(self) -> int:
+        return sum(map(len, self._tables))
 
 
 class ChangeSink:
@@ -252,9 +286,10 @@ class ServiceModel:
     """The model every backend writes and every front-end reads (see the module docs)."""
 
     def __init__(self) -> None:
-        self._elements: Dict[int, Element] = {}
         self._schemas: Dict[Kind, _Schema] = {kind: _Schema() for kind in Kind}
-        self._by_kind: Dict[Kind, Dict[int, None]] = {kind: {} for kind in Kind}
+        #: kind -> key -> element, in creation order
+        self._by_kind: Dict[Kind, Dict[int, Element]] = {kind: {} for kind in Kind}
+        self._elements = _ElementIndex(self._by_kind)
         self._next_key = 1
         self._sinks: List[ChangeSink] = []
         #: the subscribers that take output
@@ -295,6 +330,10 @@ class ServiceModel:
     def keys(self, kind: Kind) -> List[int]:
         """Keys of every element of a kind, in creation order."""
         return list(self._by_kind[kind])
+
+    def elements(self, kind: Kind) -> Iterable[Element]:
+        """Every element of a kind, in creation order (a live view: do not mutate while iterating)."""
+        return self._by_kind[kind].values()
 
     def count(self, kind: Kind) -> int:
         return len(self._by_kind[kind])
@@ -401,7 +440,7 @@ class ServiceModel:
 
     # ------------------------------------------------------------------ mutation
 
-    def _values(self, kind: Kind, attrs: Mapping[str, AttrValue]) -> list:
+    def _values(self, kind: Kind, attrs: Mapping[str, AttrValue]) -> tuple:
         schema = self._schemas[kind]
         values: list = [None] * len(schema.keys)
         for name, value in attrs.items():
@@ -411,7 +450,7 @@ class ServiceModel:
             if i >= len(values):
                 values.extend([None] * (i + 1 - len(values)))
             values[i] = value if value.__class__ is str else _freeze(name, value)
-        return values
+        return tuple(values)
 
     def _check_parent(self, kind: Kind, parent: int) -> Element:
         if kind in (Kind.MACHINE, Kind.QUEUE):
@@ -460,11 +499,14 @@ class ServiceModel:
         return self._next_ranks.get(job.key, 0)
 
     def add_many(
-        self, kind: Kind, parent: Optional[int], attrs_list: Sequence[Mapping[str, AttrValue]], owner: str = ""
+        self, kind: Kind, parent: Optional[int], attrs_list: Sequence[Mapping[str, AttrValue]], owner: str = "",
+        rows: Optional[Dict[int, tuple]] = None,
     ) -> range:
         """Create related elements with contiguous keys (a job's processes, a machine's nodes).
 
-        Processes get the next ranks of their job, in list order.
+        Processes get the next ranks of their job, in list order.  Elements given the same
+        mapping object share one row; ``rows`` carries that sharing across calls (the caller
+        keeps every mapping it used alive, and the mappings unchanged, while it passes it).
         """
         parent_key = ROOT if parent is None else parent
         parent_element = self._check_parent(kind, parent_key)
@@ -472,8 +514,15 @@ class ServiceModel:
         rank = self._next_rank(parent_element) if kind is Kind.PROCESS else -1
         values_of = self._values
         attach = self._attach
+        # Elements given the same attribute mapping share one (immutable) row of values: a
+        # backend that reuses mappings for alike jobs keeps a big model small.
+        if rows is None:
+            rows = {}
         for key, attrs in zip(keys, attrs_list):
-            attach(Element(key, kind, parent_key, values_of(kind, attrs), owner, rank))
+            row = rows.get(id(attrs))
+            if row is None:
+                row = rows[id(attrs)] = values_of(kind, attrs)
+            attach(Element(key, kind, parent_key, row, owner, rank))
             if rank >= 0:
                 rank += 1
         if rank >= 0:
@@ -482,8 +531,7 @@ class ServiceModel:
         return keys
 
     def _attach(self, element: Element) -> None:
-        self._elements[element.key] = element
-        self._by_kind[element.kind][element.key] = None
+        self._by_kind[element.kind][element.key] = element
         parent = self._elements.get(element.parent)
         if parent is not None:
             if parent.children is None:
@@ -500,7 +548,9 @@ class ServiceModel:
         """Set attributes (None clears one); only values that differ count.  True if any did."""
         element = self.get(key)
         schema = self._schemas[element.kind]
-        values = element.values
+        row = element.values
+        # Rows may be shared between elements: a changed row is a new one.
+        values: Optional[list] = None
         changed: Optional[List[int]] = None
         for name, value in attrs.items():
             if value is not None and value.__class__ is not str:
@@ -510,12 +560,16 @@ class ServiceModel:
                 if value is None:
                     continue
                 i = schema.slot(name)
-            if i >= len(values):
+            current = values if values is not None else row
+            if i >= len(current):
                 if value is None:
                     continue
-                values.extend([None] * (i + 1 - len(values)))
-            if values[i] == value:
+            elif current[i] == value:
                 continue
+            if values is None:
+                values = list(row)
+            if i >= len(values):
+                values.extend([None] * (i + 1 - len(values)))
             values[i] = value
             if changed is None:
                 changed = [i]
@@ -523,6 +577,7 @@ class ServiceModel:
                 changed.append(i)
         if changed is None:
             return False
+        element.values = tuple(values)  # type: ignore[arg-type]
         self.version += 1
         for sink in self._observers:
             sink.changed(element, changed)
@@ -564,7 +619,6 @@ class ServiceModel:
     def _remove_tree(self, element: Element) -> None:
         for child in element.children or ():
             self._remove_tree(self._elements[child])
-        del self._elements[element.key]
         del self._by_kind[element.kind][element.key]
         if element.kind is Kind.JOB:
             self._backlog.pop(element.key, None)

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import hmac
 import logging
-from typing import Optional
+from collections import deque
+from typing import Deque, Iterator, Optional, Union
 
 import attrs
 import trio
@@ -86,6 +87,10 @@ class PtpSession:
         self.quit_requested = False
         self.authenticated = config.token is None
         self._out = bytearray()
+        #: what goes out before ``_out``: bytes, and the initial model as an iterator of chunks
+        #: rendered as the writer gets to them (the client reads the first while the agent
+        #: renders the next)
+        self._ahead: Deque[Union[bytes, Iterator[bytes]]] = deque()
         self._wake = trio.Event()
         self._snapshot_started = False
         # While above zero, model changes wait (a submission's OK goes out before its NEW_JOB).
@@ -156,18 +161,33 @@ class PtpSession:
             check(event_id, tid)
             out += encode_frame(event_id, tid, args)
 
+    def _take_ahead(self) -> bytes:
+        item = self._ahead[0]
+        if item.__class__ is bytes:
+            self._ahead.popleft()
+            return item  # type: ignore[return-value]
+        data = next(item, None)  # type: ignore[call-overload]
+        if data is None:
+            self._ahead.popleft()
+            return b""
+        return data
+
     async def _writer(self) -> None:
         stream = self.stream
         while True:
-            if not self._out and not self._has_model_work():
+            if not self._ahead and not self._out and not self._has_model_work():
                 await self._wake.wait()
                 self._wake = trio.Event()
-            if self._has_model_work() and len(self._out) < _WRITE_HIGH_WATER:
-                self._emit_model()
-            if self._out:
+            if self._ahead:
+                data = self._take_ahead()
+                delivered = None
+            else:
+                if self._has_model_work() and len(self._out) < _WRITE_HIGH_WATER:
+                    self._emit_model()
                 data = bytes(self._out)
                 self._out.clear()
-                delivered = self.view.take_delivered() if self.view is not None else None
+                delivered = self.view.take_delivered() if data and self.view is not None else None
+            if data:
                 self._sending_since = trio.current_time()
                 try:
                     await stream.send_all(data)
@@ -188,7 +208,7 @@ class PtpSession:
                     return
             else:
                 await trio.lowlevel.checkpoint()
-            if self._closing and not self._out:
+            if self._closing and not self._out and not self._ahead:
                 self._writer_done.set()
                 return
 
@@ -391,8 +411,10 @@ class PtpSession:
             # the reply to any later command as a fence ("the initial model is in").
             tid = command.tid
             self.session.check(EventId.NEW_MACHINE, tid)
-            for chunk in self.view.subscribe_frames(tid):
-                self._out += chunk
+            if self._out:
+                self._ahead.append(bytes(self._out))
+                self._out.clear()
+            self._ahead.append(self.view.subscribe_chunks(tid))
             self._snapshot_started = True
             self._remove_listener = self.service.add_listener(self._notice)
             for level, text in self.service.standing:

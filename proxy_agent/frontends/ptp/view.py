@@ -6,9 +6,12 @@ its client starts events.  At that instant the whole model is rendered into NEW 
 yet (:meth:`ModelView.drain`).  Both are PTP wire events with the client's own ids: element
 id = the client's base id + the service key; a process is named by its rank within its job.
 
-The snapshot is rendered once for every client that subscribes while the model is unchanged
-(:class:`SnapshotPlan`, shared): only the ids, which depend on each client's base id, are
-filled in per client, and clients with the same base id and TID share the bytes too.
+The snapshot is planned once for every client that subscribes while the model is unchanged
+(:class:`SnapshotPlan`, shared): the elements are grouped at that instant, and their events are
+encoded as the first reader gets to them; only the ids, which depend on each client's base id,
+are filled in per client.  The frames are rendered a chunk at a time as the session's writer
+takes them, so the client decodes one while the next is made; clients with the same base id
+and TID reading at the same time share the bytes too (see ``docs/performance.md``).
 
 Between two drains every element carries at most one pending record, so the memory held for
 changes is bounded by the size of the model however long events stay stopped: a later value
@@ -31,6 +34,8 @@ from __future__ import annotations
 
 import gc
 import weakref
+from array import array
+from itertools import islice
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
@@ -56,6 +61,8 @@ STALL_SECONDS = 15.0
 #: Range groups per NEW/CHANGE event, so no frame grows without bound.
 MAX_GROUPS_PER_EVENT = 2000
 _OUTPUT_CHUNK = 64 * 1024
+#: Distinct values a slot's render cache takes before it checks that values recur.
+_CACHE_TRIAL = 4096
 
 _PTP_KIND = {
     Kind.MACHINE: ElementKind.MACHINE,
@@ -119,7 +126,7 @@ class _Renderer:
     by several clients) they stay :class:`_Ref` markers.
     """
 
-    __slots__ = ("kind", "schema", "rules", "base", "plan", "version")
+    __slots__ = ("kind", "schema", "rules", "base", "plan", "version", "_caches", "_uses")
 
     def __init__(self, kind: Kind, schema, rules: RenderRules, base: Optional[int]) -> None:
         self.kind = kind
@@ -128,11 +135,16 @@ class _Renderer:
         self.base = base
         self.plan: List[object] = []
         self.version = -1
+        self._caches = []
+        self._uses = []
 
     def _refresh(self) -> None:
         keys = self.schema.keys
         self.plan = [self._entry(name) for name in keys]
         self.version = self.schema.version
+        # rendered values per slot (see encoded); entries may have changed with the schema
+        self._caches: List[Optional[dict]] = [{} for _ in keys]
+        self._uses: List[int] = [0] * len(keys)
 
     def _entry(self, name: str):
         kind, rules = self.kind, self.rules
@@ -198,6 +210,50 @@ class _Renderer:
                     out.append(ptp_id + "=")
         return out
 
+    def encoded(self, values: Sequence, parts: list) -> int:
+        """Append a value row's arguments to ``parts`` as encoded bytes (and :class:`_Ref`
+        markers); returns how many arguments they are.
+
+        Most values recur (states, users, queues, node references): what a value renders to is
+        remembered per slot, so a big snapshot encodes each distinct value once.  A slot whose
+        values hardly recur (names, ids) stops being remembered.
+        """
+        if self.version != self.schema.version:
+            self._refresh()
+        caches = self._caches
+        if len(caches) != len(self.plan):
+            caches.extend({} for _ in range(len(self.plan) - len(caches)))
+        count = 0
+        for i, value in enumerate(values):
+            if value is None:
+                continue
+            cache = caches[i]
+            hit = cache.get(value) if cache is not None else None
+            if hit is None:
+                entry = self.plan[i]
+                if entry is None:
+                    continue
+                if entry.__class__ is str:
+                    if value.__class__ is str:
+                        arg = entry + value  # type: ignore[operator]
+                        hit = (1, (encode_args((arg,)),))
+                    else:
+                        args = [entry + item for item in value]  # type: ignore[operator]
+                        hit = (len(args), (encode_args(args),) if args else ())
+                else:
+                    args = entry(value)  # type: ignore[operator]
+                    hit = (len(args), _encode_parts(args))
+                if cache is not None:
+                    cache[value] = hit
+                    if len(cache) > _CACHE_TRIAL and len(cache) * 2 > self._uses[i]:
+                        caches[i] = None  # values of this slot hardly recur
+                        cache.clear()
+            if cache is not None:
+                self._uses[i] += 1
+            count += hit[0]
+            parts.extend(hit[1])
+        return count
+
     def args(self, values: Sequence) -> list:
         """``key=value`` arguments of a value row (and :class:`_Ref` markers when shared)."""
         if self.version != self.schema.version:
@@ -217,24 +273,40 @@ class _Renderer:
 
 
 class _Ranges:
-    """Element ids of a group in a shared snapshot, as (first, last) key pairs."""
+    """Element ids of a group in a shared snapshot: ascending service keys, written as a range
+    set once a client's base id is known.  Kept as the keys themselves while no two are
+    adjacent, else as a flat array of (first, last) runs: a million jobs' groups stay small."""
 
-    __slots__ = ("pairs",)
+    __slots__ = ("keys", "runs")
 
     def __init__(self, keys: List[int]) -> None:
-        pairs = []
-        first = last = keys[0]
-        for key in keys[1:]:
-            if key == last + 1:
-                last = key
-            else:
-                pairs.append((first, last))
-                first = last = key
-        pairs.append((first, last))
-        self.pairs = pairs
+        self.keys: Optional[List[int]] = keys
+        self.runs: Optional[array] = None
+        if len(keys) > 1 and any(map(int.__eq__, keys[1:], map((1).__add__, keys))):
+            runs = array("q")
+            first = last = keys[0]
+            for key in keys[1:]:
+                if key == last + 1:
+                    last = key
+                else:
+                    runs.append(first)
+                    runs.append(last)
+                    first = last = key
+            runs.append(first)
+            runs.append(last)
+            self.runs = runs
+            self.keys = None
 
     def text(self, base: int) -> str:
-        return ",".join(str(a + base) if a == b else f"{a + base}-{b + base}" for a, b in self.pairs)
+        runs = self.runs
+        if runs is None:
+            keys = self.keys
+            assert keys is not None
+            if len(keys) == 1:
+                return str(keys[0] + base)
+            return ",".join(map(str, map(base.__add__, keys)))
+        it = iter(runs)
+        return ",".join(str(a + base) if a == b else f"{a + base}-{b + base}" for a, b in zip(it, it))
 
 
 def _encode_parts(items: list) -> list:
@@ -255,60 +327,121 @@ def _encode_parts(items: list) -> list:
     return parts
 
 
+def _joined_parts(parts: list) -> list:
+    """Consecutive bytes in ``parts`` joined into one."""
+    out: list = []
+    run: List[bytes] = []
+    for part in parts:
+        if part.__class__ is bytes:
+            run.append(part)
+            continue
+        if run:
+            out.append(run[0] if len(run) == 1 else b"".join(run))
+            run = []
+        out.append(part)
+    if run:
+        out.append(run[0] if len(run) == 1 else b"".join(run))
+    return out
+
+
 class SnapshotPlan:
     """The whole model as NEW events whose ids are not yet a client's (see module docs)."""
 
-    def __init__(self, version: int, events: List[Tuple[int, int, list]]) -> None:
+    def __init__(self, version: int, events: Iterable[Tuple[int, int, tuple]]) -> None:
         self.version = version
-        #: (event id, argument count, parts)
-        self.events = events
-        self._frames: Dict[Tuple[int, int], List[bytes]] = {}
+        #: (event id, argument count, parts), made as far as readers have got
+        self._events: List[Tuple[int, int, tuple]] = []
+        self._source: Optional[Iterator[Tuple[int, int, tuple]]] = iter(events)
+        self._renderings: Dict[Tuple[int, int], _Rendering] = {}
+
+    def _more(self) -> bool:
+        """Make the next few events; False once there are no more."""
+        source = self._source
+        if source is None:
+            return False
+        events = self._events
+        before = len(events)
+        events.extend(islice(source, 256))
+        if len(events) == before:
+            self._source = None
+            return False
+        return True
+
+    @property
+    def events(self) -> List[Tuple[int, int, tuple]]:
+        """Every event of the plan (made now if need be)."""
+        while self._more():
+            pass
+        return self._events
+
+    def chunks(self, base: int, tid: int) -> Iterator[bytes]:
+        """The snapshot's frames for a client, in chunks of about SNAPSHOT_CHUNK_BYTES, each
+        rendered when it is first asked for.  Clients with the same base id and TID that read
+        at the same time share the chunks; a chunk every reader has passed is let go."""
+        return self._rendering(base, tid).reader(keep=False)
 
     def frames(self, base: int, tid: int) -> List[bytes]:
-        """The snapshot's frames for a client, in chunks of about SNAPSHOT_CHUNK_BYTES."""
-        cached = self._frames.get((base, tid))
-        if cached is not None:
-            return cached
-        enabled = gc.isenabled()
-        gc.disable()
-        try:
-            chunks = self._render(base, tid)
-        finally:
-            if enabled:
-                gc.enable()
-        if len(self._frames) >= 4:
-            self._frames.clear()
-        self._frames[(base, tid)] = chunks
-        return chunks
+        """All the snapshot's chunks for a client, kept for later callers (tests, tools)."""
+        rendering = self._rendering(base, tid)
+        for _ in rendering.reader(keep=True):
+            pass
+        return rendering.chunks  # type: ignore[return-value]
 
-    def _render(self, base: int, tid: int) -> List[bytes]:
-        chunks: List[bytes] = []
+    def _rendering(self, base: int, tid: int) -> "_Rendering":
+        rendering = self._renderings.get((base, tid))
+        if rendering is None or rendering.released:
+            for key in [k for k, r in self._renderings.items() if r.done and not r.readers]:
+                del self._renderings[key]  # finished: rendered again if asked for again
+            rendering = self._renderings[(base, tid)] = _Rendering(self._render(base, tid))
+        return rendering
+
+    def _render(self, base: int, tid: int) -> Iterator[bytes]:
+        assemble_frame(0, tid, 0, b"")  # checks the TID once
         current: List[bytes] = []
         size = 0
-        for event_id, nargs, parts in self.events:
+        ids: Dict[int, bytes] = {}  # element ids already written (parents recur)
+        refs: Dict[Tuple[str, int], bytes] = {}  # references already written (nodes recur)
+        heads: Dict[Tuple[int, int], bytes] = {}
+        events = self._events
+        more = self._more
+        index = 0
+        while True:
+            if index == len(events) and not more():
+                break
+            event_id, nargs, parts = events[index]
+            index += 1
             pieces = []
             for part in parts:
                 cls = part.__class__
                 if cls is bytes:
                     pieces.append(part)
                 elif cls is int:
-                    text = str(base + part).encode()
-                    pieces.append(b" %08X:%s" % (len(text), text))
+                    piece = ids.get(part)
+                    if piece is None:
+                        text = str(base + part)
+                        piece = ids[part] = _PREFIXES[len(text)] + text.encode()
+                    pieces.append(piece)
                 elif cls is _Ranges:
                     text = part.text(base).encode()
                     pieces.append(b" %08X:%s" % (len(text), text))
                 else:  # _Ref
-                    text = (part.prefix + str(base + part.key)).encode()
-                    pieces.append(b" %08X:%s" % (len(text), text))
-            frame = assemble_frame(event_id, tid, nargs, b"".join(pieces))
+                    piece = refs.get((part.prefix, part.key))
+                    if piece is None:
+                        text = (part.prefix + str(base + part.key)).encode()
+                        piece = refs[(part.prefix, part.key)] = b" %08X:%s" % (len(text), text)
+                    pieces.append(piece)
+            head = heads.get((event_id, nargs))
+            if head is None:
+                head = heads[(event_id, nargs)] = b" %04X:%08X:%08X" % (event_id, tid, nargs)
+            body = b"".join(pieces)
+            frame = b"%08X%s%s" % (len(body) + len(head), head, body)
             current.append(frame)
             size += len(frame)
             if size >= SNAPSHOT_CHUNK_BYTES:
-                chunks.append(b"".join(current))
+                yield b"".join(current)
                 current, size = [], 0
         if current:
-            chunks.append(b"".join(current))
-        return chunks
+            yield b"".join(current)
 
     def wire_events(self, base: int) -> List[WireEvent]:
         """The snapshot as (event id, arguments) for a client (tests and tools)."""
@@ -318,6 +451,88 @@ class SnapshotPlan:
         for chunk in self.frames(base, 0):
             decoder.feed(chunk)
         return [(frame.msg_id, list(frame.args)) for frame in decoder]
+
+
+_PREFIXES = [b" %08X:" % n for n in range(32)]
+
+
+class _Rendering:
+    """The chunks of one snapshot for one (base id, TID), rendered as readers first reach them.
+
+    A chunk stays while a reader has yet to take it, or for good once a keeping reader
+    (:meth:`SnapshotPlan.frames`) has come; otherwise it is let go (``released``: a reader
+    arriving later gets a rendering of its own), so that a big snapshot is never held whole.
+    """
+
+    __slots__ = ("chunks", "source", "done", "readers", "keep", "released")
+
+    def __init__(self, source: Iterator[bytes]) -> None:
+        self.chunks: List[Optional[bytes]] = []
+        self.source = source
+        self.done = False
+        #: readers in progress
+        self.readers: List[_Reader] = []
+        self.keep = False
+        self.released = False
+
+    def reader(self, keep: bool) -> "_Reader":
+        if keep:
+            self.keep = True
+        return _Reader(self)
+
+    def take(self, reader: "_Reader") -> Optional[bytes]:
+        """The reader's next chunk (None at the end)."""
+        chunks = self.chunks
+        i = reader.position
+        if i == len(chunks):
+            if self.done:
+                return None
+            enabled = gc.isenabled()
+            gc.disable()  # thousands of new objects, none of them garbage
+            try:
+                chunks.append(next(self.source))
+            except StopIteration:
+                self.done = True
+                return None
+            finally:
+                if enabled:
+                    gc.enable()
+        chunk = chunks[i]
+        reader.position = i + 1
+        if not self.keep and min(r.position for r in self.readers) > i:
+            chunks[i] = None  # every reader has it
+            self.released = True
+        return chunk
+
+
+class _Reader:
+    """One client's way through a :class:`_Rendering` (counted from its creation on)."""
+
+    __slots__ = ("rendering", "position", "__weakref__")
+
+    def __init__(self, rendering: _Rendering) -> None:
+        self.rendering: Optional[_Rendering] = rendering
+        self.position = 0
+        rendering.readers.append(self)
+
+    def __iter__(self) -> "_Reader":
+        return self
+
+    def __next__(self) -> bytes:
+        rendering = self.rendering
+        chunk = rendering.take(self) if rendering is not None else None
+        if chunk is None:
+            self.close()
+            raise StopIteration
+        return chunk
+
+    def close(self) -> None:
+        rendering, self.rendering = self.rendering, None
+        if rendering is not None:
+            rendering.readers.remove(self)
+
+    def __del__(self) -> None:
+        self.close()
 
 
 #: The latest snapshot plan of each model, per rules: model -> {rules: plan}
@@ -346,57 +561,120 @@ def snapshot_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
 
 
 def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
-    elements = model._elements  # read directly: this is the hot path of a big snapshot
-    events: List[Tuple[int, int, list]] = []
+    """Group the model's elements now (what the snapshot holds is decided at this instant: rows
+    are immutable, so holding them is holding the values); encode the groups into events later,
+    as the plan's readers get to them."""
     ascending = model.ascending()
+    grouped: List[Tuple[Kind, Dict[int, Union[list, Dict[int, list]]]]] = []
     for kind in CREATE_ORDER:
-        keys = model.keys(kind)
+        elements: Iterable[Element] = model.elements(kind)
         if not ascending:
-            keys.sort()
-        if not keys:
-            continue
-        renderer = _Renderer(kind, model.schema(kind), rules, None)
-        args_of = renderer.args
-        event_id = _PTP_KIND[kind].new_event
-        by_parent: Dict[int, List[Element]] = {}
-        for key in keys:
-            element = elements[key]
-            group = by_parent.get(element.parent)
-            if group is None:
-                by_parent[element.parent] = [element]
-            else:
-                group.append(element)
+            elements = sorted(elements, key=_key_of)
         process = kind is Kind.PROCESS
-        for parent, members in by_parent.items():
-            if len(members) == 1:
-                element = members[0]
-                args = args_of(element.values)
-                ref = str(element.rank) if process else _Ranges([element.key])
-                items = [parent, "1", ref, str(len(args)), *args]
-                events.append((event_id, len(items), _encode_parts(items)))
+        # parent -> [row, key or rank, ...] while its children share one row object, else
+        # id of a row -> such a group.  Elements created alike share their row object, so most
+        # of the grouping is by identity; equal rows that are distinct objects merge below.
+        by_parent: Dict[int, Union[list, Dict[int, list]]] = {}
+        last_parent = last_row = last_group = None
+        for element in elements:
+            parent = element.parent
+            row = element.values
+            member = element.rank if process else element.key
+            if row is last_row and parent == last_parent:
+                last_group.append(member)  # type: ignore[union-attr]
                 continue
-            same: Dict[tuple, List[Element]] = {}
-            for element in members:
-                row = tuple(element.values)
-                bucket = same.get(row)
-                if bucket is None:
-                    same[row] = [element]
+            entry = by_parent.get(parent)
+            if entry is None:
+                last_group = by_parent[parent] = [row, member]
+            elif entry.__class__ is list:
+                if entry[0] is row:  # type: ignore[index]
+                    entry.append(member)  # type: ignore[union-attr]
+                    last_group = entry
                 else:
-                    bucket.append(element)
-            groups = list(same.items())
-            for start in range(0, len(groups), MAX_GROUPS_PER_EVENT):
-                part = groups[start:start + MAX_GROUPS_PER_EVENT]
-                items: list = [parent, str(len(part))]
-                for row, bucket in part:
-                    args = args_of(row)
+                    last_group = [row, member]
+                    by_parent[parent] = {id(entry[0]): entry, id(row): last_group}  # type: ignore[index]
+            else:
+                group = entry.get(id(row))  # type: ignore[union-attr]
+                if group is None:
+                    last_group = entry[id(row)] = [row, member]  # type: ignore[index]
+                else:
+                    group.append(member)
+                    last_group = group
+            last_parent, last_row = parent, row
+        grouped.append((kind, by_parent))
+    return SnapshotPlan(model.version, _emit(grouped, [_Renderer(kind, model.schema(kind), rules, None)
+                                                       for kind, _ in grouped]))
+
+
+def _emit(grouped: list, renderers: List["_Renderer"]) -> Iterator[Tuple[int, int, tuple]]:
+    """The NEW events of grouped elements (see :func:`_build_plan`), kind by kind."""
+    for index, (kind, by_parent) in enumerate(grouped):
+        grouped[index] = None  # let each kind's groups go once its events are made
+        encode_row = renderers[index].encoded
+        event_id = _PTP_KIND[kind].new_event
+        process = kind is Kind.PROCESS
+        items = list(by_parent.items())
+        by_parent.clear()
+        for i in range(len(items)):
+            parent, entry = items[i]
+            items[i] = None  # type: ignore[call-overload]  # its groups go once its events are made
+            unsorted: Set[int] = set()
+            if entry.__class__ is list:
+                group = entry  # type: ignore[assignment]
+                if len(group) == 2:
+                    # a single child (a job's only process): no grouping needed; the event
+                    # refers to the pieces its values share with others, nothing copied
+                    row_parts: list = []
+                    nargs = encode_row(group[0], row_parts)
                     if process:
-                        items.append(_ids_text([e.rank for e in bucket]))
+                        head = _ONE + _encoded_number(group[1]) + _encoded_number(nargs)
+                        yield event_id, 4 + nargs, (parent, head, *row_parts)
                     else:
-                        items.append(_Ranges([e.key for e in bucket]))
-                    items.append(str(len(args)))
-                    items.extend(args)
-                events.append((event_id, len(items), _encode_parts(items)))
-    return SnapshotPlan(model.version, events)
+                        parts = [parent, _ONE, group[1], _encoded_number(nargs), *row_parts]
+                        yield event_id, 4 + nargs, tuple(_joined_parts(parts))
+                    continue
+                merged = [(group[0], group)]
+            else:
+                same: Dict[tuple, list] = {}
+                for group in entry.values():  # type: ignore[union-attr]
+                    bucket = same.get(group[0])
+                    if bucket is None:
+                        same[group[0]] = group
+                    else:
+                        bucket.extend(group[1:])
+                        unsorted.add(id(bucket))
+                merged = list(same.items())
+            for start in range(0, len(merged), MAX_GROUPS_PER_EVENT):
+                part = merged[start:start + MAX_GROUPS_PER_EVENT]
+                parts = [parent, _encoded_number(len(part))]
+                total = 2
+                for row, bucket in part:
+                    members = bucket[1:]
+                    if id(bucket) in unsorted:
+                        members.sort()
+                    if process:
+                        parts.append(encode_args((_ids_text(members),)))
+                    else:
+                        parts.append(members[0] if len(members) == 1 else _Ranges(members))
+                    row_parts = []
+                    nargs = encode_row(row, row_parts)
+                    parts.append(_encoded_number(nargs))
+                    parts.extend(row_parts)
+                    total += 2 + nargs
+                yield event_id, total, tuple(_joined_parts(parts))
+
+
+_SMALL_NUMBERS = [encode_args((str(n),)) for n in range(256)]
+_ONE = _SMALL_NUMBERS[1]
+
+
+def _encoded_number(n: int) -> bytes:
+    """A number as one encoded argument."""
+    return _SMALL_NUMBERS[n] if 0 <= n < 256 else encode_args((str(n),))
+
+
+def _key_of(element: Element) -> int:
+    return element.key
 
 
 class ModelView(ChangeSink):
@@ -479,6 +757,11 @@ class ModelView(ChangeSink):
     def subscribe_frames(self, tid: int) -> List[bytes]:
         """:meth:`subscribe_plan` with the snapshot as encoded frames for ``tid``."""
         return self.subscribe_plan().frames(self.base, tid)
+
+    def subscribe_chunks(self, tid: int) -> Iterator[bytes]:
+        """:meth:`subscribe_plan` with the snapshot's frames for ``tid`` rendered chunk by chunk
+        as they are taken (the snapshot is of this instant whenever they are taken)."""
+        return self.subscribe_plan().chunks(self.base, tid)
 
     def unsubscribe(self) -> None:
         if self.subscribed:

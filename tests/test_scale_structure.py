@@ -1,0 +1,195 @@
+"""The structure that keeps a big model cheap: shared rows, a snapshot encoded once and streamed
+to every client that asks at the same time, a cluster built without keeping INIT waiting, and a
+start-up that imports only the backends it runs.  (The figures themselves come from the
+benchmark scripts; these tests fail if what makes them possible breaks.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import trio
+
+from proxy_agent.frontends.ptp import view as view_module
+from proxy_agent.frontends.ptp.view import ModelView
+from proxy_agent.protocol.messages import EventId, decode_event
+from proxy_agent.protocol.wire import Decoder
+from proxy_agent.schedulers.sim import SimBackend, SimOptions
+from proxy_agent.service.model import K, Kind, ServiceModel
+
+from agent_fixtures import subprocess_env
+
+
+def _cluster(jobs: int = 300) -> ServiceModel:
+    model = ServiceModel()
+    machine = model.add(Kind.MACHINE, None, {K.NAME: "m", K.STATE: "UP"})
+    model.add_many(Kind.NODE, machine, [{K.NAME: f"n{i}", K.STATE: "UP"} for i in range(4)])
+    queue = model.add(Kind.QUEUE, None, {K.NAME: "q", K.STATE: "NORMAL"})
+    alike = [{K.NAME: f"run-{i % 5}", K.STATE: "QUEUING", K.QUEUE: queue} for i in range(5)]
+    model.add_many(Kind.JOB, queue, [alike[i % 5] for i in range(jobs)])
+    return model
+
+
+def _decoded(chunks) -> list:
+    decoder = Decoder()
+    for chunk in chunks:
+        decoder.feed(chunk)
+    return [decode_event(frame) for frame in decoder]
+
+
+def test_elements_made_from_one_mapping_share_one_row_until_one_changes():
+    model = ServiceModel()
+    queue = model.add(Kind.QUEUE, None, {K.NAME: "q"})
+    attrs = {K.NAME: "a", K.STATE: "QUEUING", K.QUEUE: queue}
+    first, second, third = model.add_many(Kind.JOB, queue, [attrs, attrs, attrs])
+    rows = [model.get(key).values for key in (first, second, third)]
+    assert rows[0] is rows[1] is rows[2]
+    model.update(second, {K.STATE: "RUNNING"})
+    assert model.attr(second, K.STATE) == "RUNNING"
+    assert model.attr(first, K.STATE) == model.attr(third, K.STATE) == "QUEUING"  # the others keep theirs
+    assert model.get(first).values is model.get(third).values
+    # sharing across calls when the caller hands the same table of rows
+    shared: dict = {}
+    fourth = model.add_many(Kind.JOB, queue, [attrs], rows=shared)[0]
+    fifth = model.add_many(Kind.JOB, queue, [attrs], rows=shared)[0]
+    assert model.get(fourth).values is model.get(fifth).values
+
+
+def test_elements_are_found_by_key_in_the_tables_of_each_kind():
+    model = _cluster(10)
+    for kind in Kind:
+        for key in model.keys(kind):
+            assert model.find(key, kind).key == key and key in model
+    assert len(model) == sum(model.count(kind) for kind in Kind)
+    job = model.keys(Kind.JOB)[3]
+    model.remove(job)
+    assert job not in model and model._elements.get(job) is None
+
+
+def test_two_clients_asking_at_once_share_one_encoding_streamed_chunk_by_chunk(monkeypatch):
+    monkeypatch.setattr(view_module, "SNAPSHOT_CHUNK_BYTES", 1)  # a chunk per frame
+    model = _cluster()
+    renders = []
+    original = view_module.SnapshotPlan._render
+
+    def counting(self, base, tid):
+        renders.append((base, tid))
+        return original(self, base, tid)
+
+    monkeypatch.setattr(view_module.SnapshotPlan, "_render", counting)
+    first, second = ModelView(model, 1000), ModelView(model, 1000)
+    one, two = first.subscribe_chunks(7), second.subscribe_chunks(7)
+    assert renders == [(1000, 7)]  # one rendering for both
+    got_one, got_two = [], []
+    for a, b in zip(one, two):  # the two writers take turns, as two sessions' tasks do
+        got_one.append(a)
+        got_two.append(b)
+        assert a is b  # the same bytes object: encoded once for both
+    assert list(one) == [] and list(two) == []
+    assert renders == [(1000, 7)] and len(got_one) > 3
+    plan = view_module.snapshot_plan(model, first.rules)
+    (rendering,) = plan._renderings.values()
+    assert all(chunk is None for chunk in rendering.chunks)  # nothing held once both have it
+    events = _decoded(got_one)
+    jobs = {i for e in events if e.event_id == EventId.NEW_JOB for g in e.groups for i in g.id_list()}
+    assert jobs == {str(1000 + key) for key in model.keys(Kind.JOB)}
+    # alike jobs travel as one range group per row: 5 groups for 300 jobs
+    assert sum(len(e.groups) for e in events if e.event_id == EventId.NEW_JOB) == 5
+    # a client coming later gets its own rendering of the same plan, with the same bytes
+    late = ModelView(model, 1000)
+    assert b"".join(late.subscribe_chunks(7)) == b"".join(got_one)
+    assert renders == [(1000, 7), (1000, 7)]
+
+
+async def test_a_big_simulated_cluster_is_built_in_steps():
+    model = ServiceModel()
+    sim = SimBackend(model, SimOptions(nodes=100, jobs=60_000, process_share=0.0))
+    seen = []
+
+    async def watch():
+        while True:
+            seen.append(model.count(Kind.JOB))
+            await trio.lowlevel.checkpoint()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(watch)
+        await nursery.start(sim.run)
+        nursery.cancel_scope.cancel()
+    assert model.count(Kind.JOB) == 60_000
+    # other tasks ran while the jobs were being made, more than once
+    assert len([n for n in seen if n < 60_000]) >= 3
+
+
+def test_start_up_imports_only_the_backends_it_runs():
+    probe = (
+        "import sys; from proxy_agent.__main__ import parse_arguments; "
+        "args = parse_arguments(sys.argv[1:]); "
+        "print(sorted(m for m in ('proxy_agent.schedulers.slurm', 'proxy_agent.schedulers.sim', "
+        "'proxy_agent.schedulers.local') if m in sys.modules), args.scheduler)"
+    )
+
+    def run(*argv: str) -> str:
+        done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
+                              env=subprocess_env(), timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run("--stdio") == "['proxy_agent.schedulers.local'] local"
+    assert run("--scheduler", "sim", "--sim-jobs", "5") == "['proxy_agent.schedulers.sim'] sim"
+    # another backend's option is still accepted (the full command line is read then)
+    assert "local" in run("--stdio", "--sim-nodes", "4")
+    bad = subprocess.run([sys.executable, "-m", "proxy_agent", "--no-such-option"], capture_output=True,
+                         text=True, env=subprocess_env(), timeout=60)
+    assert bad.returncode == 2 and "unrecognized arguments: --no-such-option" in bad.stderr
+
+
+def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
+    import json
+    import os
+    import socket
+    import time
+
+    keeper = subprocess.Popen([sys.executable, "-m", "proxy_agent.schedulers.keeper", str(tmp_path)],
+                              env=subprocess_env())
+    try:
+        path = tmp_path / "keeper.sock"
+        deadline = time.monotonic() + 30
+        while True:
+            sock = socket.socket(socket.AF_UNIX)
+            try:
+                sock.connect(str(path))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                sock.close()
+                assert time.monotonic() < deadline, "the keeper did not open its socket"
+                time.sleep(0.02)
+        lines = sock.makefile("rb")
+
+        def send(message: dict) -> None:
+            sock.sendall(json.dumps(message).encode() + b"\n")
+
+        send({"op": "hello"})
+        lines.readline()
+        env = dict(os.environ)
+        send({"op": "spawn", "key": 1, "argv": ["/bin/true"], "env": env, "cwd": str(tmp_path), "count": 1})
+        send({"op": "spawn", "key": 2, "argv": ["/bin/sh", "-c", "echo out"], "env": env, "cwd": str(tmp_path),
+              "count": 1})
+        done, output = set(), []
+        while done != {1, 2}:
+            message = json.loads(lines.readline())
+            if message["op"] == "done":
+                done.add(message["key"])
+            elif message["op"] == "output":
+                output.append((message["key"], message["stream"]))
+        assert sorted(os.listdir(tmp_path / "jobs" / "1")) == ["status.json"]  # silent: no files
+        assert sorted(os.listdir(tmp_path / "jobs" / "2")) == ["0.out", "status.json"]
+        assert (tmp_path / "jobs" / "2" / "0.out").read_text() == "out\n"
+        assert output == [(2, "stdout")]  # told before its end, which the agent relies on
+        send({"op": "bye", "policy": "terminate"})
+        sock.close()
+    finally:
+        try:
+            keeper.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            keeper.kill()
+            keeper.wait()
