@@ -271,7 +271,11 @@ class LocalBackend(Backend):
             self._keeper = await open_keeper(self._directory)
             await self._keeper.send({"op": "hello"})
             reply = await self._keeper.receive()
-        except (KeeperError, OSError) as exc:
+            # Notices the keeper sent between the connection and the hello (output of running
+            # jobs) are covered by its answer, which describes every job as it is now.
+            while reply is not None and reply.get("op") != "jobs":
+                reply = await self._keeper.receive()
+        except (KeeperError, OSError, ValueError) as exc:
             raise RuntimeError(f"cannot run local jobs: {exc}") from None
         if reply is None or reply.get("op") != "jobs":
             raise RuntimeError("cannot run local jobs: the keeper did not answer")

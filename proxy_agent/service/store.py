@@ -47,27 +47,39 @@ __all__ = [
 ]
 
 #: The schema this code writes; older ones are migrated on open.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    key INTEGER PRIMARY KEY,
-    backend TEXT NOT NULL,
-    queue TEXT NOT NULL DEFAULT '',
-    native_id TEXT NOT NULL DEFAULT '',
-    name TEXT NOT NULL DEFAULT '',
-    client_ref TEXT NOT NULL DEFAULT '',
-    spec TEXT NOT NULL DEFAULT '{}',
-    state TEXT NOT NULL DEFAULT 'ACCEPTED',
-    native_state TEXT NOT NULL DEFAULT '',
-    message TEXT NOT NULL DEFAULT '',
-    submitted REAL NOT NULL,
-    ended REAL,
-    delivered TEXT NOT NULL DEFAULT '{}',
-    extra TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX IF NOT EXISTS jobs_ended ON jobs (ended);
-"""
+#: Schema 1: the statements that create it in an empty database.
+_SCHEMA_1 = (
+    """CREATE TABLE IF NOT EXISTS jobs (
+        key INTEGER PRIMARY KEY,
+        backend TEXT NOT NULL,
+        queue TEXT NOT NULL DEFAULT '',
+        native_id TEXT NOT NULL DEFAULT '',
+        name TEXT NOT NULL DEFAULT '',
+        client_ref TEXT NOT NULL DEFAULT '',
+        spec TEXT NOT NULL DEFAULT '{}',
+        state TEXT NOT NULL DEFAULT 'ACCEPTED',
+        native_state TEXT NOT NULL DEFAULT '',
+        message TEXT NOT NULL DEFAULT '',
+        submitted REAL NOT NULL,
+        ended REAL,
+        delivered TEXT NOT NULL DEFAULT '{}',
+        extra TEXT NOT NULL DEFAULT '{}'
+    )""",
+    "CREATE INDEX IF NOT EXISTS jobs_ended ON jobs (ended)",
+)
+
+#: version -> the statements that take a database of the version before to it.  A new
+#: database is made as schema 1 and migrated like any old one, so every step runs everywhere.
+_MIGRATIONS = {
+    # how a job ended, so that a job its scheduler has forgotten still shows its exit status
+    # after a restart
+    2: (
+        "ALTER TABLE jobs ADD COLUMN exit_code TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE jobs ADD COLUMN signal TEXT NOT NULL DEFAULT ''",
+    ),
+}
 
 
 class StoreError(Exception):
@@ -185,6 +197,16 @@ def spec_from_json(text: str) -> Optional[JobSpec]:
 # --------------------------------------------------------------------------- the store
 
 
+def _offsets(text: str) -> Dict[str, int]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, int)}
+
+
 @attrs.frozen
 class StoredJob:
     key: int
@@ -201,6 +223,9 @@ class StoredJob:
     ended: Optional[float]
     delivered: str
     extra: str
+    #: the exit status (decimal text) or the signal name of an ended job ('' if not known)
+    exit_code: str = ""
+    signal: str = ""
 
     @property
     def job_spec(self) -> Optional[JobSpec]:
@@ -254,10 +279,24 @@ class JobStore:
             raise sqlite3.DatabaseError(
                 f"it was written by a newer proxy-agent (schema {version}; this one knows {SCHEMA_VERSION})"
             )
-        if version < 1:
-            self._db.executescript(_SCHEMA)
-        # Later schema versions add their steps here, each moving user_version one forward.
-        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        if version == SCHEMA_VERSION:
+            return
+        # One transaction: a migration that fails half-way leaves the old schema as it was.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if version < 1:
+                for statement in _SCHEMA_1:
+                    self._db.execute(statement)
+                version = 1
+            while version < SCHEMA_VERSION:
+                version += 1
+                for statement in _MIGRATIONS[version]:
+                    self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         try:
@@ -291,8 +330,10 @@ class JobStore:
         """The scheduler refused the submission: nothing of it exists anywhere."""
         self._db.execute("DELETE FROM jobs WHERE key=?", (key,))
 
-    def note_state(self, key: int, state: str, native_state: str, message: Optional[str], final: bool) -> None:
-        """A state change; written with the next :meth:`flush` (the scheduler knows it too)."""
+    def note_state(self, key: int, state: str, native_state: str, message: Optional[str], final: bool,
+                   exit_code: str = "", signal: str = "") -> None:
+        """A state change; written with the next :meth:`flush` (the scheduler knows it too).
+        ``exit_code`` and ``signal`` say how an ended job ended."""
         change = self._pending.setdefault(key, {})
         change["state"] = state
         change["native_state"] = native_state
@@ -300,26 +341,46 @@ class JobStore:
             change["message"] = message
         if final:
             change.setdefault("ended", time.time())
+            change["exit_code"] = exit_code
+            change["signal"] = signal
 
-    def record_delivered(self, offsets: Dict[int, Dict[str, int]]) -> None:
-        """Output reached a client: job key -> {``"RANK.STREAM"``: bytes of its file}.
-        Committed at once: a restarted agent delivers from there, so the window in which an
-        agent that dies would deliver something twice stays as small as it can."""
+    def record_delivered(self, offsets: Dict[int, Dict[str, int]]) -> Dict[int, Dict[str, int]]:
+        """Output is handed to a client: job key -> {``"RANK.STREAM"``: bytes of its file}.
+        Committed at once, just before the bytes are written: a restarted agent delivers from
+        there.  Returns the offsets it replaced, for :meth:`restore_delivered` should the
+        write fail."""
+        previous: Dict[int, Dict[str, int]] = {}
         if not offsets:
-            return
+            return previous
         self._db.execute("BEGIN")
         try:
             for key, where in offsets.items():
                 row = self._db.execute("SELECT delivered FROM jobs WHERE key=?", (key,)).fetchone()
                 if row is None:
                     continue
-                try:
-                    current = json.loads(row[0])
-                except ValueError:
-                    current = {}
+                current = _offsets(row[0])
+                before = previous.setdefault(key, {})
                 for name, offset in where.items():
                     if offset > current.get(name, -1):
+                        before[name] = current.get(name, 0)
                         current[name] = offset
+                self._db.execute("UPDATE jobs SET delivered=? WHERE key=?", (json.dumps(current), key))
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            self._db.execute("ROLLBACK")
+            raise
+        return previous
+
+    def restore_delivered(self, previous: Dict[int, Dict[str, int]]) -> None:
+        """Put back offsets :meth:`record_delivered` replaced (the output never got there)."""
+        self._db.execute("BEGIN")
+        try:
+            for key, where in previous.items():
+                row = self._db.execute("SELECT delivered FROM jobs WHERE key=?", (key,)).fetchone()
+                if row is None or not where:
+                    continue
+                current = _offsets(row[0])
+                current.update(where)
                 self._db.execute("UPDATE jobs SET delivered=? WHERE key=?", (json.dumps(current), key))
             self._db.execute("COMMIT")
         except sqlite3.Error:
@@ -334,7 +395,8 @@ class JobStore:
         try:
             self._db.execute("BEGIN")
             for key, change in pending.items():
-                columns = ", ".join(f"{name}=?" for name in change)
+                # a job keeps the time it was first seen ended (a new agent reports it again)
+                columns = ", ".join("ended=coalesce(ended, ?)" if name == "ended" else f"{name}=?" for name in change)
                 self._db.execute(f"UPDATE jobs SET {columns} WHERE key=?", (*change.values(), key))
             self._db.execute("COMMIT")
         except sqlite3.Error:

@@ -167,12 +167,18 @@ class PtpSession:
                 data = bytes(self._out)
                 self._out.clear()
                 delivered = self.view.take_delivered() if self.view is not None else None
+                # Recorded before the bytes go out and taken back if they do not: an agent
+                # killed once the client has read them never sends them again.
+                undo = self.service.delivered(delivered) if delivered else None
                 self._sending_since = trio.current_time()
                 try:
-                    await stream.send_all(data)
+                    try:
+                        await stream.send_all(data)
+                    except BaseException:
+                        if undo:
+                            self.service.undeliver(undo)
+                        raise
                     self._sending_since = None
-                    if delivered:
-                        self.service.delivered(delivered)
                     if self._stalled:
                         self._stalled = False
                         log.info("%s reads again", self.peer)
