@@ -70,10 +70,11 @@ def sigkill(client: AgentClient) -> None:
 
 
 async def kill_and_adopt(state_dir: str, plan: List[PlannedJob], agent_args: List[str], *,
-                         before_kill, timeout: float, between=None) -> Dict[str, dict]:
+                         before_kill, timeout: float, between=None, after_submit=None) -> Dict[str, dict]:
     """Run ``plan`` on one agent, SIGKILL it once ``before_kill(client, subs)`` holds, let a
     second agent adopt the jobs, terminate those planned for it, and wait for every end.
-    ``between()`` runs while no agent runs.  Returns, per tag: what each client saw and how
+    ``after_submit(client, subs)`` runs once the first agent shows every job, ``between()``
+    while no agent runs.  Returns, per tag: what each client saw and how
     the job ended."""
     seen: Dict[str, dict] = {}
     subs: Dict[str, str] = {}
@@ -84,6 +85,8 @@ async def kill_and_adopt(state_dir: str, plan: List[PlannedJob], agent_args: Lis
                 subs[job.tag] = await first.submit_nowait("/bin/sh", job.command, queue=job.queue, jobName=job.tag)
             await first.wait_for(lambda: all(job_of(first, s) for s in subs.values()), 30,
                                  description="every submitted job")
+            if after_submit is not None:
+                after_submit(first, subs)
             await first.wait_for(lambda: before_kill(first, subs), 30, description="the moment to kill the agent")
             sigkill(first)
             # what the agent wrote before it died is still read, to the end of its output
