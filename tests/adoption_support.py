@@ -65,13 +65,11 @@ async def start(client: AgentClient) -> None:
     await client.start_events()
 
 
-def sigkill(client: AgentClient) -> None:
-    os.kill(client.process.pid, signal.SIGKILL)
-
-
 async def kill_and_adopt(state_dir: str, plan: List[PlannedJob], agent_args: List[str], *,
-                         before_kill, timeout: float, between=None, after_submit=None) -> Dict[str, dict]:
-    """Run ``plan`` on one agent, SIGKILL it once ``before_kill(client, subs)`` holds, let a
+                         before_kill, timeout: float, between=None, after_submit=None,
+                         stop: str = "SIGKILL") -> Dict[str, dict]:
+    """Run ``plan`` on one agent, stop it once ``before_kill(client, subs)`` holds (``stop``:
+    ``SIGKILL``, ``SIGTERM``, or ``drop``: its client's connection goes away), let a
     second agent adopt the jobs, terminate those planned for it, and wait for every end.
     ``after_submit(client, subs)`` runs once the first agent shows every job, ``between()``
     while no agent runs.  Returns, per tag: what each client saw and how
@@ -88,7 +86,10 @@ async def kill_and_adopt(state_dir: str, plan: List[PlannedJob], agent_args: Lis
             if after_submit is not None:
                 after_submit(first, subs)
             await first.wait_for(lambda: before_kill(first, subs), 30, description="the moment to kill the agent")
-            sigkill(first)
+            if stop == "drop":
+                await first.stream.send_stream.aclose()
+            else:
+                os.kill(first.process.pid, getattr(signal, stop))
             # what the agent wrote before it died is still read, to the end of its output
             while first.ended is None:
                 await trio.sleep(0.01)

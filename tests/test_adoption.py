@@ -3,7 +3,7 @@ state directory, with every output line delivered once (see ``adoption_support``
 
 from __future__ import annotations
 
-import trio
+import pytest
 
 from adoption_support import PlannedJob, check_every_line_once, ended, kill_and_adopt
 
@@ -24,10 +24,16 @@ def some_ended_some_running(tags):
     return check
 
 
-async def test_killed_agent_local_jobs_adopted_every_line_once(tmp_path):
+@pytest.mark.parametrize("stop, options", [
+    ("SIGKILL", []),
+    # an agent that can choose ends its jobs unless told to keep them
+    ("SIGTERM", ["--on-disconnect", "keep"]),
+    ("drop", ["--on-disconnect", "keep"]),
+])
+async def test_stopped_agent_local_jobs_adopted_every_line_once(tmp_path, stop, options):
     plan = local_plan()
-    seen = await kill_and_adopt(str(tmp_path / "state"), plan, ["--scheduler", "local"],
-                                before_kill=some_ended_some_running([j.tag for j in plan]), timeout=45)
+    seen = await kill_and_adopt(str(tmp_path / "state"), plan, ["--scheduler", "local", *options],
+                                before_kill=some_ended_some_running([j.tag for j in plan]), timeout=45, stop=stop)
     check_every_line_once(plan, seen)
     # the kill came while jobs ran and output was still coming
     assert any(not s["first_ended"] for s in seen.values())

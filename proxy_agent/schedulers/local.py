@@ -271,9 +271,12 @@ class LocalBackend(Backend):
             self._keeper = await open_keeper(self._directory)
             await self._keeper.send({"op": "hello"})
             reply = await self._keeper.receive()
-            # Notices the keeper sent between the connection and the hello (output of running
-            # jobs) are covered by its answer, which describes every job as it is now.
+            # Notices the keeper sent between the connection and its answer (output of running
+            # jobs) are heard once the jobs are adopted: the keeper sends no second notice
+            # for a file until the agent has read it.
+            early = []
             while reply is not None and reply.get("op") != "jobs":
+                early.append(reply)
                 reply = await self._keeper.receive()
         except (KeeperError, OSError, ValueError) as exc:
             raise RuntimeError(f"cannot run local jobs: {exc}") from None
@@ -286,6 +289,8 @@ class LocalBackend(Backend):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_outputs)
                 task_status.started()
+                for message in early:
+                    self._notice(message)
                 self._serving = True
                 try:
                     await self._keeper.serve(self._notice)
