@@ -16,7 +16,7 @@ import trio
 from adoption_support import PlannedJob, check_every_line_once, ended, kill_and_adopt
 from agent_fixtures import subprocess_env
 from slurm_support import require_cluster
-from test_adoption import local_plan
+from test_adoption import every_job_started, local_plan
 
 pytestmark = pytest.mark.slurm
 
@@ -62,7 +62,8 @@ async def test_killed_agent_local_and_slurm_jobs_adopted_every_line_once(tmp_pat
         local_done = sum(ended(client, subs[job.tag]) for job in local)
         slurm_done = sum(ended(client, subs[job.tag]) for job in slurm)
         waited = trio.current_time() - submitted[0]
-        return 2 <= local_done < len(local) and (1 <= slurm_done or waited > 8) and slurm_done < len(slurm)
+        return (2 <= local_done < len(local) and (1 <= slurm_done or waited > 8) and slurm_done < len(slurm)
+                and every_job_started(client, subs, [job.tag for job in local]))
 
     def list_jobs() -> None:
         # the job list, with no agent running

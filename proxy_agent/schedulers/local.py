@@ -427,8 +427,12 @@ class LocalBackend(Backend):
             if info is None or info.get("lost"):
                 self._add_job(spec, spec.display_name, path, cwd, count, state_attrs(STATE_TABLE, "LOST"), record.key)
                 job = self._jobs.pop(record.key)
-                self.model.update(job.key, {
-                    K.MESSAGE: "the job ended with the keeper that ran it; its end was not recorded"})
+                if info is None:
+                    why = ("the keeper has no record of the job: the agent ended before it handed the job over, "
+                           "or the job's files were removed")
+                else:
+                    why = "the job ended with the keeper that ran it; its end was not recorded"
+                self.model.update(job.key, {K.MESSAGE: why})
                 for process in job.process_keys:
                     self.model.update(process, state_attrs(STATE_TABLE, "LOST"))
                 adopted.append(record.key)
