@@ -267,6 +267,7 @@ class JobStore:
         self.path = path
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._check_version()  # before anything is changed in a newer agent's file
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=2000")
@@ -282,12 +283,17 @@ class JobStore:
         self._pending: Dict[int, Dict[str, Any]] = {}
         self._flushes = 0
 
-    def _migrate(self) -> None:
+    def _check_version(self) -> int:
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:
+            self._db.close()
             raise sqlite3.DatabaseError(
                 f"it was written by a newer proxy-agent (schema {version}; this one knows {SCHEMA_VERSION})"
             )
+        return version
+
+    def _migrate(self) -> None:
+        version = self._check_version()
         if version == SCHEMA_VERSION:
             return
         # One transaction: a migration that fails half-way leaves the old schema as it was.
@@ -471,6 +477,10 @@ def open_store(directory: str) -> JobStore:
         if not os.path.exists(path):
             raise
         aside = f"{path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        number = 1
+        while os.path.lexists(aside):  # an earlier copy is never replaced
+            number += 1
+            aside = f"{path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{number}"
         try:
             os.replace(path, aside)
             for suffix in ("-wal", "-shm"):
