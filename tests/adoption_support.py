@@ -22,7 +22,8 @@ from proxy_agent.client import AgentClient
 @attrs.define
 class PlannedJob:
     tag: str
-    queue: str
+    #: None: none named (the agent's broker picks)
+    queue: Optional[str]
     lines: int
     pause: float
     code: int
@@ -97,6 +98,7 @@ async def kill_and_adopt(state_dir: str, plan: List[PlannedJob], agent_args: Lis
             element = job_of(first, subs[job.tag])
             seen[job.tag] = {"sub": subs[job.tag], "first": stdout_lines(first, subs[job.tag]),
                              "first_ended": ended(first, subs[job.tag]), "first_id": element.id,
+                             "first_attributes": dict(element.attributes),
                              "native": element.get("nativeId")}
         if between is not None:
             between()

@@ -30,13 +30,18 @@ def some_ended_some_running(tags):
 
 
 @pytest.mark.parametrize("stop, options", [
-    ("SIGKILL", []),
+    # half the jobs name no queue: the broker's choice must survive the agent too
+    ("SIGKILL", ["--broker", "FastestQueue"]),
     # an agent that can choose ends its jobs unless told to keep them
     ("SIGTERM", ["--on-disconnect", "keep"]),
     ("drop", ["--on-disconnect", "keep"]),
 ])
 async def test_stopped_agent_local_jobs_adopted_every_line_once(tmp_path, stop, options):
     plan = local_plan()
+    brokered = "--broker" in options
+    if brokered:
+        for job in plan[::2]:
+            job.queue = None
     seen = await kill_and_adopt(str(tmp_path / "state"), plan, ["--scheduler", "local", *options],
                                 before_kill=some_ended_some_running([j.tag for j in plan]), timeout=45, stop=stop)
     check_every_line_once(plan, seen)
@@ -45,3 +50,10 @@ async def test_stopped_agent_local_jobs_adopted_every_line_once(tmp_path, stop, 
     assert any(s["first"] and s["second"] for s in seen.values()), "no job's output was split between the agents"
     # each job keeps its id
     assert all(s["first_id"] == s["id"] for s in seen.values())
+    if brokered:
+        for job in plan[::2]:
+            first, second = seen[job.tag]["first_attributes"], seen[job.tag]["attributes"]
+            assert first["broker"] == "FastestQueue" and first["brokerReason"].startswith("FastestQueue: ")
+            assert {k: second.get(k) for k in ("broker", "brokerQueue", "brokerReason")} == \
+                {k: first[k] for k in ("broker", "brokerQueue", "brokerReason")}
+        assert "broker" not in seen[plan[1].tag]["attributes"]
