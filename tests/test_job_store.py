@@ -170,3 +170,25 @@ def test_a_state_directory_that_cannot_be_made_is_a_clear_error(tmp_path):
     with pytest.raises(StoreError, match="cannot create the state directory .*/file/state"):
         StateLock(str(tmp_path / "file" / "state")).acquire({"pid": 1})
     assert not isinstance(StoreError("x"), StateDirInUse)
+
+
+async def test_jobs_a_backend_cannot_take_back_end_in_the_store(tmp_path):
+    """The simulated cluster's jobs die with the agent: the next one marks them ended."""
+    import trio
+
+    from proxy_agent.schedulers.sim import SimBackend
+    from proxy_agent.service.service import JobService
+
+    store = open_store(str(tmp_path))
+    store.record_submission(3, "sim", "sim:debug", JobSpec("/bin/true"))
+    store.record_native_id(3, "")
+    service = JobService(store=store)
+    service.add_backend(SimBackend(service.model, None, service.context(state_dir=str(tmp_path))))
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        with trio.fail_after(10):
+            await service.ready.wait()
+        nursery.cancel_scope.cancel()
+    job = open_store(str(tmp_path)).job(3)
+    assert job.state == "DELETED" and job.ended is not None
+    assert "sim scheduler could not take the job back" in job.message

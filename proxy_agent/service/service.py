@@ -230,6 +230,7 @@ class JobService:
             log.exception("the %s scheduler could not adopt its stored jobs", backend.name)
             return
         self.stored.update(adopted)
+        self._left_behind([r for r in records if r.key not in set(adopted)], backend.name)
         by_key = {r.key: r for r in records}
         for key in adopted:
             chosen = by_key[key].extras.get(_BROKER_EXTRA) if key in by_key else None
@@ -239,6 +240,20 @@ class JobService:
             self._recorder.note(key)
         if adopted:
             log.info("the %s scheduler adopted %d stored jobs", backend.name, len(adopted))
+
+    def _left_behind(self, records: List[StoredJob], backend: str) -> None:
+        """Jobs a running backend could not take back (the simulated scheduler's, records it
+        cannot read) end in the store, so that the job list says so and they can be forgotten."""
+        store = self.store
+        pending = [r for r in records if r.ended is None]
+        if store is None or not pending:
+            return
+        try:
+            for record in pending:
+                store.mark_lost(record.key, f"the {backend} scheduler could not take the job back after the agent "
+                                            "that submitted it ended")
+        except sqlite3.Error as exc:
+            self._store_failed(exc)
 
     async def _flush_store(self) -> None:
         while True:

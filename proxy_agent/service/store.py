@@ -359,6 +359,11 @@ class JobStore:
             change["exit_code"] = exit_code
             change["signal"] = signal
 
+    def mark_lost(self, key: int, message: str) -> None:
+        """A job no agent will follow again: ended, its outcome not known (committed at once)."""
+        self._db.execute("UPDATE jobs SET state='DELETED', native_state='UNKNOWN', message=?,"
+                         " ended=coalesce(ended, ?) WHERE key=?", (message, time.time(), key))
+
     def record_delivered(self, offsets: Dict[int, Dict[str, int]]) -> Dict[int, Dict[str, int]]:
         """Output is handed to a client: job key -> {``"RANK.STREAM"``: bytes of its file}.
         Committed at once, just before the bytes are written: a restarted agent delivers from
