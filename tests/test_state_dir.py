@@ -105,6 +105,8 @@ async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
             assert all(row["scheduler"] == "local" and row["queue"] == "local:default" for row in by_name.values())
 
             ids = {name: str(row["id"]) for name, row in by_name.items()}
+            files = {name: os.path.join(state, "local", "jobs", ident) for name, ident in ids.items()}
+            assert all(os.path.isdir(path) for path in files.values())
             kept = _run("forget", "--state-dir", state, ids["slow"], ids["quick"])
             assert kept.returncode == 1
             assert f"job {ids['slow']} has not ended; it is kept" in kept.stderr and "forgot 1 job" in kept.stdout
@@ -112,6 +114,7 @@ async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
             assert gone.returncode == 0 and "forgot 1 job" in gone.stdout
             left = [json.loads(line)["name"] for line in _run("jobs", "--state-dir", state, "--json").stdout.splitlines()]
             assert left == ["slow"]
+            assert [name for name, path in files.items() if os.path.exists(path)] == ["slow"]
             bad = _run("forget", "--state-dir", state, "--ended-before", "someday")
             assert bad.returncode == 2 and "is not a date" in bad.stderr and "Traceback" not in bad.stderr
             await client.terminate(slow)
