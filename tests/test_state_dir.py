@@ -12,7 +12,7 @@ import sys
 import trio
 
 from adoption_support import spawn_agent, start
-from agent_fixtures import agent_argv, subprocess_env
+from agent_fixtures import subprocess_env
 
 
 def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
