@@ -424,6 +424,19 @@ class LocalBackend(Backend):
             count = len(pids) or spec.num_procs
             path = spec.executable
             cwd = spec.working_dir or self._default_cwd
+            if info is None and record.ended is not None and record.native_state in _ENDED:
+                # ended and recorded so, its files since removed: the recorded end
+                ended = state_attrs(STATE_TABLE, record.native_state)
+                self._add_job(spec, spec.display_name, path, cwd, count, ended, record.key)
+                job = self._jobs.pop(record.key)
+                with self.model.batch():
+                    self.model.update(job.key, {K.EXIT_CODE: record.exit_code or None,
+                                                K.MESSAGE: record.message or None})
+                    if count == 1 and (record.exit_code or record.signal):
+                        self.model.update(job.process_keys[0], {K.EXIT_CODE: record.exit_code or None,
+                                                                K.SIGNAL: record.signal or None})
+                adopted.append(record.key)
+                continue
             if info is None or info.get("lost"):
                 self._add_job(spec, spec.display_name, path, cwd, count, state_attrs(STATE_TABLE, "LOST"), record.key)
                 job = self._jobs.pop(record.key)
