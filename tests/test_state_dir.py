@@ -122,3 +122,33 @@ async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
             await client.quit()
     missing = _run("jobs", "--state-dir", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "no job store in" in missing.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_by_default_a_clients_departure_ends_its_local_jobs_and_the_next_agent_says_so(tmp_path):
+    state = str(tmp_path / "state")
+    with trio.fail_after(40):
+        async with await spawn_agent(state) as first:
+            await start(first)
+            job = await first.submit("/bin/sleep", ["60"], jobName="sleeper")
+            running = await first.wait_job_state(job, "RUNNING", 20)
+            pid = int(first.job_process(running, 0).get("processPID"))
+            sub = running.get("jobSubId")
+            await first.stream.send_stream.aclose()  # the client goes away
+            while first.ended is None:
+                await trio.sleep(0.02)
+        assert first.process.returncode == 0
+        assert not _alive(pid), "the job's process outlived the agent"
+        async with await spawn_agent(state) as second:
+            await start(second)
+            adopted = await second.wait_for(lambda: second.state.jobs_by_sub.get(sub), 20,
+                                            description="the ended job in the next agent")
+            assert adopted.get("jobState") == "COMPLETED" and adopted.get("jobStatus") == "KILLED"
+            await second.quit()
