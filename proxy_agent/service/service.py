@@ -230,7 +230,8 @@ class JobService:
             log.exception("the %s scheduler could not adopt its stored jobs", backend.name)
             return
         self.stored.update(adopted)
-        self._left_behind([r for r in records if r.key not in set(adopted)], backend.name)
+        taken = set(adopted)
+        self._left_behind([r for r in records if r.key not in taken], backend.name)
         by_key = {r.key: r for r in records}
         for key in adopted:
             chosen = by_key[key].extras.get(_BROKER_EXTRA) if key in by_key else None
