@@ -40,6 +40,11 @@ PRAGMA user_version = 1;
 """
 
 
+def _read(path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
 def _columns(path) -> list:
     db = sqlite3.connect(path)
     try:
@@ -110,15 +115,15 @@ def test_a_damaged_store_is_moved_aside_with_its_log_never_deleted(tmp_path):
     (tmp_path / "jobs.sqlite-wal").write_bytes(b"log")
     store = open_store(str(tmp_path))
     aside = store.damaged_copy
-    assert open(aside, "rb").read() == garbage and open(aside + "-wal", "rb").read() == b"log"
+    assert _read(aside) == garbage and _read(aside + "-wal") == b"log"
     store.record_submission(1, "local", "local:default", JobSpec("/bin/true"))
     assert [j.key for j in store.jobs()] == [1]
     store.close()
     # damaged again within the same second: the first copy stays as it was
     path.write_bytes(b"damaged twice")
     second = open_store(str(tmp_path))
-    assert second.damaged_copy != aside and open(second.damaged_copy, "rb").read() == b"damaged twice"
-    assert open(aside, "rb").read() == garbage
+    assert second.damaged_copy != aside and _read(second.damaged_copy) == b"damaged twice"
+    assert _read(aside) == garbage
     second.close()
 
 
@@ -189,6 +194,8 @@ async def test_jobs_a_backend_cannot_take_back_end_in_the_store(tmp_path):
         with trio.fail_after(10):
             await service.ready.wait()
         nursery.cancel_scope.cancel()
-    job = open_store(str(tmp_path)).job(3)
+    reopened = open_store(str(tmp_path))
+    job = reopened.job(3)
+    reopened.close()
     assert job.state == "DELETED" and job.ended is not None
     assert "sim scheduler could not take the job back" in job.message

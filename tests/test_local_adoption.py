@@ -35,5 +35,7 @@ async def test_stored_local_jobs_unknown_to_the_keeper(tmp_path):
         assert model.attr(6, K.STATE) == "DELETED" and model.attr(6, K.NATIVE_STATE) == "LOST"
         assert "the keeper has no record of the job" in model.attr(6, K.MESSAGE)
         nursery.cancel_scope.cancel()
-    record = open_store(state).job(6)
+    reopened = open_store(state)
+    record = reopened.job(6)
+    reopened.close()
     assert record.state == "DELETED" and record.ended is not None
