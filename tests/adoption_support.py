@@ -9,6 +9,7 @@ line of every job exactly once, in order, and every job's end with its exit stat
 from __future__ import annotations
 
 import os
+import random
 import signal
 from typing import Dict, List, Optional
 
@@ -87,6 +88,11 @@ async def kill_and_adopt(state_dir: str, plan: List[PlannedJob], agent_args: Lis
             if after_submit is not None:
                 after_submit(first, subs)
             await first.wait_for(lambda: before_kill(first, subs), 30, description="the moment to kill the agent")
+            # then a moment later, not right on the output that made the condition true: the
+            # agent records a delivery just before it writes it, and a stop timed by what the
+            # client has just read falls next to the agent's next write far more often than a
+            # real one does
+            await trio.sleep(random.uniform(0.05, 0.3))
             if stop == "drop":
                 await first.stream.send_stream.aclose()
             else:
