@@ -689,6 +689,8 @@ class _Job:
     followers: int = 0
     #: the final state's attributes (job, process), shown once all output is delivered
     held: Optional[Tuple[Dict[str, Any], Dict[str, Any]]] = None
+    #: the output files followed, by stream (kept in the job store for a later agent)
+    outputs: Dict[str, str] = attrs.Factory(dict)
 
 
 _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
@@ -707,6 +709,18 @@ def _has_started(state: Any) -> bool:
     except ValueError:
         return False
     return parsed.started or parsed.final or parsed is JobState.FINISHING
+
+
+def _is_state(state: str) -> bool:
+    try:
+        JobState(state)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_final(state: str) -> bool:
+    return _is_state(state) and JobState(state).final
 
 
 def _slurm_duration(seconds: int) -> str:
@@ -1426,6 +1440,140 @@ class SlurmBackend(Backend):
             raise JobError("the job is not a SLURM job this agent follows", ErrorKind.NO_SUCH_JOB)
         return tracked
 
+    # ------------------------------------------------------------------ adoption
+
+    def job_extra(self, job: int) -> Dict[str, Any]:
+        """The output files followed (and those the agent chose itself): a later agent
+        reads them on from where delivery stopped, and removes its own with the job."""
+        tracked = self._by_element.get(job)
+        if tracked is None:
+            return {}
+        return {"outputs": dict(tracked.outputs), "spool": list(tracked.spool_files)}
+
+    def adopt(self, stored) -> List[int]:
+        """Take back the jobs an earlier agent submitted here (their store records), by SLURM
+        job id, once the first listing is in:
+
+        * still listed (queued, running, or ended less than MinJobAge ago): followed on
+          under the job's stored key, as if this agent had submitted it;
+        * no longer listed and not known to have ended: the next poll finds it gone and
+          asks ``scontrol show job``, then accounting (``sacct``), how it ended;
+        * no longer listed and recorded as ended: its recorded end (state, exit status).
+
+        Output files are read on from where delivery to a client had stopped, and a job's
+        end is shown after its output, as for a job submitted here.  A record without a
+        SLURM id (the agent ended before sbatch answered) is shown ended, saying so."""
+        adopted: List[int] = []
+        for record in stored:
+            if record.key in self.model:
+                continue
+            try:
+                if record.native_id:
+                    self._adopt_job(record)
+                else:
+                    self._adopt_unsubmitted(record)
+            except Exception:  # noqa: BLE001 - one bad record must not keep the others out
+                log.exception("cannot adopt stored job %s (SLURM job %r)", record.key, record.native_id)
+                continue
+            adopted.append(record.key)
+        if adopted:
+            self._poke()
+        return adopted
+
+    def _stored_attributes(self, record, state: Mapping[str, str]) -> Dict[str, Any]:
+        spec = record.job_spec
+        attrs_: Dict[str, Any] = {K.NAME: record.name, K.USER: self.user, **state}
+        if record.client_ref:
+            attrs_[K.CLIENT_REF] = record.client_ref
+        if record.native_id:
+            attrs_[K.NATIVE_ID] = record.native_id
+        if spec is not None:
+            attrs_[K.NUM_PROCS] = str(spec.num_procs)
+            attrs_[K.EXECUTABLE] = spec.executable
+            if spec.arguments:
+                attrs_[K.ARGUMENTS] = tuple(spec.arguments)
+            if spec.working_dir:
+                attrs_[K.WORKING_DIR] = spec.working_dir
+        return attrs_
+
+    def _stored_queue(self, record) -> int:
+        """The queue of a stored job: its partition, from ``SCHEDULER:PARTITION``."""
+        partition = record.queue.split(":", 1)[1] if ":" in record.queue else record.queue
+        return self._queue_for(partition)
+
+    def _adopt_unsubmitted(self, record) -> None:
+        gone = {K.STATE: JobState.DELETED.value, K.NATIVE_STATE: "UNKNOWN"}
+        message = ("the agent ended before sbatch answered: whether SLURM took the job is not known "
+                   f"(look for a job named {record.name!r} in squeue or sacct)")
+        queue = self._stored_queue(record)
+        with self.model.batch():
+            eid = self.model.add(Kind.JOB, queue, {**self._stored_attributes(record, gone), K.MESSAGE: message,
+                                                   K.QUEUE: queue}, owner=self.name, key=record.key)
+            self.model.add(Kind.PROCESS, eid, dict(gone), owner=self.name)
+
+    def _adopt_job(self, record) -> None:
+        model = self.model
+        slurm_id = record.native_id
+        listed = self._table.record(slurm_id)
+        earlier = self._jobs.pop(slurm_id, None)
+        if earlier is not None:
+            # The first listing showed it under a key of its own: it takes back its stored one.
+            self._by_element.pop(earlier.element, None)
+            if earlier.element in model:
+                model.remove(earlier.element)
+        if listed is not None:
+            queue = self._queue_for(listed.partition)
+        elif earlier is not None:
+            queue = earlier.queue
+        else:
+            queue = self._stored_queue(record)
+        final = record.ended is not None and _is_final(record.state)
+        if final:
+            state = JobState.FINISHING.value
+        elif _is_state(record.state):
+            state = record.state
+        else:  # the submission was recorded, no state change yet
+            state = JobState.QUEUING.value
+        shown = {K.STATE: state, K.NATIVE_STATE: record.native_state or "PENDING"}
+        with model.batch():
+            eid = model.add(Kind.JOB, queue, {**self._stored_attributes(record, shown), K.QUEUE: queue},
+                            owner=self.name, key=record.key)
+            pid = model.add(Kind.PROCESS, eid, dict(shown), owner=self.name)
+        tracked = _Job(slurm_id, eid, pid, queue)
+        extras = record.extras
+        tracked.spool_files = tuple(p for p in extras.get("spool", ()) if isinstance(p, str))
+        outputs = extras.get("outputs")
+        if isinstance(outputs, dict):
+            tracked.outputs = {k: v for k, v in outputs.items() if k in ("stdout", "stderr") and isinstance(v, str)}
+        self._jobs[slurm_id] = tracked
+        self._by_element[eid] = tracked
+        tracked.started = trio.Event()
+        tracked.done = trio.Event()
+        delivered = record.delivered_offsets
+        if self._nursery is not None:
+            for stream, path in tracked.outputs.items():
+                tracked.followers += 1
+                self._nursery.start_soon(self._follow, tracked, path, stream, None, delivered.get(f"0.{stream}", 0))
+        if listed is not None:
+            # SLURM's word, through the same path as every listing (an end waits for the output)
+            self._update_job(tracked, listed)
+        elif final:
+            ended = {K.STATE: record.state, K.NATIVE_STATE: record.native_state, K.EXIT_CODE: record.exit_code,
+                     K.SIGNAL: record.signal}
+            job_end = {**ended, K.MESSAGE: record.message}
+            if tracked.followers:
+                tracked.held = (job_end, ended)
+            else:
+                with model.batch():
+                    self._set(pid, ended)
+                    self._set(eid, job_end)
+            self._completed(tracked)
+        else:
+            # Gone from the listing while this agent was away: the next poll reports it gone
+            # and looks up how it ended; its output is read meanwhile.
+            tracked.started.set()
+            self._table.expect(slurm_id, self._generation)
+
     # ------------------------------------------------------------------ submit
 
     async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> int:
@@ -1465,6 +1613,7 @@ class SlurmBackend(Backend):
                 if path is None:
                     log.info("cannot follow %s of SLURM job %s: %r needs the node to expand", stream, slurm_id, pattern)
                     continue
+                tracked.outputs[stream] = path
                 tracked.followers += 1
                 self._nursery.start_soon(self._follow, tracked, path, stream, stale.get(pattern))
         self._poke()
@@ -1571,12 +1720,13 @@ class SlurmBackend(Backend):
 
     # ------------------------------------------------------------------ output
 
-    async def _follow(self, tracked: _Job, path: str, stream: str, stale: Optional[tuple]) -> None:
+    async def _follow(self, tracked: _Job, path: str, stream: str, stale: Optional[tuple], offset: int = 0) -> None:
         """Pass the lines of a job's output file to its process while the job runs, then what
-        is left once it has completed (waiting ``output_drain_grace`` for late writes)."""
+        is left once it has completed (waiting ``output_drain_grace`` for late writes);
+        from ``offset`` on (an adopted job: what a client already has is not sent again)."""
         assert tracked.started is not None and tracked.done is not None
         try:
-            await self._follow_file(tracked, path, stream, stale)
+            await self._follow_file(tracked, path, stream, stale, offset)
         finally:
             tracked.followers -= 1
             if tracked.followers == 0 and tracked.held is not None and tracked.element in self.model:
@@ -1586,10 +1736,10 @@ class SlurmBackend(Backend):
                     self._set(tracked.process, process_attrs)
                     self._set(tracked.element, job_attrs)
 
-    async def _follow_file(self, tracked: _Job, path: str, stream: str, stale: Optional[tuple]) -> None:
+    async def _follow_file(self, tracked: _Job, path: str, stream: str, stale: Optional[tuple],
+                           offset: int = 0) -> None:
         assert tracked.started is not None and tracked.done is not None
         splitter = common.LineSplitter()
-        offset = 0
         inode = None
         quiet_since: Optional[float] = None
         model = self.model
@@ -1617,7 +1767,8 @@ class SlurmBackend(Backend):
                 offset += len(data)
                 text = splitter.feed_text(data)
                 if text is not None:
-                    model.output(pid, stream, text)
+                    # where the text ends in the file: what counts as delivered once sent
+                    model.output(pid, stream, text, offset - splitter.pending_bytes)
                 quiet_since = None
                 if not model.output_room_available():
                     await model.output_room()
@@ -1633,7 +1784,7 @@ class SlurmBackend(Backend):
         if pid in model:
             text = splitter.flush_text()
             if text is not None:
-                model.output(pid, stream, text)
+                model.output(pid, stream, text, offset)
 
     # ------------------------------------------------------------------ job commands
 
