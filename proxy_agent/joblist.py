@@ -3,7 +3,7 @@
 ``proxy-agent jobs [--state-dir DIR] [--json]`` lists the jobs the store keeps (id, name,
 scheduler, queue, native id, state, submitted, ended); ``proxy-agent forget JOB... |
 --ended-before DATE`` removes entries of jobs that have ended (a running job is never
-forgotten).  Both read the store of a running agent safely (SQLite in WAL mode).
+forgotten), and a local job's output files with it.  Both read the store of a running agent safely (SQLite in WAL mode).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import shutil
 import sys
 from typing import List, NoReturn, Optional
 
@@ -102,11 +103,15 @@ def _forget(args: argparse.Namespace) -> int:
             return 2
     store = _open(args.state_dir)
     try:
+        backends = {job.key: job.backend for job in store.jobs()}
         forgotten, refused = store.forget(keys)
         if when is not None:
             forgotten += store.forget_ended_before(when)
     finally:
         store.close()
+    for key in forgotten:
+        if backends.get(key) == "local":
+            _remove_local_files(args.state_dir, key)
     missing = [k for k in keys if k not in forgotten and k not in refused]
     for key in refused:
         print(f"proxy-agent forget: job {key} has not ended; it is kept", file=sys.stderr)
@@ -114,6 +119,14 @@ def _forget(args: argparse.Namespace) -> int:
         print(f"proxy-agent forget: no job {key} in the list", file=sys.stderr)
     print(f"forgot {len(forgotten)} job{'s' if len(forgotten) != 1 else ''}")
     return 1 if refused or missing else 0
+
+
+def _remove_local_files(state_dir: str, key: int) -> None:
+    """A forgotten local job's output files, kept by the keeper until now (only once the
+    keeper has recorded its end: ``status.json``)."""
+    directory = os.path.join(state_dir, "local", "jobs", str(key))
+    if os.path.isfile(os.path.join(directory, "status.json")):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def main(argv: List[str]) -> int:

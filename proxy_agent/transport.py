@@ -51,6 +51,13 @@ class StdioStream(trio.abc.HalfCloseableStream):
     async def send_all(self, data) -> None:
         await self._out.send_all(data)
 
+    def send_now(self, data) -> int:
+        """Write what the pipe takes now, without waiting (0 if it takes nothing or fails)."""
+        try:
+            return os.write(self._out.fileno(), data)
+        except OSError:
+            return 0
+
     async def wait_send_all_might_not_block(self) -> None:
         await self._out.wait_send_all_might_not_block()
 

@@ -121,10 +121,10 @@ async def test_model_is_this_host(local):
     assert node_attrs[K.STATE] == "UP" and node_attrs[K.NUMBER] == "0"
     assert int(node_attrs[K.CPUS]) >= 1
     assert model.get(node).parent == machine
+    # the load figures brokers rank by: no job yet, every CPU free
     assert model.attrs(queue) == {K.NAME: "default", K.STATE: "NORMAL", K.BACKEND: "local", K.DEFAULT: "true",
-                                  K.TOTAL_SLOTS: node_attrs[K.CPUS],
-                                  # the broker's figures, kept from the queue's jobs (none yet)
-                                  K.WAITING: "0", K.RUNNING: "0", K.FREE_SLOTS: node_attrs[K.CPUS]}
+                                  K.TOTAL_SLOTS: node_attrs[K.CPUS], K.WAITING: "0", K.RUNNING: "0",
+                                  K.FREE_SLOTS: node_attrs[K.CPUS]}
     assert local.service.default_queue() == (backend, queue)
     # as the client was sent them
     assert local.ptp(machine) == {"name": backend.hostname, "machineState": "UP", "numNodes": "1",

@@ -177,6 +177,8 @@ class Keeper:
                 elif kind == "listen":
                     self._accept()
                 elif kind == "agent":
+                    if key.fileobj is not self.agent:
+                        continue  # dropped by an earlier event of this round (a failed write)
                     if mask & selectors.EVENT_READ:
                         self._agent_readable()
                     if mask & selectors.EVENT_WRITE and self.agent is not None:
@@ -269,7 +271,8 @@ class Keeper:
 
     def _agent_readable(self) -> None:
         agent = self.agent
-        assert agent is not None
+        if agent is None:
+            return
         try:
             data = agent.recv(1 << 16)
         except BlockingIOError:

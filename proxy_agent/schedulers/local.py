@@ -276,7 +276,14 @@ class LocalBackend(Backend):
             self._keeper = await open_keeper(self._directory)
             await self._keeper.send({"op": "hello"})
             reply = await self._keeper.receive()
-        except (KeeperError, OSError) as exc:
+            # Notices the keeper sent between the connection and its answer (output of running
+            # jobs) are heard once the jobs are adopted: the keeper sends no second notice
+            # for a file until the agent has read it.
+            early = []
+            while reply is not None and reply.get("op") != "jobs":
+                early.append(reply)
+                reply = await self._keeper.receive()
+        except (KeeperError, OSError, ValueError) as exc:
             raise RuntimeError(f"cannot run local jobs: {exc}") from None
         if reply is None or reply.get("op") != "jobs":
             raise RuntimeError("cannot run local jobs: the keeper did not answer")
@@ -287,6 +294,8 @@ class LocalBackend(Backend):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(self._read_outputs)
                 task_status.started()
+                for message in early:
+                    self._notice(message)
                 self._serving = True
                 try:
                     await self._keeper.serve(self._notice)
@@ -420,11 +429,28 @@ class LocalBackend(Backend):
             count = len(pids) or spec.num_procs
             path = spec.executable
             cwd = spec.working_dir or self._default_cwd
+            if info is None and record.ended is not None and record.native_state in _ENDED:
+                # ended and recorded so, its files since removed: the recorded end
+                ended = state_attrs(STATE_TABLE, record.native_state)
+                self._add_job(spec, spec.display_name, path, cwd, count, ended, record.key)
+                job = self._jobs.pop(record.key)
+                with self.model.batch():
+                    self.model.update(job.key, {K.EXIT_CODE: record.exit_code or None,
+                                                K.MESSAGE: record.message or None})
+                    if count == 1 and (record.exit_code or record.signal):
+                        self.model.update(job.process_keys[0], {K.EXIT_CODE: record.exit_code or None,
+                                                                K.SIGNAL: record.signal or None})
+                adopted.append(record.key)
+                continue
             if info is None or info.get("lost"):
                 self._add_job(spec, spec.display_name, path, cwd, count, state_attrs(STATE_TABLE, "LOST"), record.key)
                 job = self._jobs.pop(record.key)
-                self.model.update(job.key, {
-                    K.MESSAGE: "the job ended with the keeper that ran it; its end was not recorded"})
+                if info is None:
+                    why = ("the keeper has no record of the job: the agent ended before it handed the job over, "
+                           "or the job's files were removed")
+                else:
+                    why = "the job ended with the keeper that ran it; its end was not recorded"
+                self.model.update(job.key, {K.MESSAGE: why})
                 for process in job.process_keys:
                     self.model.update(process, state_attrs(STATE_TABLE, "LOST"))
                 adopted.append(record.key)

@@ -43,6 +43,8 @@ Notice = Callable[[str, str], None]
 _CLOSE_BOUND = 1.8
 #: Seconds between two writes of noted state changes to the store.
 _STORE_FLUSH = 0.5
+#: The key of a job record's extra that holds the broker's decision (job attributes).
+_BROKER_EXTRA = "broker"
 
 
 class _StoreRecorder(ChangeSink):
@@ -54,10 +56,16 @@ class _StoreRecorder(ChangeSink):
         self.service = service
 
     def changed(self, element: Element, slots) -> None:
+        if element.kind is Kind.JOB:
+            self.note(element.key)
+
+    def note(self, key: int) -> None:
+        """Note the state of a stored job as the model has it now."""
         service = self.service
-        if element.kind is not Kind.JOB or element.key not in service.stored or service.store is None:
+        if key not in service.stored or service.store is None or key not in service.model:
             return
         model = service.model
+        element = model.get(key)
         state = model.attr(element.key, K.STATE)
         if not isinstance(state, str):
             return
@@ -67,8 +75,12 @@ class _StoreRecorder(ChangeSink):
             final = False
         message = model.attr(element.key, K.MESSAGE)
         native = model.attr(element.key, K.NATIVE_STATE)
+        exit_code = model.attr(element.key, K.EXIT_CODE) if final else ""
+        signal = model.attr(element.key, K.SIGNAL) if final else ""
         service.store.note_state(element.key, state, native if isinstance(native, str) else "",
-                                 message if isinstance(message, str) else None, final)
+                                 message if isinstance(message, str) else None, final,
+                                 exit_code if isinstance(exit_code, str) else "",
+                                 signal if isinstance(signal, str) else "")
 
 
 class JobService:
@@ -87,7 +99,9 @@ class JobService:
                 self.model.reserve_keys(store.max_key())
             except sqlite3.Error as exc:
                 self._store_failed(exc)
-            self.model.observe(_StoreRecorder(self))
+        self._recorder = _StoreRecorder(self)
+        if store is not None:
+            self.model.observe(self._recorder)
         self.backends: List[Backend] = []
         self._by_name: Dict[str, Backend] = {}
         #: backends that could not start: name -> why
@@ -224,8 +238,31 @@ class JobService:
             log.exception("the %s scheduler could not adopt its stored jobs", backend.name)
             return
         self.stored.update(adopted)
+        taken = set(adopted)
+        self._left_behind([r for r in records if r.key not in taken], backend.name)
+        by_key = {r.key: r for r in records}
+        for key in adopted:
+            chosen = by_key[key].extras.get(_BROKER_EXTRA) if key in by_key else None
+            if isinstance(chosen, dict) and key in self.model:
+                self.model.update(key, {str(k): str(v) for k, v in chosen.items()})
+            # what the backend learnt while adopting it (it may have ended meanwhile)
+            self._recorder.note(key)
         if adopted:
             log.info("the %s scheduler adopted %d stored jobs", backend.name, len(adopted))
+
+    def _left_behind(self, records: List[StoredJob], backend: str) -> None:
+        """Jobs a running backend could not take back (the simulated scheduler's, records it
+        cannot read) end in the store, so that the job list says so and they can be forgotten."""
+        store = self.store
+        pending = [r for r in records if r.ended is None]
+        if store is None or not pending:
+            return
+        try:
+            for record in pending:
+                store.mark_lost(record.key, f"the {backend} scheduler could not take the job back after the agent "
+                                            "that submitted it ended")
+        except sqlite3.Error as exc:
+            self._store_failed(exc)
 
     async def _flush_store(self) -> None:
         while True:
@@ -246,11 +283,12 @@ class JobService:
         self.store = None
         self.tell_every_client("WARNING", f"the job store failed ({exc}); jobs will not survive a restart of the agent")
 
-    def delivered(self, offsets: Dict[Tuple[int, str], int]) -> None:
-        """Output reached a client: (process key, stream) -> where it ends in the backend's file."""
+    def delivered(self, offsets: Dict[Tuple[int, str], int]) -> Optional[Dict[int, Dict[str, int]]]:
+        """Output is about to reach a client: (process key, stream) -> where it ends in the
+        backend's file.  Returns what to give :meth:`undeliver` if it does not get there."""
         store = self.store
         if store is None or not offsets:
-            return
+            return None
         by_job: Dict[int, Dict[str, int]] = {}
         elements = self.model._elements
         for (process, stream), offset in offsets.items():
@@ -259,7 +297,18 @@ class JobService:
                 continue
             by_job.setdefault(element.parent, {})[f"{element.rank}.{stream}"] = offset
         try:
-            store.record_delivered(by_job)
+            return store.record_delivered(by_job)
+        except sqlite3.Error as exc:
+            self._store_failed(exc)
+            return None
+
+    def undeliver(self, previous: Dict[int, Dict[str, int]]) -> None:
+        """The output recorded by :meth:`delivered` did not reach the client after all."""
+        store = self.store
+        if store is None or not previous:
+            return
+        try:
+            store.restore_delivered(previous)
         except sqlite3.Error as exc:
             self._store_failed(exc)
 
@@ -412,12 +461,16 @@ class JobService:
         if store is not None:
             try:
                 store.record_submission(key, backend.name, self.queue_label(queue), spec)
+                # From now on its state and delivered output are recorded: a fast job's output
+                # may reach a client before the scheduler's answer reaches this task.
+                self.stored.add(key)
             except sqlite3.Error as exc:
                 self._store_failed(exc)
                 store = None
         try:
             actual = await backend.submit(spec, queue, key)
         except BaseException:
+            self.stored.discard(key)
             if store is not None:
                 try:
                     store.record_refused(key, "refused")
@@ -427,8 +480,13 @@ class JobService:
         if store is not None and self.store is store:
             try:
                 if actual != key:
+                    self.stored.discard(key)
                     store.rekey(key, actual)
-                store.record_native_id(actual, backend.native_id(actual) or "", backend.job_extra(actual))
+                extra = dict(backend.job_extra(actual))
+                if placement.decision is not None:
+                    # an adopted job keeps the broker's choice and reason
+                    extra[_BROKER_EXTRA] = placement.decision.job_attributes()
+                store.record_native_id(actual, backend.native_id(actual) or "", extra)
                 self.stored.add(actual)
             except sqlite3.Error as exc:
                 self._store_failed(exc)

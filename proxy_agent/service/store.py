@@ -47,27 +47,43 @@ __all__ = [
 ]
 
 #: The schema this code writes; older ones are migrated on open.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS jobs (
-    key INTEGER PRIMARY KEY,
-    backend TEXT NOT NULL,
-    queue TEXT NOT NULL DEFAULT '',
-    native_id TEXT NOT NULL DEFAULT '',
-    name TEXT NOT NULL DEFAULT '',
-    client_ref TEXT NOT NULL DEFAULT '',
-    spec TEXT NOT NULL DEFAULT '{}',
-    state TEXT NOT NULL DEFAULT 'ACCEPTED',
-    native_state TEXT NOT NULL DEFAULT '',
-    message TEXT NOT NULL DEFAULT '',
-    submitted REAL NOT NULL,
-    ended REAL,
-    delivered TEXT NOT NULL DEFAULT '{}',
-    extra TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX IF NOT EXISTS jobs_ended ON jobs (ended);
-"""
+#: Schema 1: the statements that create it in an empty database.
+_SCHEMA_1 = (
+    """CREATE TABLE IF NOT EXISTS jobs (
+        key INTEGER PRIMARY KEY,
+        backend TEXT NOT NULL,
+        queue TEXT NOT NULL DEFAULT '',
+        native_id TEXT NOT NULL DEFAULT '',
+        name TEXT NOT NULL DEFAULT '',
+        client_ref TEXT NOT NULL DEFAULT '',
+        spec TEXT NOT NULL DEFAULT '{}',
+        state TEXT NOT NULL DEFAULT 'ACCEPTED',
+        native_state TEXT NOT NULL DEFAULT '',
+        message TEXT NOT NULL DEFAULT '',
+        submitted REAL NOT NULL,
+        ended REAL,
+        delivered TEXT NOT NULL DEFAULT '{}',
+        extra TEXT NOT NULL DEFAULT '{}'
+    )""",
+    "CREATE INDEX IF NOT EXISTS jobs_ended ON jobs (ended)",
+)
+
+#: version -> the statements that take a database of the version before to it.  A new
+#: database is made as schema 1 and migrated like any old one, so every step runs everywhere.
+_MIGRATIONS = {
+    # how a job ended, so that a job its scheduler has forgotten still shows its exit status
+    # after a restart
+    2: (
+        "ALTER TABLE jobs ADD COLUMN exit_code TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE jobs ADD COLUMN signal TEXT NOT NULL DEFAULT ''",
+    ),
+}
+
+
+#: Every how many flushes the write-ahead log is checkpointed.
+_CHECKPOINT_EVERY = 20
 
 
 class StoreError(Exception):
@@ -185,6 +201,16 @@ def spec_from_json(text: str) -> Optional[JobSpec]:
 # --------------------------------------------------------------------------- the store
 
 
+def _offsets(text: str) -> Dict[str, int]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, int)}
+
+
 @attrs.frozen
 class StoredJob:
     key: int
@@ -201,6 +227,9 @@ class StoredJob:
     ended: Optional[float]
     delivered: str
     extra: str
+    #: the exit status (decimal text) or the signal name of an ended job ('' if not known)
+    exit_code: str = ""
+    signal: str = ""
 
     @property
     def job_spec(self) -> Optional[JobSpec]:
@@ -238,26 +267,51 @@ class JobStore:
         self.path = path
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+            self._check_version()  # before anything is changed in a newer agent's file
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute("PRAGMA busy_timeout=2000")
+            # No checkpoint inside a commit: a delivery is committed just before its output is
+            # written, and that time is all an agent killed in between could lose.  The
+            # periodic flush checkpoints instead.
+            self._db.execute("PRAGMA wal_autocheckpoint=0")
             self._migrate()
             self._db.execute("SELECT count(*) FROM jobs").fetchone()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"the job store {path} cannot be used: {exc}") from None
         os.chmod(path, 0o600)
         self._pending: Dict[int, Dict[str, Any]] = {}
+        self._flushes = 0
 
-    def _migrate(self) -> None:
+    def _check_version(self) -> int:
         (version,) = self._db.execute("PRAGMA user_version").fetchone()
         if version > SCHEMA_VERSION:
+            self._db.close()
             raise sqlite3.DatabaseError(
                 f"it was written by a newer proxy-agent (schema {version}; this one knows {SCHEMA_VERSION})"
             )
-        if version < 1:
-            self._db.executescript(_SCHEMA)
-        # Later schema versions add their steps here, each moving user_version one forward.
-        self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        return version
+
+    def _migrate(self) -> None:
+        version = self._check_version()
+        if version == SCHEMA_VERSION:
+            return
+        # One transaction: a migration that fails half-way leaves the old schema as it was.
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if version < 1:
+                for statement in _SCHEMA_1:
+                    self._db.execute(statement)
+                version = 1
+            while version < SCHEMA_VERSION:
+                version += 1
+                for statement in _MIGRATIONS[version]:
+                    self._db.execute(statement)
+            self._db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         try:
@@ -291,8 +345,10 @@ class JobStore:
         """The scheduler refused the submission: nothing of it exists anywhere."""
         self._db.execute("DELETE FROM jobs WHERE key=?", (key,))
 
-    def note_state(self, key: int, state: str, native_state: str, message: Optional[str], final: bool) -> None:
-        """A state change; written with the next :meth:`flush` (the scheduler knows it too)."""
+    def note_state(self, key: int, state: str, native_state: str, message: Optional[str], final: bool,
+                   exit_code: str = "", signal: str = "") -> None:
+        """A state change; written with the next :meth:`flush` (the scheduler knows it too).
+        ``exit_code`` and ``signal`` say how an ended job ended."""
         change = self._pending.setdefault(key, {})
         change["state"] = state
         change["native_state"] = native_state
@@ -300,26 +356,51 @@ class JobStore:
             change["message"] = message
         if final:
             change.setdefault("ended", time.time())
+            change["exit_code"] = exit_code
+            change["signal"] = signal
 
-    def record_delivered(self, offsets: Dict[int, Dict[str, int]]) -> None:
-        """Output reached a client: job key -> {``"RANK.STREAM"``: bytes of its file}.
-        Committed at once: a restarted agent delivers from there, so the window in which an
-        agent that dies would deliver something twice stays as small as it can."""
+    def mark_lost(self, key: int, message: str) -> None:
+        """A job no agent will follow again: ended, its outcome not known (committed at once)."""
+        self._db.execute("UPDATE jobs SET state='DELETED', native_state='UNKNOWN', message=?,"
+                         " ended=coalesce(ended, ?) WHERE key=?", (message, time.time(), key))
+
+    def record_delivered(self, offsets: Dict[int, Dict[str, int]]) -> Dict[int, Dict[str, int]]:
+        """Output is handed to a client: job key -> {``"RANK.STREAM"``: bytes of its file}.
+        Committed at once, just before the bytes are written: a restarted agent delivers from
+        there.  Returns the offsets it replaced, for :meth:`restore_delivered` should the
+        write fail."""
+        previous: Dict[int, Dict[str, int]] = {}
         if not offsets:
-            return
+            return previous
         self._db.execute("BEGIN")
         try:
             for key, where in offsets.items():
                 row = self._db.execute("SELECT delivered FROM jobs WHERE key=?", (key,)).fetchone()
                 if row is None:
                     continue
-                try:
-                    current = json.loads(row[0])
-                except ValueError:
-                    current = {}
+                current = _offsets(row[0])
+                before = previous.setdefault(key, {})
                 for name, offset in where.items():
                     if offset > current.get(name, -1):
+                        before[name] = current.get(name, 0)
                         current[name] = offset
+                self._db.execute("UPDATE jobs SET delivered=? WHERE key=?", (json.dumps(current), key))
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            self._db.execute("ROLLBACK")
+            raise
+        return previous
+
+    def restore_delivered(self, previous: Dict[int, Dict[str, int]]) -> None:
+        """Put back offsets :meth:`record_delivered` replaced (the output never got there)."""
+        self._db.execute("BEGIN")
+        try:
+            for key, where in previous.items():
+                row = self._db.execute("SELECT delivered FROM jobs WHERE key=?", (key,)).fetchone()
+                if row is None or not where:
+                    continue
+                current = _offsets(row[0])
+                current.update(where)
                 self._db.execute("UPDATE jobs SET delivered=? WHERE key=?", (json.dumps(current), key))
             self._db.execute("COMMIT")
         except sqlite3.Error:
@@ -327,14 +408,19 @@ class JobStore:
             raise
 
     def flush(self) -> None:
-        """Write what was noted, in one transaction."""
+        """Write what was noted, in one transaction; move the log into the database now and
+        then."""
+        self._flushes += 1
+        if self._flushes % _CHECKPOINT_EVERY == 0:
+            self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
         try:
             self._db.execute("BEGIN")
             for key, change in pending.items():
-                columns = ", ".join(f"{name}=?" for name in change)
+                # a job keeps the time it was first seen ended (a new agent reports it again)
+                columns = ", ".join("ended=coalesce(ended, ?)" if name == "ended" else f"{name}=?" for name in change)
                 self._db.execute(f"UPDATE jobs SET {columns} WHERE key=?", (*change.values(), key))
             self._db.execute("COMMIT")
         except sqlite3.Error:
@@ -396,6 +482,10 @@ def open_store(directory: str) -> JobStore:
         if not os.path.exists(path):
             raise
         aside = f"{path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}"
+        number = 1
+        while os.path.lexists(aside):  # an earlier copy is never replaced
+            number += 1
+            aside = f"{path}.damaged-{time.strftime('%Y%m%d-%H%M%S')}-{number}"
         try:
             os.replace(path, aside)
             for suffix in ("-wal", "-shm"):

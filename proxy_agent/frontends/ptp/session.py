@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hmac
 import logging
+import os
 from collections import deque
 from typing import Deque, Iterator, Optional, Union
 
@@ -188,12 +189,22 @@ class PtpSession:
                 self._out.clear()
                 delivered = self.view.take_delivered() if data and self.view is not None else None
             if data:
+                # Recorded before the bytes go out and taken back if they do not: an agent
+                # killed once the client has read them never sends them again.
+                undo = self.service.delivered(delivered) if delivered else None
                 self._sending_since = trio.current_time()
                 try:
-                    await stream.send_all(data)
+                    try:
+                        # ...written at once, before any other task runs: the time in which a
+                        # killed agent would lose them is that of one system call
+                        sent = write_now(stream, data) if undo else 0
+                        if sent < len(data):
+                            await stream.send_all(data[sent:] if sent else data)
+                    except BaseException:
+                        if undo:
+                            self.service.undeliver(undo)
+                        raise
                     self._sending_since = None
-                    if delivered:
-                        self.service.delivered(delivered)
                     if self._stalled:
                         self._stalled = False
                         log.info("%s reads again", self.peer)
@@ -590,3 +601,18 @@ async def refuse_busy(stream: trio.abc.Stream, peer: str, max_frame_size: int = 
     log.info("refused %s: busy", peer)
     with trio.move_on_after(1):
         await stream.aclose()
+
+
+def write_now(stream: trio.abc.Stream, data: bytes) -> int:
+    """Write as much of ``data`` as the stream takes without waiting, and without letting
+    another task run first (``send_all`` checkpoints before it writes); 0 when the stream
+    cannot do that or the write fails (``send_all`` then writes, or says why it cannot)."""
+    send_now = getattr(stream, "send_now", None)
+    if send_now is not None:
+        return send_now(data)
+    if not isinstance(stream, trio.SocketStream):
+        return 0
+    try:
+        return os.write(stream.socket.fileno(), data)
+    except OSError:
+        return 0

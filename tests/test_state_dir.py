@@ -1,0 +1,154 @@
+"""The agent's state directory end to end: one agent per directory, a damaged store or an
+unusable directory told to the client in one MESSAGE while the agent serves on, and the job
+list for people (``proxy-agent jobs`` / ``forget``) beside a running agent."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import trio
+
+from adoption_support import spawn_agent, start
+from agent_fixtures import subprocess_env
+
+
+def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "proxy_agent", *args], capture_output=True, text=True,
+                          timeout=timeout, env=subprocess_env(), stdin=subprocess.DEVNULL)
+
+
+async def _runs_a_job(client) -> None:
+    job = await client.submit("/bin/echo", ["still serving"])
+    done = await client.wait_job_state(job, "COMPLETED", 20)
+    assert client.job_process(done, 0).text() == "still serving\n"
+
+
+async def test_a_second_agent_on_the_same_state_dir_names_the_holder_and_exits_2(tmp_path):
+    state = str(tmp_path / "state")
+    with trio.fail_after(30):
+        async with await spawn_agent(state) as first:
+            await start(first)
+            result = await trio.to_thread.run_sync(lambda: _run("--state-dir", state, "--unix", str(tmp_path / "s")))
+            assert result.returncode == 2
+            line = result.stderr.strip()
+            assert "\n" not in line and "Traceback" not in line
+            assert f"in use by proxy-agent process {first.process.pid}" in line
+            assert f"proxy-console --unix {state}/agent.sock" in line
+            # the first one is not disturbed
+            await _runs_a_job(first)
+            await first.quit()
+
+
+async def test_a_damaged_store_is_kept_aside_told_once_and_the_agent_serves_on(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    garbage = b"\x00not sqlite\xff" * 500
+    (state / "jobs.sqlite").write_bytes(garbage)
+    with trio.fail_after(30):
+        async with await spawn_agent(str(state)) as client:
+            await start(client)
+            await _runs_a_job(client)
+            texts = [m.text for m in client.messages]
+            assert len(texts) == 1, texts
+            assert "damaged" in texts[0] and "kept as" in texts[0] and "are not followed" in texts[0]
+            (aside,) = [p for p in state.glob("jobs.sqlite.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+            assert str(aside) in texts[0] and aside.read_bytes() == garbage
+            await client.quit()
+    # the new store holds the job that ran
+    listed = _run("jobs", "--state-dir", str(state), "--json")
+    assert [json.loads(line)["name"] for line in listed.stdout.splitlines()] == ["echo"]
+
+
+async def test_an_unusable_state_dir_is_told_once_and_the_agent_serves_on(tmp_path):
+    (tmp_path / "file").write_text("")
+    state = tmp_path / "file" / "state"  # cannot be made: its parent is a file
+    with trio.fail_after(30):
+        async with await spawn_agent(str(state)) as client:
+            await start(client)
+            await _runs_a_job(client)
+            texts = [(m.level, m.text) for m in client.messages]
+            assert len(texts) == 1, texts
+            level, text = texts[0]
+            assert "WARNING" in str(level)
+            assert f"cannot create the state directory {state}" in text
+            assert "jobs will not survive a restart" in text
+            await client.quit()
+
+
+async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
+    state = str(tmp_path / "state")
+    with trio.fail_after(40):
+        async with await spawn_agent(state) as client:
+            await start(client)
+            quick = await client.submit("/bin/echo", ["hi"], jobName="quick")
+            await client.wait_job_state(quick, "COMPLETED", 20)
+            failing = await client.submit("/bin/sh", ["-c", "exit 3"], jobName="failing")
+            await client.wait_job_state(failing, "COMPLETED", 20)
+            slow = await client.submit("/bin/sleep", ["60"], jobName="slow")
+            await client.wait_job_state(slow, "RUNNING", 20)
+            await trio.sleep(1.2)  # states reach the store within a second
+
+            table = _run("jobs", "--state-dir", state)
+            assert table.returncode == 0, table.stderr
+            header, *rows = table.stdout.splitlines()
+            assert header.split() == ["ID", "NAME", "SCHEDULER", "QUEUE", "NATIVE", "ID", "STATE", "SUBMITTED",
+                                      "ENDED"]
+            by_name = {json.loads(line)["name"]: json.loads(line)
+                       for line in _run("jobs", "--state-dir", state, "--json").stdout.splitlines()}
+            assert set(by_name) == {"quick", "failing", "slow"} and len(rows) == 3
+            assert by_name["quick"]["state"] == "FINISHED" and by_name["quick"]["ended"]
+            assert by_name["failing"]["state"] == "FAILED" and by_name["slow"]["state"] == "RUNNING"
+            assert by_name["slow"]["ended"] is None
+            assert all(row["scheduler"] == "local" and row["queue"] == "local:default" for row in by_name.values())
+
+            ids = {name: str(row["id"]) for name, row in by_name.items()}
+            files = {name: os.path.join(state, "local", "jobs", ident) for name, ident in ids.items()}
+            assert all(os.path.isdir(path) for path in files.values())
+            kept = _run("forget", "--state-dir", state, ids["slow"], ids["quick"])
+            assert kept.returncode == 1
+            assert f"job {ids['slow']} has not ended; it is kept" in kept.stderr and "forgot 1 job" in kept.stdout
+            gone = _run("forget", "--state-dir", state, "--ended-before", "2999-01-01")
+            assert gone.returncode == 0 and "forgot 1 job" in gone.stdout
+            left = [json.loads(line)["name"] for line in _run("jobs", "--state-dir", state, "--json").stdout.splitlines()]
+            assert left == ["slow"]
+            assert [name for name, path in files.items() if os.path.exists(path)] == ["slow"]
+            bad = _run("forget", "--state-dir", state, "--ended-before", "someday")
+            assert bad.returncode == 2 and "is not a date" in bad.stderr and "Traceback" not in bad.stderr
+            await client.terminate(slow)
+            await client.wait_job_state(slow, "COMPLETED", 20)
+            await client.quit()
+    missing = _run("jobs", "--state-dir", str(tmp_path / "nowhere"))
+    assert missing.returncode == 2 and "no job store in" in missing.stderr
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+async def test_by_default_a_clients_departure_ends_its_local_jobs_and_the_next_agent_says_so(tmp_path):
+    state = str(tmp_path / "state")
+    with trio.fail_after(40):
+        async with await spawn_agent(state) as first:
+            await start(first)
+            job = await first.submit("/bin/sleep", ["60"], jobName="sleeper")
+            running = await first.wait_job_state(job, "RUNNING", 20)
+            pid = int(first.job_process(running, 0).get("processPID"))
+            sub = running.get("jobSubId")
+            await first.stream.send_stream.aclose()  # the client goes away
+            while first.ended is None:
+                await trio.sleep(0.02)
+        assert first.process.returncode == 0
+        assert not _alive(pid), "the job's process outlived the agent"
+        async with await spawn_agent(state) as second:
+            await start(second)
+            adopted = await second.wait_for(lambda: second.state.jobs_by_sub.get(sub), 20,
+                                            description="the ended job in the next agent")
+            assert adopted.get("jobState") == "COMPLETED" and adopted.get("jobStatus") == "KILLED"
+            await second.quit()
