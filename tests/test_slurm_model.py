@@ -26,6 +26,7 @@ from proxy_agent.protocol.messages import (
     RemoveElements,
 )
 from proxy_agent.schedulers import slurm_parse as sp
+from proxy_agent.schedulers.batch.engine import BatchBackend
 from proxy_agent.schedulers.common import LineSplitter
 from proxy_agent.schedulers.slurm import (
     CommandResult,
@@ -388,6 +389,7 @@ async def test_fill_and_poll_only_differences(nursery, autojump_clock):
     (machine,) = model.keys(Kind.MACHINE)
     assert model.attr(machine, K.NAME) == "fakecluster" and model.attr(machine, K.VERSION) == "22.05.8"
     assert model.attr(machine, K.BACKEND) == "slurm"
+    assert isinstance(slurm.backend, BatchBackend)  # SLURM runs on the batch engine
     (node,) = model.keys(Kind.NODE)
     assert model.attr(node, K.STATE) == "UP" and model.attr(machine, K.STATE) == "UP"
     queues = queues_of(slurm)
