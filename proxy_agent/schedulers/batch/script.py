@@ -85,7 +85,8 @@ class ScriptSpec:
     SLURM's duration syntax (``30``, ``1:30:00``, ``2-00:00:00``); ``queue`` is the SLURM
     partition or PBS queue. ``extra_options`` are further raw scheduler options, each one
     argv element starting with ``-`` (``--qos=high``, ``--exclusive``).
-    ``environment`` is kept in the given order.
+    ``environment`` is kept in the given order.  ``prologue`` holds shell command lines
+    run before the program (``module load gcc``), one line each, written as given.
     """
 
     executable: str
@@ -103,6 +104,7 @@ class ScriptSpec:
     stdout_path: Optional[str] = None
     stderr_path: Optional[str] = None
     extra_options: Tuple[str, ...] = attrs.field(default=(), converter=_to_tuple)
+    prologue: Tuple[str, ...] = attrs.field(default=(), converter=_to_tuple)
 
     @property
     def env(self) -> Dict[str, str]:
@@ -156,6 +158,8 @@ def _validate_common(spec: ScriptSpec) -> None:
         if not opt.startswith("-"):
             # Anything else would be taken by the submit command as the script file name.
             raise BatchScriptError(f"extra option {opt!r} does not start with '-'")
+    for command in spec.prologue:
+        _single_line("prologue command", command)
 
 
 # --------------------------------------------------------------------------------------------
@@ -285,6 +289,8 @@ def render_script(spec: ScriptSpec, dialect: Dialect = SLURM, embed_options: boo
         # The scheduler already starts here (--chdir); cd again so the script stays correct
         # when run by other means.
         lines.append(f"cd -- {shlex.quote(spec.working_dir)} || exit 1")
+    # Prologue commands are shell command lines by design: written as given, one per line.
+    lines.extend(spec.prologue)
     program = dialect.launch_prefix(spec) + [spec.executable, *spec.arguments]
     lines.append("exec " + " ".join(shlex.quote(word) for word in program))
     return "\n".join(lines) + "\n"
