@@ -94,3 +94,10 @@ def test_native_option_list_is_sbatchs_own():
         pytest.skip("sbatch --help does not answer here")
     assert not set(slurm_options.SBATCH_OPTIONS) - known - {"--acctg-freq", "--hint", "--mem-bind", "--network",
                                                            "--ntasks-per-gpu", "--kill-on-invalid-dep"}
+
+
+def test_no_line_of_the_prologue_is_read_as_a_directive():
+    _, script = submit(prologue=("#SBATCH --uid=0", "echo ready"))
+    lines = script.splitlines()
+    first_command = next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+    assert first_command < lines.index("#SBATCH --uid=0")
