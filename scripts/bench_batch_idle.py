@@ -86,8 +86,10 @@ def submit_pbs(count: int, env: dict) -> list:
     return ids
 
 
-async def measure(system: str, interval: float, window: float, jobs: int, env: dict, cwd: str) -> None:
-    argv = [sys.executable, "-m", "proxy_agent", "--scheduler", system, f"--{system}-poll-interval", str(interval)]
+async def measure(system: str, interval: float, window: float, jobs: int, env: dict, cwd: str,
+                  profile: str = "") -> None:
+    python = [sys.executable, "-m", "cProfile", "-o", profile] if profile else [sys.executable]
+    argv = [*python, "-m", "proxy_agent", "--scheduler", system, f"--{system}-poll-interval", str(interval)]
     async with await AgentClient.spawn(argv, env=env, cwd=cwd) as client:
         started = time.perf_counter()
         await client.init()
@@ -116,6 +118,9 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=None,
                         help="seconds between polls (default: 5 for slurm, 15 otherwise)")
     parser.add_argument("--window", type=float, default=60.0)
+    parser.add_argument("--profile", default="", metavar="FILE",
+                        help="run the agent under cProfile, its statistics written to FILE at the end "
+                             "(the figure then includes the profiler's own cost)")
     parser.add_argument("--name-prefix", default="pa-bench-idle-", help="SLURM job names: PREFIX + number")
     args = parser.parse_args()
     if args.interval is None:
@@ -140,7 +145,8 @@ def main() -> None:
         else:
             ids = (submit_pbs if args.system == "pbs" else submit_sge)(args.jobs, env)
         print(f"submitted {len(ids)} held jobs in {time.perf_counter() - start:.1f} s")
-        trio.run(measure, args.system, args.interval, args.window, args.jobs, env, home)
+        trio.run(measure, args.system, args.interval, args.window, args.jobs, env, home,
+                 os.path.abspath(args.profile) if args.profile else "")
     finally:
         if args.system == "sge":
             delete_sge(ids, env)
