@@ -15,7 +15,7 @@ to use when:
   :attr:`SlurmSystem.MAX_SCONTROL_LOOKUPS` (while the controller remembers them), then one
   ``sacct`` for the rest, from the accounting database or the job-completion log;
 * submission with ``sbatch --parsable``, the script (:mod:`.script`) on its stdin, options
-  as argv elements; output file names may hold SLURM's patterns (``%j``...) and are
+  as argv elements (the batch settings checked by :mod:`.slurm_options`); output file names may hold SLURM's patterns (``%j``...) and are
   followed once the job id expands them; ``scancel``, ``scontrol hold``/``release``/
   ``suspend``/``resume`` and ``scontrol update Partition=``.
 """
@@ -33,7 +33,7 @@ from ...service.attributes import AttrInfo, ValueType
 from ...service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
 from .. import slurm_parse as sp
 from ..slurm_parse import SlurmJob
-from . import script, slurm
+from . import script, slurm, slurm_options
 from .engine import DISPLAY_ATTRIBUTES, BatchBackend, BatchOptions, BatchSystem, CommandFailed, CommandResult, \
     Parse, Run
 from .records import NativeJob
@@ -215,6 +215,7 @@ class SlurmSystem(BatchSystem):
         extra = ["--hold"] if spec.hold else []
         if spec.begin_time:
             extra.append("--begin=" + spec.begin_time)
+        extra += slurm_options.batch_options(spec)
         try:
             script_spec = script.ScriptSpec(
                 executable=spec.executable, arguments=spec.arguments, environment=spec.environment,
@@ -222,7 +223,8 @@ class SlurmSystem(BatchSystem):
                 cpus_per_task=spec.cpus_per_task, memory=str(spec.memory) if spec.memory else None,
                 time_limit=slurm.slurm_duration(spec.wall_time) if spec.wall_time else None, queue=partition,
                 account=spec.account or None, job_name=spec.display_name, stdout_path=spec.stdout_path,
-                stderr_path=spec.stderr_path, extra_options=extra)
+                stderr_path=spec.stderr_path, extra_options=extra,
+                prologue=slurm_options.check_prologue(spec.prologue))
             return script.submit_argv(script_spec), script.render_script(script_spec).encode("utf-8")
         except (script.BatchScriptError, ValueError) as exc:
             raise SubmitError(str(exc), ErrorKind.BAD_REQUEST) from None
