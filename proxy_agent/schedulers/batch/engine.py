@@ -711,10 +711,14 @@ class BatchBackend(Backend):
         next_info = trio.current_time() + self.info_interval
         next_time_used = trio.current_time() + self.time_used_interval
         next_nodes = trio.current_time() + self.node_interval
+        began = trio.current_time()
         while True:
-            with trio.move_on_after(self._delay()):
+            # Polls start one interval apart (not an interval after the last one ended), so a
+            # job's end reaches the client within one interval plus one poll's own time.
+            with trio.move_on_at(began + self._delay()):
                 await self._wake.wait()
             self._wake = trio.Event()
+            began = trio.current_time()
             info = trio.current_time() >= next_info or self._queues_stale
             self._queues_stale = False
             nodes = info or trio.current_time() >= next_nodes
