@@ -35,13 +35,13 @@ from __future__ import annotations
 import gc
 import weakref
 from array import array
-from itertools import islice
+from itertools import groupby, islice
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ...protocol.messages import ElementKind, EventId
 from ...protocol.rangeset import RangeSet
-from ...protocol.wire import assemble_frame, encode_args
+from ...protocol.wire import _ARG_PREFIXES, assemble_frame, encode_args
 from ...service.model import CREATE_ORDER, REFERENCES, ChangeSink, Element, Kind, ServiceModel
 from . import mapping
 
@@ -63,6 +63,8 @@ MAX_GROUPS_PER_EVENT = 2000
 _OUTPUT_CHUNK = 64 * 1024
 #: Distinct values a slot's render cache takes before it checks that values recur.
 _CACHE_TRIAL = 4096
+#: Arguments shorter than this have their length prefix ready made.
+_SHORT = len(_ARG_PREFIXES)
 
 _PTP_KIND = {
     Kind.MACHINE: ElementKind.MACHINE,
@@ -221,37 +223,53 @@ class _Renderer:
         if self.version != self.schema.version:
             self._refresh()
         caches = self._caches
-        if len(caches) != len(self.plan):
-            caches.extend({} for _ in range(len(self.plan) - len(caches)))
+        plan = self.plan
+        uses = self._uses
+        if len(caches) != len(plan):
+            caches.extend({} for _ in range(len(plan) - len(caches)))
+            uses.extend(0 for _ in range(len(plan) - len(uses)))
         count = 0
-        for i, value in enumerate(values):
+        i = -1
+        for value in values:
+            i += 1
             if value is None:
                 continue
             cache = caches[i]
-            hit = cache.get(value) if cache is not None else None
-            if hit is None:
-                entry = self.plan[i]
-                if entry is None:
-                    continue
-                if entry.__class__ is str:
-                    if value.__class__ is str:
-                        arg = entry + value  # type: ignore[operator]
-                        hit = (1, (encode_args((arg,)),))
-                    else:
-                        args = [entry + item for item in value]  # type: ignore[operator]
-                        hit = (len(args), (encode_args(args),) if args else ())
-                else:
-                    args = entry(value)  # type: ignore[operator]
-                    hit = (len(args), _encode_parts(args))
-                if cache is not None:
-                    cache[value] = hit
-                    if len(cache) > _CACHE_TRIAL and len(cache) * 2 > self._uses[i]:
-                        caches[i] = None  # values of this slot hardly recur
-                        cache.clear()
             if cache is not None:
-                self._uses[i] += 1
+                uses[i] += 1
+                hit = cache.get(value)
+                if hit is not None:
+                    count += hit[0]
+                    parts += hit[1]
+                    continue
+            entry = plan[i]
+            if entry is None:
+                continue
+            if entry.__class__ is str:
+                if value.__class__ is str:
+                    arg = entry + value  # type: ignore[operator]
+                    if len(arg) < _SHORT and arg.isascii():
+                        piece = (_ARG_PREFIXES[len(arg)] + arg).encode()
+                    else:
+                        piece = encode_args((arg,))
+                    if cache is None:  # a value that does not recur: nothing to remember
+                        count += 1
+                        parts.append(piece)
+                        continue
+                    hit = (1, (piece,))
+                else:
+                    args = [entry + item for item in value]  # type: ignore[operator]
+                    hit = (len(args), (encode_args(args),) if args else ())
+            else:
+                args = entry(value)  # type: ignore[operator]
+                hit = (len(args), tuple(_encode_parts(args)))
+            if cache is not None:
+                cache[value] = hit
+                if len(cache) > _CACHE_TRIAL and len(cache) * 2 > uses[i]:
+                    caches[i] = None  # values of this slot hardly recur
+                    cache.clear()
             count += hit[0]
-            parts.extend(hit[1])
+            parts += hit[1]
         return count
 
     def args(self, values: Sequence) -> list:
@@ -330,17 +348,11 @@ def _encode_parts(items: list) -> list:
 def _joined_parts(parts: list) -> list:
     """Consecutive bytes in ``parts`` joined into one."""
     out: list = []
-    run: List[bytes] = []
-    for part in parts:
-        if part.__class__ is bytes:
-            run.append(part)
-            continue
-        if run:
-            out.append(run[0] if len(run) == 1 else b"".join(run))
-            run = []
-        out.append(part)
-    if run:
-        out.append(run[0] if len(run) == 1 else b"".join(run))
+    for cls, run in groupby(parts, type):
+        if cls is bytes:
+            out.append(b"".join(run))
+        else:
+            out.extend(run)
     return out
 
 
