@@ -165,7 +165,17 @@ class _Renderer:
         if name in REFERENCES:
             base = self.base
             if base is None:
-                return lambda value: [_Ref(prefix, value)] if value.__class__ is int else [prefix + str(value)]
+                markers: Dict[int, _Ref] = {}  # one marker per element referred to
+
+                def marker(value, prefix=prefix, markers=markers):
+                    if value.__class__ is not int:
+                        return [prefix + str(value)]
+                    ref = markers.get(value)
+                    if ref is None:
+                        ref = markers[value] = _Ref(prefix, value)
+                    return [ref]
+
+                return marker
             return lambda value: [prefix + str(base + value)] if value.__class__ is int else [prefix + str(value)]
         arrays = rules.arrays
         check = rules.integer if ptp_id in rules.integer_ids else None
@@ -411,9 +421,11 @@ class SnapshotPlan:
         assemble_frame(0, tid, 0, b"")  # checks the TID once
         current: List[bytes] = []
         size = 0
-        ids: Dict[int, bytes] = {}  # element ids already written (parents recur)
-        refs: Dict[Tuple[str, int], bytes] = {}  # references already written (nodes recur)
-        heads: Dict[Tuple[int, int], bytes] = {}
+        # what a marker (a service key or a _Ref) is written as for this client: parents and
+        # referenced elements recur
+        written: Dict[object, bytes] = {}
+        get = written.get
+        heads: Dict[int, bytes] = {}
         events = self._events
         more = self._more
         index = 0
@@ -422,30 +434,11 @@ class SnapshotPlan:
                 break
             event_id, nargs, parts = events[index]
             index += 1
-            pieces = []
-            for part in parts:
-                cls = part.__class__
-                if cls is bytes:
-                    pieces.append(part)
-                elif cls is int:
-                    piece = ids.get(part)
-                    if piece is None:
-                        text = str(base + part)
-                        piece = ids[part] = _PREFIXES[len(text)] + text.encode()
-                    pieces.append(piece)
-                elif cls is _Ranges:
-                    text = part.text(base).encode()
-                    pieces.append(b" %08X:%s" % (len(text), text))
-                else:  # _Ref
-                    piece = refs.get((part.prefix, part.key))
-                    if piece is None:
-                        text = (part.prefix + str(base + part.key)).encode()
-                        piece = refs[(part.prefix, part.key)] = b" %08X:%s" % (len(text), text)
-                    pieces.append(piece)
-            head = heads.get((event_id, nargs))
+            body = b"".join([part if part.__class__ is bytes else get(part) or _written(part, base, written)
+                             for part in parts])
+            head = heads.get(nargs << 16 | event_id)
             if head is None:
-                head = heads[(event_id, nargs)] = b" %04X:%08X:%08X" % (event_id, tid, nargs)
-            body = b"".join(pieces)
+                head = heads[nargs << 16 | event_id] = b" %04X:%08X:%08X" % (event_id, tid, nargs)
             frame = b"%08X%s%s" % (len(body) + len(head), head, body)
             current.append(frame)
             size += len(frame)
@@ -466,6 +459,25 @@ class SnapshotPlan:
 
 
 _PREFIXES = [b" %08X:" % n for n in range(32)]
+
+
+def _written(part: object, base: int, written: Dict[object, bytes]) -> bytes:
+    """A marker of a shared snapshot as one encoded argument for the client with ``base``:
+    remembered in ``written``, except a range group's (each is met once)."""
+    piece = written.get(part)
+    if piece is not None:
+        return piece
+    cls = part.__class__
+    if cls is int:
+        text = str(base + part)  # type: ignore[operator]
+        piece = written[part] = _PREFIXES[len(text)] + text.encode()
+    elif cls is _Ranges:
+        text = part.text(base).encode()  # type: ignore[attr-defined]
+        piece = b" %08X:%s" % (len(text), text)
+    else:  # _Ref
+        text = (part.prefix + str(base + part.key)).encode()  # type: ignore[attr-defined]
+        piece = written[part] = b" %08X:%s" % (len(text), text)
+    return piece
 
 
 class _Rendering:
