@@ -101,6 +101,39 @@ def test_two_clients_asking_at_once_share_one_encoding_streamed_chunk_by_chunk(m
     assert renders == [(1000, 7), (1000, 7)]
 
 
+def test_values_that_do_not_recur_are_written_exactly_and_a_node_has_one_marker(monkeypatch):
+    # a slot whose values hardly recur stops being remembered: make that happen after a few
+    monkeypatch.setattr(view_module, "_CACHE_TRIAL", 8)
+    model = ServiceModel()
+    machine = model.add(Kind.MACHINE, None, {K.NAME: "m", K.STATE: "UP"})
+    nodes = model.add_many(Kind.NODE, machine, [{K.NAME: f"n{i}", K.STATE: "UP"} for i in range(40)])
+    queue = model.add(Kind.QUEUE, None, {K.NAME: "q", K.STATE: "NORMAL"})
+    names = [f"run-{i}" for i in range(150)]
+    names += ["j\u00f6b-\u00e9t\u00e9", "\u8a08\u7b97-1", "\U0001f680-2", "x" * 5000, "\udcff-lone"]
+    jobs = model.add_many(Kind.JOB, queue, [{K.NAME: name, K.STATE: "RUNNING", K.QUEUE: queue} for name in names])
+    for i, job in enumerate(jobs):  # one process each, on one node of the 40, a pid of its own
+        model.add_many(Kind.PROCESS, job, [{K.STATE: "RUNNING", K.PID: str(5000 + i), K.NODE: nodes[i % 40]}])
+    plan = view_module.snapshot_plan(model, view_module.NATIVE_RULES)
+    markers = [part for _, _, parts in plan.events for part in parts if isinstance(part, view_module._Ref)]
+    # every process refers to its node, and every job to its queue: one marker per element
+    assert len({id(m) for m in markers}) == len({(m.prefix, m.key) for m in markers}) == 41
+    events = _decoded(ModelView(model, 1000).subscribe_chunks(3))
+    got_names = {}
+    got_procs = {}
+    for event in events:
+        for group in event.groups:
+            values = dict(group.attributes)
+            if event.kind.value == "job":
+                for element_id in group.id_list():
+                    got_names[int(element_id) - 1000] = values["name"]
+            elif event.kind.value == "process":
+                got_procs[int(event.parent_id) - 1000] = (values["processPID"], values["processNodeId"])
+    expected = dict(zip(jobs, names))
+    expected[jobs[-1]] = "\ufffd-lone"  # a lone surrogate has no UTF-8 form: it travels as U+FFFD
+    assert got_names == expected
+    assert got_procs == {job: (str(5000 + i), str(1000 + nodes[i % 40])) for i, job in enumerate(jobs)}
+
+
 async def test_a_big_simulated_cluster_is_built_in_steps():
     model = ServiceModel()
     sim = SimBackend(model, SimOptions(nodes=100, jobs=60_000, process_share=0.0))
