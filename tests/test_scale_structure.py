@@ -201,6 +201,34 @@ def test_start_up_imports_only_the_backends_it_runs():
     assert bad.returncode == 2 and "unrecognized arguments: --no-such-option" in bad.stderr
 
 
+def test_start_up_leaves_out_what_the_first_frames_do_not_need(tmp_path):
+    # the whole start-up of a stdio agent, to the end of its input: what did it load?
+    probe = "\n".join([
+        "import inspect, runpy, sys",
+        "built_in_signatures = []",
+        "real = inspect._signature_fromstr",
+        "def spy(cls, obj, text, *rest):",
+        "    built_in_signatures.append(text)",
+        "    return real(cls, obj, text, *rest)",
+        "inspect._signature_fromstr = spy",
+        "sys.argv = ['proxy-agent', '--stdio']",
+        "try:",
+        "    runpy.run_module('proxy_agent', run_name='__main__')",
+        "except SystemExit:",
+        "    pass",
+        "found = sorted(m for m in ('fractions', 'configparser', 'decimal') if m in sys.modules)",
+        "open(OUT, 'w').write(repr((found, built_in_signatures)))",
+    ]).replace("OUT", repr(str(tmp_path / "loaded")))  # the agent closes its stdout as it ends
+    env = subprocess_env()
+    env["XDG_STATE_HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", probe], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # the broker's number and configuration modules wait for a ranking or a configuration; no
+    # attrs converter is a built-in whose signature would make Python compile its tokenizer
+    assert (tmp_path / "loaded").read_text() == "([], [])"
+
+
 def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
     import json
     import os
