@@ -101,6 +101,64 @@ def test_two_clients_asking_at_once_share_one_encoding_streamed_chunk_by_chunk(m
     assert renders == [(1000, 7), (1000, 7)]
 
 
+def test_values_that_do_not_recur_are_written_exactly_and_a_node_has_one_marker(monkeypatch):
+    # a slot whose values hardly recur stops being remembered: make that happen after a few
+    monkeypatch.setattr(view_module, "_CACHE_TRIAL", 8)
+    model = ServiceModel()
+    machine = model.add(Kind.MACHINE, None, {K.NAME: "m", K.STATE: "UP"})
+    nodes = model.add_many(Kind.NODE, machine, [{K.NAME: f"n{i}", K.STATE: "UP"} for i in range(40)])
+    queue = model.add(Kind.QUEUE, None, {K.NAME: "q", K.STATE: "NORMAL"})
+    names = [f"run-{i}" for i in range(150)]
+    names += ["j\u00f6b-\u00e9t\u00e9", "\u8a08\u7b97-1", "\U0001f680-2", "x" * 5000, "\udcff-lone"]
+    jobs = model.add_many(Kind.JOB, queue, [{K.NAME: name, K.STATE: "RUNNING", K.QUEUE: queue} for name in names])
+    for i, job in enumerate(jobs):  # one process each, on one node of the 40, a pid of its own
+        model.add_many(Kind.PROCESS, job, [{K.STATE: "RUNNING", K.PID: str(5000 + i), K.NODE: nodes[i % 40]}])
+    plan = view_module.snapshot_plan(model, view_module.NATIVE_RULES)
+    markers = [part for _, _, parts in plan.events for part in parts if isinstance(part, view_module._Ref)]
+    # every process refers to its node, and every job to its queue: one marker per element
+    assert len({id(m) for m in markers}) == len({(m.prefix, m.key) for m in markers}) == 41
+    events = _decoded(ModelView(model, 1000).subscribe_chunks(3))
+    got_names = {}
+    got_procs = {}
+    for event in events:
+        for group in event.groups:
+            values = dict(group.attributes)
+            if event.kind.value == "job":
+                for element_id in group.id_list():
+                    got_names[int(element_id) - 1000] = values["name"]
+            elif event.kind.value == "process":
+                got_procs[int(event.parent_id) - 1000] = (values["processPID"], values["processNodeId"])
+    expected = dict(zip(jobs, names))
+    expected[jobs[-1]] = "\ufffd-lone"  # a lone surrogate has no UTF-8 form: it travels as U+FFFD
+    assert got_names == expected
+    assert got_procs == {job: (str(5000 + i), str(1000 + nodes[i % 40])) for i, job in enumerate(jobs)}
+
+
+def test_a_plan_and_its_chunks_do_not_leave_young_objects_for_the_collector(monkeypatch):
+    import gc
+
+    monkeypatch.setattr(view_module, "SNAPSHOT_CHUNK_BYTES", 4096)
+    model = ServiceModel()
+    queue = model.add(Kind.QUEUE, None, {K.NAME: "q", K.STATE: "NORMAL"})
+    jobs = model.add_many(Kind.JOB, queue, [{K.NAME: f"run-{i}", K.STATE: "RUNNING"} for i in range(3000)])
+    for job in jobs:  # a parent each: thousands of groups
+        model.add_many(Kind.PROCESS, job, [{K.STATE: "RUNNING"}])
+    view = ModelView(model, 1000)
+    gc.collect()
+    plan = view_module.snapshot_plan(model, view.rules)
+
+    def young() -> int:  # objects the next young collections would walk
+        counted = gc.get_count()[0]  # (first: what follows allocates, which may collect)
+        return max(counted, len(gc.get_objects(generation=0)) + len(gc.get_objects(generation=1)))
+
+    # thousands of objects were made; none is left young, to be walked again only to be kept
+    assert young() < 200
+    chunks = plan.chunks(1000, 3)
+    assert next(chunks) and young() < 200
+    assert next(chunks) and young() < 200
+    assert len(_decoded(plan.frames(1000, 3))) > 6
+
+
 async def test_a_big_simulated_cluster_is_built_in_steps():
     model = ServiceModel()
     sim = SimBackend(model, SimOptions(nodes=100, jobs=60_000, process_share=0.0))
@@ -141,6 +199,34 @@ def test_start_up_imports_only_the_backends_it_runs():
     bad = subprocess.run([sys.executable, "-m", "proxy_agent", "--no-such-option"], capture_output=True,
                          text=True, env=subprocess_env(), timeout=60)
     assert bad.returncode == 2 and "unrecognized arguments: --no-such-option" in bad.stderr
+
+
+def test_start_up_leaves_out_what_the_first_frames_do_not_need(tmp_path):
+    # the whole start-up of a stdio agent, to the end of its input: what did it load?
+    probe = "\n".join([
+        "import inspect, runpy, sys",
+        "built_in_signatures = []",
+        "real = inspect._signature_fromstr",
+        "def spy(cls, obj, text, *rest):",
+        "    built_in_signatures.append(text)",
+        "    return real(cls, obj, text, *rest)",
+        "inspect._signature_fromstr = spy",
+        "sys.argv = ['proxy-agent', '--stdio']",
+        "try:",
+        "    runpy.run_module('proxy_agent', run_name='__main__')",
+        "except SystemExit:",
+        "    pass",
+        "found = sorted(m for m in ('fractions', 'configparser', 'decimal') if m in sys.modules)",
+        "open(OUT, 'w').write(repr((found, built_in_signatures)))",
+    ]).replace("OUT", repr(str(tmp_path / "loaded")))  # the agent closes its stdout as it ends
+    env = subprocess_env()
+    env["XDG_STATE_HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", probe], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    # the broker's number and configuration modules wait for a ranking or a configuration; no
+    # attrs converter is a built-in whose signature would make Python compile its tokenizer
+    assert (tmp_path / "loaded").read_text() == "([], [])"
 
 
 def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):

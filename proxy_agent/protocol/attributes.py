@@ -81,6 +81,12 @@ _MAX_BIGINTEGER_CHARS = 100
 _MAX_DOUBLE_CHARS = 400
 
 
+def _as_tuple(values):  # unannotated: the field's own type stays the one __init__ shows
+    """Field converter: a tuple of the values.  (A function of ours rather than ``tuple``:
+    attrs reads a converter's signature, and the first built-in's costs start-up milliseconds.)"""
+    return tuple(values)
+
+
 def _show(value: object, limit: int = 60) -> str:
     """``repr`` of a value for messages, shortened when long."""
     if isinstance(value, str) and len(value) > limit:
@@ -233,7 +239,7 @@ class AttributeDefinition:
     default: str = ""
     minimum: Optional[str] = None
     maximum: Optional[str] = None
-    values: Tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    values: Tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     date_style: str = "SHORT"
     time_style: str = "SHORT"
     locale: str = "en_US"

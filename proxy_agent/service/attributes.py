@@ -15,6 +15,12 @@ import attrs
 __all__ = ["AttrInfo", "ValueType"]
 
 
+def _as_tuple(values):  # unannotated: the field's own type stays the one __init__ shows
+    """Field converter: a tuple of the values.  (A function of ours rather than ``tuple``:
+    attrs reads a converter's signature, and the first built-in's costs start-up milliseconds.)"""
+    return tuple(values)
+
+
 class ValueType(enum.Enum):
     STRING = "string"
     INTEGER = "integer"
@@ -49,6 +55,6 @@ class AttrInfo:
     default: str = ""
     minimum: Optional[str] = None
     maximum: Optional[str] = None
-    choices: Tuple[str, ...] = attrs.field(default=(), converter=tuple)
+    choices: Tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
     settable: bool = False
     display: bool = True

@@ -34,7 +34,6 @@ label, the broker and its reason become attributes of the job (:data:`JOB_BROKER
 
 from __future__ import annotations
 
-import configparser
 import contextlib
 import functools
 import hashlib
@@ -45,10 +44,12 @@ import os
 import random
 import sys
 import threading
-from fractions import Fraction
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Set, Tuple
 
 import attrs
+
+if TYPE_CHECKING:  # pragma: no cover
+    from fractions import Fraction
 
 from .attributes import AttrInfo, ValueType
 from .figures import BENCHMARK_PREFIX, QueueFigures
@@ -278,6 +279,8 @@ class FastestQueueBroker(KeyedBroker):
 
     @staticmethod
     def key(candidate: Candidate) -> Tuple[int, Fraction, int]:
+        from fractions import Fraction  # only when this broker ranks (start-up stays lean)
+
         waiting, total = candidate.waiting, candidate.total_slots
         if waiting is None or not total:
             return (1, Fraction(0), 0)
@@ -568,6 +571,8 @@ def load_benchmarks(path: str) -> Dict[str, Dict[str, float]]:
         [local:default]
         specint2000 = 900
     """
+    import configparser  # only when there is a configuration to read
+
     parser = configparser.ConfigParser(interpolation=None, default_section="\0no defaults\0")
     try:
         with open(path, encoding="utf-8") as handle:

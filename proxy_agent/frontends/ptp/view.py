@@ -35,13 +35,13 @@ from __future__ import annotations
 import gc
 import weakref
 from array import array
-from itertools import islice
+from itertools import groupby, islice
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ...protocol.messages import ElementKind, EventId
 from ...protocol.rangeset import RangeSet
-from ...protocol.wire import assemble_frame, encode_args
+from ...protocol.wire import _ARG_PREFIXES, assemble_frame, encode_args
 from ...service.model import CREATE_ORDER, REFERENCES, ChangeSink, Element, Kind, ServiceModel
 from . import mapping
 
@@ -63,6 +63,8 @@ MAX_GROUPS_PER_EVENT = 2000
 _OUTPUT_CHUNK = 64 * 1024
 #: Distinct values a slot's render cache takes before it checks that values recur.
 _CACHE_TRIAL = 4096
+#: Arguments shorter than this have their length prefix ready made.
+_SHORT = len(_ARG_PREFIXES)
 
 _PTP_KIND = {
     Kind.MACHINE: ElementKind.MACHINE,
@@ -163,7 +165,17 @@ class _Renderer:
         if name in REFERENCES:
             base = self.base
             if base is None:
-                return lambda value: [_Ref(prefix, value)] if value.__class__ is int else [prefix + str(value)]
+                markers: Dict[int, _Ref] = {}  # one marker per element referred to
+
+                def marker(value, prefix=prefix, markers=markers):
+                    if value.__class__ is not int:
+                        return [prefix + str(value)]
+                    ref = markers.get(value)
+                    if ref is None:
+                        ref = markers[value] = _Ref(prefix, value)
+                    return [ref]
+
+                return marker
             return lambda value: [prefix + str(base + value)] if value.__class__ is int else [prefix + str(value)]
         arrays = rules.arrays
         check = rules.integer if ptp_id in rules.integer_ids else None
@@ -221,37 +233,53 @@ class _Renderer:
         if self.version != self.schema.version:
             self._refresh()
         caches = self._caches
-        if len(caches) != len(self.plan):
-            caches.extend({} for _ in range(len(self.plan) - len(caches)))
+        plan = self.plan
+        uses = self._uses
+        if len(caches) != len(plan):
+            caches.extend({} for _ in range(len(plan) - len(caches)))
+            uses.extend(0 for _ in range(len(plan) - len(uses)))
         count = 0
-        for i, value in enumerate(values):
+        i = -1
+        for value in values:
+            i += 1
             if value is None:
                 continue
             cache = caches[i]
-            hit = cache.get(value) if cache is not None else None
-            if hit is None:
-                entry = self.plan[i]
-                if entry is None:
-                    continue
-                if entry.__class__ is str:
-                    if value.__class__ is str:
-                        arg = entry + value  # type: ignore[operator]
-                        hit = (1, (encode_args((arg,)),))
-                    else:
-                        args = [entry + item for item in value]  # type: ignore[operator]
-                        hit = (len(args), (encode_args(args),) if args else ())
-                else:
-                    args = entry(value)  # type: ignore[operator]
-                    hit = (len(args), _encode_parts(args))
-                if cache is not None:
-                    cache[value] = hit
-                    if len(cache) > _CACHE_TRIAL and len(cache) * 2 > self._uses[i]:
-                        caches[i] = None  # values of this slot hardly recur
-                        cache.clear()
             if cache is not None:
-                self._uses[i] += 1
+                uses[i] += 1
+                hit = cache.get(value)
+                if hit is not None:
+                    count += hit[0]
+                    parts += hit[1]
+                    continue
+            entry = plan[i]
+            if entry is None:
+                continue
+            if entry.__class__ is str:
+                if value.__class__ is str:
+                    arg = entry + value  # type: ignore[operator]
+                    if len(arg) < _SHORT and arg.isascii():
+                        piece = (_ARG_PREFIXES[len(arg)] + arg).encode()
+                    else:
+                        piece = encode_args((arg,))
+                    if cache is None:  # a value that does not recur: nothing to remember
+                        count += 1
+                        parts.append(piece)
+                        continue
+                    hit = (1, (piece,))
+                else:
+                    args = [entry + item for item in value]  # type: ignore[operator]
+                    hit = (len(args), (encode_args(args),) if args else ())
+            else:
+                args = entry(value)  # type: ignore[operator]
+                hit = (len(args), tuple(_encode_parts(args)))
+            if cache is not None:
+                cache[value] = hit
+                if len(cache) > _CACHE_TRIAL and len(cache) * 2 > uses[i]:
+                    caches[i] = None  # values of this slot hardly recur
+                    cache.clear()
             count += hit[0]
-            parts.extend(hit[1])
+            parts += hit[1]
         return count
 
     def args(self, values: Sequence) -> list:
@@ -330,17 +358,11 @@ def _encode_parts(items: list) -> list:
 def _joined_parts(parts: list) -> list:
     """Consecutive bytes in ``parts`` joined into one."""
     out: list = []
-    run: List[bytes] = []
-    for part in parts:
-        if part.__class__ is bytes:
-            run.append(part)
-            continue
-        if run:
-            out.append(run[0] if len(run) == 1 else b"".join(run))
-            run = []
-        out.append(part)
-    if run:
-        out.append(run[0] if len(run) == 1 else b"".join(run))
+    for cls, run in groupby(parts, type):
+        if cls is bytes:
+            out.append(b"".join(run))
+        else:
+            out.extend(run)
     return out
 
 
@@ -399,9 +421,11 @@ class SnapshotPlan:
         assemble_frame(0, tid, 0, b"")  # checks the TID once
         current: List[bytes] = []
         size = 0
-        ids: Dict[int, bytes] = {}  # element ids already written (parents recur)
-        refs: Dict[Tuple[str, int], bytes] = {}  # references already written (nodes recur)
-        heads: Dict[Tuple[int, int], bytes] = {}
+        # what a marker (a service key or a _Ref) is written as for this client: parents and
+        # referenced elements recur
+        written: Dict[object, bytes] = {}
+        get = written.get
+        heads: Dict[int, bytes] = {}
         events = self._events
         more = self._more
         index = 0
@@ -410,30 +434,11 @@ class SnapshotPlan:
                 break
             event_id, nargs, parts = events[index]
             index += 1
-            pieces = []
-            for part in parts:
-                cls = part.__class__
-                if cls is bytes:
-                    pieces.append(part)
-                elif cls is int:
-                    piece = ids.get(part)
-                    if piece is None:
-                        text = str(base + part)
-                        piece = ids[part] = _PREFIXES[len(text)] + text.encode()
-                    pieces.append(piece)
-                elif cls is _Ranges:
-                    text = part.text(base).encode()
-                    pieces.append(b" %08X:%s" % (len(text), text))
-                else:  # _Ref
-                    piece = refs.get((part.prefix, part.key))
-                    if piece is None:
-                        text = (part.prefix + str(base + part.key)).encode()
-                        piece = refs[(part.prefix, part.key)] = b" %08X:%s" % (len(text), text)
-                    pieces.append(piece)
-            head = heads.get((event_id, nargs))
+            body = b"".join([part if part.__class__ is bytes else get(part) or _written(part, base, written)
+                             for part in parts])
+            head = heads.get(nargs << 16 | event_id)
             if head is None:
-                head = heads[(event_id, nargs)] = b" %04X:%08X:%08X" % (event_id, tid, nargs)
-            body = b"".join(pieces)
+                head = heads[nargs << 16 | event_id] = b" %04X:%08X:%08X" % (event_id, tid, nargs)
             frame = b"%08X%s%s" % (len(body) + len(head), head, body)
             current.append(frame)
             size += len(frame)
@@ -454,6 +459,25 @@ class SnapshotPlan:
 
 
 _PREFIXES = [b" %08X:" % n for n in range(32)]
+
+
+def _written(part: object, base: int, written: Dict[object, bytes]) -> bytes:
+    """A marker of a shared snapshot as one encoded argument for the client with ``base``:
+    remembered in ``written``, except a range group's (each is met once)."""
+    piece = written.get(part)
+    if piece is not None:
+        return piece
+    cls = part.__class__
+    if cls is int:
+        text = str(base + part)  # type: ignore[operator]
+        piece = written[part] = _PREFIXES[len(text)] + text.encode()
+    elif cls is _Ranges:
+        text = part.text(base).encode()  # type: ignore[attr-defined]
+        piece = b" %08X:%s" % (len(text), text)
+    else:  # _Ref
+        text = (part.prefix + str(base + part.key)).encode()  # type: ignore[attr-defined]
+        piece = written[part] = b" %08X:%s" % (len(text), text)
+    return piece
 
 
 class _Rendering:
@@ -491,6 +515,7 @@ class _Rendering:
             gc.disable()  # thousands of new objects, none of them garbage
             try:
                 chunks.append(next(self.source))
+                _settle()
             except StopIteration:
                 self.done = True
                 return None
@@ -535,6 +560,17 @@ class _Reader:
         self.close()
 
 
+def _settle() -> None:
+    """Put every object the collector tracks into its oldest generation at once (a freeze
+    and an unfreeze, which move lists rather than walk them).  A plan and its chunks make up
+    to millions of objects that live as long as the plan; left young, the next young
+    collections would walk all of them only to keep them: tens of milliseconds at a million
+    jobs, in the middle of the snapshot.  Anything else young just waits for the next full
+    collection."""
+    gc.freeze()
+    gc.unfreeze()
+
+
 #: The latest snapshot plan of each model, per rules: model -> {rules: plan}
 _PLANS: "weakref.WeakKeyDictionary[ServiceModel, Dict[int, SnapshotPlan]]" = weakref.WeakKeyDictionary()
 
@@ -552,6 +588,7 @@ def snapshot_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
     gc.disable()  # hundreds of thousands of new objects, none of them garbage: no collections
     try:
         plan = _build_plan(model, rules)
+        _settle()
     finally:
         if enabled:
             gc.enable()
