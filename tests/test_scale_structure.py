@@ -229,6 +229,30 @@ def test_start_up_leaves_out_what_the_first_frames_do_not_need(tmp_path):
     assert (tmp_path / "loaded").read_text() == "([], [])"
 
 
+def test_start_up_leaves_the_multi_part_runtime_for_the_first_multi_part_job(tmp_path):
+    # an agent that serves a session to its end without a multi-part job never loads the
+    # description, coordination or runtime server modules, and opens no runtime socket
+    probe = "\n".join([
+        "import runpy, sys",
+        "sys.argv = ['proxy-agent', '--stdio']",
+        "try:",
+        "    runpy.run_module('proxy_agent', run_name='__main__')",
+        "except SystemExit:",
+        "    pass",
+        "names = ('description', 'state', 'server', 'rendezvous')",
+        "found = sorted(m for m in ['proxy_agent.service.coalloc.' + n for n in names] + ['proxy_agent.runtime']",
+        "               if m in sys.modules)",
+        "open(OUT, 'w').write(repr(('proxy_agent.service.coalloc.manager' in sys.modules, found)))",
+    ]).replace("OUT", repr(str(tmp_path / "loaded")))
+    env = subprocess_env()
+    env["XDG_STATE_HOME"] = str(tmp_path)
+    done = subprocess.run([sys.executable, "-c", probe], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "loaded").read_text() == "(True, [])"
+    assert not list(tmp_path.rglob("runtime.sock"))
+
+
 def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
     import json
     import os

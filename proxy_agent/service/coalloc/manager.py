@@ -44,12 +44,13 @@ import trio
 from ..attributes import AttrInfo, ValueType
 from ..jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, SubmitError
 from ..model import ChangeSink, Element, K, Kind
-from .description import DescriptionError, MultiJobDescription, parse_description, parse_part_json, parse_part_rsl
-from .server import RuntimeServer
-from .state import CoordinationError, Refused
-
 if TYPE_CHECKING:  # pragma: no cover
     from ..service import JobService
+    from .description import MultiJobDescription
+    from .server import RuntimeServer
+
+# The description, state and server modules load when the first multi-part job comes (the
+# runtime server starts then): an agent that never runs one does not pay for them at start-up.
 
 __all__ = [
     "COALLOC_NAME",
@@ -176,7 +177,9 @@ class CoallocManager:
         self._wake = trio.Event()
         self._nursery: Optional[trio.Nursery] = None
         self._queue: Optional[int] = None
+        #: set once the runtime server has started (or failed to)
         self.ready = trio.Event()
+        self._starting = trio.Lock()
         self.failure: Optional[str] = None
         service.coalloc = self
         self.model.observe(_Watcher(self))
@@ -200,24 +203,11 @@ class CoallocManager:
         ]
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
-        """Start the runtime server and serve until cancelled.  A server that cannot start
-        is reported; multi-part submissions are then refused with the reason."""
+        """Serve until cancelled.  The runtime server starts with the first multi-part job
+        (:meth:`start_runtime`)."""
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                try:
-                    if self.server is None:
-                        self.server = self._make_server()
-                    await nursery.start(self.server.run)
-                except (OSError, ValueError) as exc:
-                    self.failure = f"the runtime for multi-part jobs could not start: {exc}"
-                    log.error("%s", self.failure)
-                    self.service.notify("WARNING", self.failure)
-                    self.ready.set()
-                    task_status.started()
-                    await trio.sleep_forever()
-                nursery.start_soon(self._examine_loop)
-                self.ready.set()
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -228,7 +218,29 @@ class CoallocManager:
                 except OSError:
                     pass
 
+    async def start_runtime(self) -> None:
+        """Start the runtime server, once (the first multi-part job does).  A server that
+        cannot start is reported; multi-part submissions are then refused with the reason."""
+        async with self._starting:
+            if self.ready.is_set() or self._nursery is None:
+                return
+            nursery = self._nursery
+            try:
+                if self.server is None:
+                    self.server = self._make_server()
+                await nursery.start(self.server.run)
+            except (OSError, ValueError) as exc:
+                self.failure = f"the runtime for multi-part jobs could not start: {exc}"
+                log.error("%s", self.failure)
+                self.service.notify("WARNING", self.failure)
+                self.ready.set()
+                return
+            nursery.start_soon(self._examine_loop)
+            self.ready.set()
+
     def _make_server(self) -> RuntimeServer:
+        from .server import RuntimeServer
+
         settings = self.settings
         unix_path = settings.unix_path
         if unix_path is None:
@@ -254,6 +266,7 @@ class CoallocManager:
     async def submit(self, spec: JobSpec, queue: Optional[int] = None, key: Optional[int] = None) -> int:
         """A multi-part job (or one part to add, when the spec names ``coallocJob``); returns
         the key of the multi-part job (of the added part's job)."""
+        from .description import DescriptionError, parse_description
         text = spec.extra_value(DESCRIPTION_ATTRIBUTE) or ""
         target = spec.extra_value(JOB_ATTRIBUTE)
         if target is not None:
@@ -275,11 +288,13 @@ class CoallocManager:
 
         The job is in the model when this returns: ``FAILED`` (with the reason) if a part could
         not be submitted, in which case the parts already submitted are being cancelled."""
+        from .description import DescriptionError, parse_description
         if isinstance(description, str):
             try:
                 description = parse_description(description)
             except DescriptionError as exc:
                 raise SubmitError(f"the multi-part job's description is wrong: {exc}", ErrorKind.BAD_REQUEST) from None
+        await self.start_runtime()
         server = self._server()
         job_id = server.register_job(description)
         state = server.job(job_id)
@@ -313,6 +328,8 @@ class CoallocManager:
     async def add_part(self, job: int, text: str, *, client_ref: Optional[str] = None) -> int:
         """Add one part (JSON or a ``&(...)`` conjunction) to a multi-part job whose barrier
         is not released yet; the key of the part's job."""
+        from .description import DescriptionError, parse_part_json, parse_part_rsl
+        from .state import CoordinationError
         record = self._record(job)
         try:
             part = parse_part_json(text) if text.lstrip()[:1] == "{" else parse_part_rsl(text)
@@ -336,6 +353,7 @@ class CoallocManager:
     async def delete_part(self, job: int, part: Union[int, str]) -> None:
         """Delete a part (by its job's key, or by label) before the barrier is released, and
         cancel it in its scheduler."""
+        from .state import CoordinationError
         record = self._record(job)
         if isinstance(part, int):
             found = self._parts.get(part)
@@ -357,6 +375,7 @@ class CoallocManager:
 
     async def release(self, job: int, wait_for_parts: bool = False) -> None:
         """Release the start barrier of a multi-part job (now, or once every part is in)."""
+        from .state import CoordinationError
         record = self._record(job)
         try:
             self._server().release_barrier(record.job_id, wait_for_parts)
@@ -414,6 +433,7 @@ class CoallocManager:
         return record
 
     def _state(self, record: _Record):
+        from .state import CoordinationError
         if record.forgotten or self.server is None:
             return None
         try:
@@ -432,6 +452,7 @@ class CoallocManager:
                            alone: bool = False) -> int:
         """Submit one part to its scheduler.  A refusal fails the whole job (``alone``: the
         part is deleted again instead, and the refusal raised)."""
+        from .state import CoordinationError
         server = self._server()
         state = server.job(record.job_id)
         part = state.part_spec(part_id)
@@ -521,6 +542,7 @@ class CoallocManager:
 
     def _examine(self, key: int) -> Optional[_Record]:
         """Tell the state machine what has ended of the part whose job is ``key``."""
+        from .state import CoordinationError
         found = self._parts.get(key)
         if found is None:
             return None
@@ -616,6 +638,7 @@ class CoallocManager:
 
     async def _follow(self, record: _Record) -> None:
         """Show the job's state as it changes without a service call (the barrier's release)."""
+        from .state import CoordinationError
         server = self.server
         assert server is not None
         version = -1
@@ -643,4 +666,5 @@ def _final_state(value: object) -> Optional[JobState]:
 def _error_kind(error: CoordinationError) -> ErrorKind:
     """A refusal names something wrong in the request; the rest (not allowed now, the job
     has ended, a limit) are operations that failed."""
+    from .state import Refused
     return ErrorKind.BAD_REQUEST if isinstance(error, Refused) else ErrorKind.OPERATION_FAILED
