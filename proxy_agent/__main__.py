@@ -2,6 +2,14 @@
 
 from __future__ import annotations
 
+import gc
+
+# Start-up makes tens of thousands of objects that live as long as the agent; the collector
+# would walk them again and again (full collections included) while they are made.  It waits
+# until the imports are done, and then leaves them out of its walks.
+_COLLECTING = gc.isenabled()
+gc.disable()
+
 import argparse
 import logging
 import os
@@ -26,6 +34,10 @@ from .transport import (
     open_unix_listener,
     parse_host_port,
 )
+
+if _COLLECTING:
+    gc.freeze()
+    gc.enable()
 
 log = logging.getLogger("proxy_agent")
 

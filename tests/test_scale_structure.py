@@ -253,6 +253,21 @@ def test_start_up_leaves_the_multi_part_runtime_for_the_first_multi_part_job(tmp
     assert not list(tmp_path.rglob("runtime.sock"))
 
 
+def test_the_collector_waits_for_the_start_up_imports_and_then_leaves_them_alone():
+    probe = (
+        "import gc; started = []; "
+        "gc.callbacks.append(lambda phase, info: started.append(info['generation']) if phase == 'start' else None); "
+        "import proxy_agent.__main__; "
+        "print(started, gc.isenabled(), gc.get_freeze_count() > 10000)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=subprocess_env(),
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    # no collection ran while trio and the agent's modules were imported; the collector is
+    # on again afterwards, and what the imports made is out of its young generations
+    assert done.stdout.split() == ["[]", "True", "True"]
+
+
 def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
     import json
     import os
