@@ -48,7 +48,7 @@ from ...service.jobs import ErrorKind, JobError, ServiceError, SubmitError
 from ...service.model import Kind, UnknownElement
 from ...service.service import JobService, describe
 from . import mapping
-from .view import NATIVE_RULES, STALL_SECONDS, ModelView, RenderRules
+from .view import NATIVE_RULES, STALL_SECONDS, ModelView, RenderRules, prepare_snapshot
 
 log = logging.getLogger("proxy_agent.frontends.ptp")
 
@@ -386,8 +386,18 @@ class PtpSession:
         self.authenticated = True
         self.rules = render_rules(self.session.dialect, self.service.attributes())
         self.view = ModelView(self.service.model, init.base_id, self.rules, self._model_changed)
+        if self._nursery is not None and not self._snapshot_started:
+            self._nursery.start_soon(self._prepare_snapshot)
         log.info("session initialised: base id %d, %s dialect", init.base_id, self.session.dialect.name)
         self.emit(Ok(command.tid), transaction)
+
+    async def _prepare_snapshot(self) -> None:
+        """Between INIT and START_EVENTS: the initial model is planned while the model is
+        quiet, so that START_EVENTS has only to render it for this client."""
+        await self.service.ready.wait()
+        if self.service.failure is None:
+            await prepare_snapshot(self.service.model, self.rules,
+                                   lambda: not self._snapshot_started and not self._closing)
 
     async def _service_ready(self, command: Command, transaction: Optional[Transaction] = None) -> bool:
         await self.service.ready.wait()

@@ -390,6 +390,24 @@ class SnapshotPlan:
         return True
 
     @property
+    def prepared(self) -> bool:
+        """Every event of the plan is made: rendering only fills in a client's ids."""
+        return self._source is None
+
+    def prepare(self) -> bool:
+        """Make the next few events ahead of any reader (with no young collections in the
+        middle); False once every event is made."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            more = self._more()
+            _settle()
+        finally:
+            if enabled:
+                gc.enable()
+        return more
+
+    @property
     def events(self) -> List[Tuple[int, int, tuple]]:
         """Every event of the plan (made now if need be)."""
         while self._more():
@@ -571,6 +589,9 @@ def _settle() -> None:
     gc.unfreeze()
 
 
+#: How long the model must stay unchanged before its snapshot is planned ahead (seconds)
+PREPARE_QUIET = 0.05
+
 #: The latest snapshot plan of each model, per rules: model -> {rules: plan}
 _PLANS: "weakref.WeakKeyDictionary[ServiceModel, Dict[int, SnapshotPlan]]" = weakref.WeakKeyDictionary()
 
@@ -584,6 +605,7 @@ def snapshot_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
     plan = plans.get(id(rules))
     if plan is not None and plan.version == model.version:
         return plan
+    plans.clear()  # an older version is of no use to anyone subscribing from now on
     enabled = gc.isenabled()
     gc.disable()  # hundreds of thousands of new objects, none of them garbage: no collections
     try:
@@ -592,9 +614,35 @@ def snapshot_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
     finally:
         if enabled:
             gc.enable()
-    plans.clear()  # an older version is of no use to anyone subscribing from now on
     plans[id(rules)] = plan
     return plan
+
+
+async def prepare_snapshot(model: ServiceModel, rules: RenderRules, wanted: Callable[[], bool]) -> None:
+    """Plan the model's snapshot ahead of a client's START_EVENTS, for as long as ``wanted()``.
+
+    Once the model has stayed at one version for PREPARE_QUIET seconds and there is no
+    finished plan of that version, the elements are grouped (one step) and the events made
+    a few hundred at a time, other tasks running between steps.  A client that asks then only
+    has its ids filled in.  A plan is served only while its version is the model's
+    (:func:`snapshot_plan`), so a change midway costs only a new plan after the next quiet
+    moment; a client asking midway takes the plan over where it is."""
+    import trio
+
+    while wanted():
+        version = model.version
+        await trio.sleep(PREPARE_QUIET)
+        if not wanted() or model.version != version:
+            continue
+        plans = _PLANS.get(model)
+        plan = plans.get(id(rules)) if plans is not None else None
+        if plan is not None and plan.version == version and plan.prepared:
+            continue
+        plan = snapshot_plan(model, rules)
+        while plan.prepare():
+            await trio.sleep(0)
+            if not wanted() or model.version != version:
+                break
 
 
 def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
