@@ -342,3 +342,22 @@ async def test_an_agent_serving_a_socket_plans_the_initial_model_before_a_client
         log = stderr_so_far(agent.process)
         # planned once, before the client came; the client's START_EVENTS only rendered it
         assert log.count("initial model planned (") == 1, log
+
+
+async def test_a_client_that_waits_after_model_def_gets_the_model_planned_meanwhile():
+    from proxy_agent.client import AgentClient
+
+    from agent_fixtures import agent_argv
+
+    argv = agent_argv("-vv", "--scheduler", "sim", "--sim-nodes", "20", "--sim-jobs", "2000")
+    with trio.fail_after(30):
+        async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
+            await client.init()
+            await client.model_def()
+            while "initial model planned ahead" not in client.process.stderr_tail(lines=1000):
+                await trio.sleep(0.05)
+            await client.start_events()
+            await client.wait_for(lambda: len(client.jobs) == 2000, 15, description="the initial model")
+            log = client.process.stderr_tail(lines=1000)
+            await client.quit()
+    assert log.count("initial model planned (") == 1, log
