@@ -608,8 +608,9 @@ def snapshot_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
     plan = plans.get(id(rules))
     if plan is not None and plan.version == model.version:
         return plan
-    for key in [key for key, old in plans.items() if old.version != model.version]:
-        del plans[key]  # an older version is of no use to anyone subscribing from now on
+    # An older version is of no use to anyone subscribing from now on, and a plan for other
+    # rules is let go too (a million jobs' plan is large): both before the new one is made.
+    plans.clear()
     enabled = gc.isenabled()
     gc.disable()  # hundreds of thousands of new objects, none of them garbage: no collections
     try:
