@@ -372,7 +372,7 @@ async def amain(args: argparse.Namespace, service: JobService, state: "StateDir"
                 await serve_stream(transport, service, config, "stdio client", sessions)
             else:
                 try:
-                    await serve_listeners(transport, service, config, limits, sessions)
+                    await serve_listeners(transport, service, config, limits, sessions, plan_ahead=True)
                     await trio.sleep_forever()
                 finally:
                     if kind == "unix":

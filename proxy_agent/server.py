@@ -21,7 +21,7 @@ from typing import List, Optional
 import attrs
 import trio
 
-from .frontends.ptp import PtpConfig, PtpSession, refuse_busy
+from .frontends.ptp import PtpConfig, PtpSession, keep_snapshot_planned, refuse_busy
 from .service.service import JobService
 
 log = logging.getLogger("proxy_agent.server")
@@ -109,9 +109,11 @@ async def serve_listeners(
     limits: ServerLimits = ServerLimits(),
     sessions: Optional[Sessions] = None,
     *,
+    plan_ahead: bool = False,
     task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Accept clients until cancelled, each in a session of its own."""
+    """Accept clients until cancelled, each in a session of its own.  With ``plan_ahead``,
+    the initial model is kept planned for clients yet to come."""
     admission = _Admission(limits)
 
     async def handle(stream) -> None:
@@ -156,6 +158,8 @@ async def serve_listeners(
                 await _close(stream)
 
     async with trio.open_nursery() as nursery:
+        if plan_ahead:
+            nursery.start_soon(keep_snapshot_planned, service)
         for listener in listeners:
             nursery.start_soon(trio.serve_listeners, handle, [listener])
         task_status.started()

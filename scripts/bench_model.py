@@ -16,7 +16,9 @@
   a range group); builds the snapshot plan and renders it to bytes.
 
 Medians of ``--runs`` runs (the 1M model: ``--big-runs``).
-Usage: scripts/bench_model.py [--nodes N] [--runs N] [--big-runs N] [--skip-big] [--quick]
+``--settle SECONDS``: the stdio client waits that long between the OK of MODEL_DEF and
+START_EVENTS (the agent plans the initial model while the model is quiet in between).
+Usage: scripts/bench_model.py [--nodes N] [--runs N] [--big-runs N] [--skip-big] [--quick] [--settle S]
 """
 
 from __future__ import annotations
@@ -41,11 +43,15 @@ def _sim_args(nodes: int, jobs: int, process_share: float) -> List[str]:
             "--sim-process-share", str(process_share)]
 
 
-def bench_model(nodes: int, jobs: int, process_share: float = 0.1, keep_bytes: bool = False) -> dict:
-    """One agent over stdio: START_EVENTS to the last model event, every frame decoded."""
+def bench_model(nodes: int, jobs: int, process_share: float = 0.1, keep_bytes: bool = False,
+                settle: float = 0.0) -> dict:
+    """One agent over stdio: START_EVENTS to the last model event, every frame decoded.
+    ``settle``: seconds between the OK of MODEL_DEF and START_EVENTS."""
     agent = RawAgent(_sim_args(nodes, jobs, process_share))
     try:
         agent.handshake()
+        if settle:
+            time.sleep(settle)
         before = agent.bytes_received
         captured: List[bytes] = []
         if keep_bytes:
@@ -268,6 +274,8 @@ def main() -> None:
     parser.add_argument("--big-runs", type=int, default=5, help="runs of the 1M-job model")
     parser.add_argument("--skip-big", action="store_true", help="leave out the 1M-job model")
     parser.add_argument("--quick", action="store_true", help="100k jobs only, fewer runs")
+    parser.add_argument("--settle", type=float, default=0.0, metavar="SECONDS",
+                        help="wait this long after MODEL_DEF before START_EVENTS (default 0: at once)")
     args = parser.parse_args()
 
     sizes = [(10_000, args.runs), (100_000, args.runs)]
@@ -275,9 +283,10 @@ def main() -> None:
         sizes.append((1_000_000, args.big_runs))
     if args.quick:
         sizes = [(100_000, 3)]
-    print(f"initial model over stdio, sim {args.nodes} nodes (START_EVENTS -> last model event, decoded):")
+    settled = f", START_EVENTS {args.settle:g} s after MODEL_DEF" if args.settle else ""
+    print(f"initial model over stdio, sim {args.nodes} nodes (START_EVENTS -> last model event, decoded{settled}):")
     for jobs, runs in sizes:
-        results = [bench_model(args.nodes, jobs, keep_bytes=(n == 0)) for n in range(runs)]
+        results = [bench_model(args.nodes, jobs, keep_bytes=(n == 0), settle=args.settle) for n in range(runs)]
         floors = [bench_floor(results[0]["wire"], 1 + 2) for _ in range(runs)]  # START_EVENTS is TID 3
         secs = median([r["seconds"] for r in results])
         cpu = median([r["cpu"] for r in results])

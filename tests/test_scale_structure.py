@@ -12,6 +12,7 @@ import trio
 
 from proxy_agent.frontends.ptp import view as view_module
 from proxy_agent.frontends.ptp.view import ModelView
+from proxy_agent.protocol.dialect import DEFAULT
 from proxy_agent.protocol.messages import EventId, decode_event
 from proxy_agent.protocol.wire import Decoder
 from proxy_agent.schedulers.sim import SimBackend, SimOptions
@@ -323,3 +324,84 @@ def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
         except subprocess.TimeoutExpired:
             keeper.kill()
             keeper.wait()
+
+
+async def test_a_quiet_model_is_planned_ahead_and_a_plan_of_an_older_version_is_never_served(monkeypatch, autojump_clock):
+    model = _cluster()
+    rules = view_module.NATIVE_RULES
+    builds = []
+    original = view_module._build_plan
+
+    def counting(model_, rules_):
+        builds.append(model_.version)
+        return original(model_, rules_)
+
+    monkeypatch.setattr(view_module, "_build_plan", counting)
+    wanted = True
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(view_module.prepare_snapshot, model, lambda: rules, lambda: wanted)
+        await trio.sleep(1)
+        plan = view_module.snapshot_plan(model, rules)
+        assert builds == [model.version] and plan.prepared  # every event made before anyone asked
+        first = b"".join(ModelView(model, 1000, rules).subscribe_chunks(7))
+        assert builds == [model.version]  # the client only had its ids filled in
+        # a change: the old plan is not served, whether or not the new one is ready yet
+        job = model.keys(Kind.JOB)[0]
+        model.update(job, {K.STATE: "RUNNING"})
+        changed = _decoded(ModelView(model, 1000, rules).subscribe_chunks(7))
+        assert view_module.snapshot_plan(model, rules) is not plan
+        states = [e for e in changed if e.event_id == EventId.NEW_JOB]
+        assert "RUNNING" in repr(states) and "RUNNING" not in repr(_decoded([first]))
+        # and once the model is quiet again, its new version is planned ahead
+        model.update(job, {K.STATE: "QUEUING"})
+        await trio.sleep(1)
+        assert builds[-1] == model.version and view_module.snapshot_plan(model, rules).prepared
+        # the same bytes as planned on demand
+        ahead = b"".join(ModelView(model, 1000, rules).subscribe_chunks(7))
+        view_module._PLANS.clear()
+        assert b"".join(ModelView(model, 1000, rules).subscribe_chunks(7)) == ahead
+        wanted = False
+        await trio.sleep(1)  # the task ends once it is no longer wanted
+        assert not nursery.child_tasks
+
+
+async def test_an_agent_serving_a_socket_plans_the_initial_model_before_a_client_asks(tmp_path):
+    from proxy_agent.client import AgentClient
+
+    from agent_fixtures import BackgroundAgent, stderr_so_far
+
+    path = str(tmp_path / "agent.sock")
+    async with BackgroundAgent("--unix", path, "-vv", "--scheduler", "sim", "--sim-nodes", "20",
+                               "--sim-jobs", "2000") as agent:
+        with trio.fail_after(15):
+            while "initial model planned ahead" not in stderr_so_far(agent.process):
+                await trio.sleep(0.05)
+        # a client of the default dialect (what the agent plans for before any client came)
+        client = await AgentClient.connect_unix(path, dialect=DEFAULT.name)
+        async with client:
+            await client.init()
+            await client.model_def()
+            await client.start_events()
+            await client.wait_for(lambda: len(client.jobs) == 2000, 15, description="the initial model")
+        log = stderr_so_far(agent.process)
+        # planned once, before the client came; the client's START_EVENTS only rendered it
+        assert log.count("initial model planned (") == 1, log
+
+
+async def test_a_client_that_waits_after_model_def_gets_the_model_planned_meanwhile():
+    from proxy_agent.client import AgentClient
+
+    from agent_fixtures import agent_argv
+
+    argv = agent_argv("-vv", "--scheduler", "sim", "--sim-nodes", "20", "--sim-jobs", "2000")
+    with trio.fail_after(30):
+        async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
+            await client.init()
+            await client.model_def()
+            while "initial model planned ahead" not in client.process.stderr_tail(lines=1000):
+                await trio.sleep(0.05)
+            await client.start_events()
+            await client.wait_for(lambda: len(client.jobs) == 2000, 15, description="the initial model")
+            log = client.process.stderr_tail(lines=1000)
+            await client.quit()
+    assert log.count("initial model planned (") == 1, log

@@ -40,7 +40,7 @@ from ...protocol.messages import (
     SubmitJobError,
     TerminateJobError,
 )
-from ...protocol.dialect import Dialect
+from ...protocol.dialect import DEFAULT, Dialect
 from ...protocol.session import AgentSession, ProtocolViolation, Transaction
 from ...protocol.first_bytes import QUOTE_LIMIT, QUOTE_WAIT, looks_like_frame_start
 from ...protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, FrameError, encode_frame
@@ -48,7 +48,7 @@ from ...service.jobs import ErrorKind, JobError, ServiceError, SubmitError
 from ...service.model import Kind, UnknownElement
 from ...service.service import JobService, describe
 from . import mapping
-from .view import NATIVE_RULES, STALL_SECONDS, ModelView, RenderRules
+from .view import NATIVE_RULES, STALL_SECONDS, ModelView, RenderRules, prepare_snapshot
 
 log = logging.getLogger("proxy_agent.frontends.ptp")
 
@@ -385,9 +385,21 @@ class PtpSession:
                 return
         self.authenticated = True
         self.rules = render_rules(self.session.dialect, self.service.attributes())
+        global _latest_rules
+        _latest_rules = self.rules
         self.view = ModelView(self.service.model, init.base_id, self.rules, self._model_changed)
+        if self._nursery is not None and not self._snapshot_started:
+            self._nursery.start_soon(self._prepare_snapshot)
         log.info("session initialised: base id %d, %s dialect", init.base_id, self.session.dialect.name)
         self.emit(Ok(command.tid), transaction)
+
+    async def _prepare_snapshot(self) -> None:
+        """Between INIT and START_EVENTS: the initial model is planned while the model is
+        quiet, so that START_EVENTS has only to render it for this client."""
+        await self.service.ready.wait()
+        if self.service.failure is None:
+            await prepare_snapshot(self.service.model, lambda: self.rules,
+                                   lambda: not self._snapshot_started and not self._closing)
 
     async def _service_ready(self, command: Command, transaction: Optional[Transaction] = None) -> bool:
         await self.service.ready.wait()
@@ -575,6 +587,30 @@ def _redacted(item) -> object:
         return attrs.evolve(item, args=masked)
     except (TypeError, ValueError):
         return f"{type(item).__name__} (arguments not shown: they hold a token)"
+
+
+#: the rules of the client that sent INIT last (whose kind of client is likely to come again)
+_latest_rules: Optional[RenderRules] = None
+
+#: An agent that clients connect to plans its initial model once the model has been quiet
+#: this long (seconds), and after planning waits PLAN_AHEAD_SPACING times as long as that took.
+PLAN_AHEAD_QUIET = 1.0
+PLAN_AHEAD_SPACING = 20.0
+
+
+async def keep_snapshot_planned(service: JobService) -> None:
+    """For an agent that clients connect to (``--listen``, ``--unix``): keep the initial
+    model planned for the rules of the latest client (the default dialect's before the
+    first), so that a client connecting later has only its ids filled in.  A model that keeps
+    changing is planned at most about once per PLAN_AHEAD_SPACING times the planning's cost."""
+    await service.ready.wait()
+    if service.failure is not None:
+        return
+    global _latest_rules
+    if _latest_rules is None:
+        _latest_rules = render_rules(DEFAULT, service.attributes())
+    await prepare_snapshot(service.model, lambda: _latest_rules, lambda: True,  # type: ignore[arg-type,return-value]
+                           quiet=PLAN_AHEAD_QUIET, spacing=PLAN_AHEAD_SPACING)
 
 
 async def refuse_busy(stream: trio.abc.Stream, peer: str, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE) -> None:

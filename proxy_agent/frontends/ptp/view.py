@@ -33,6 +33,7 @@ entering RUNNING together become one PROCESS_CHANGE with one range.
 from __future__ import annotations
 
 import gc
+import logging
 import weakref
 from array import array
 from itertools import groupby, islice
@@ -44,6 +45,8 @@ from ...protocol.rangeset import RangeSet
 from ...protocol.wire import _ARG_PREFIXES, assemble_frame, encode_args
 from ...service.model import CREATE_ORDER, REFERENCES, ChangeSink, Element, Kind, ServiceModel
 from . import mapping
+
+log = logging.getLogger("proxy_agent.frontends.ptp")
 
 __all__ = ["HELD_OUTPUT_LIMIT", "HELD_TOTAL_LIMIT", "STALL_SECONDS", "MAX_GROUPS_PER_EVENT", "ModelView", "RenderRules", "SnapshotPlan", "WireEvent"]
 
@@ -390,6 +393,24 @@ class SnapshotPlan:
         return True
 
     @property
+    def prepared(self) -> bool:
+        """Every event of the plan is made: rendering only fills in a client's ids."""
+        return self._source is None
+
+    def prepare(self) -> bool:
+        """Make the next few events ahead of any reader (with no young collections in the
+        middle); False once every event is made."""
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            more = self._more()
+            _settle()
+        finally:
+            if enabled:
+                gc.enable()
+        return more
+
+    @property
     def events(self) -> List[Tuple[int, int, tuple]]:
         """Every event of the plan (made now if need be)."""
         while self._more():
@@ -571,6 +592,9 @@ def _settle() -> None:
     gc.unfreeze()
 
 
+#: How long the model must stay unchanged before its snapshot is planned ahead (seconds)
+PREPARE_QUIET = 0.05
+
 #: The latest snapshot plan of each model, per rules: model -> {rules: plan}
 _PLANS: "weakref.WeakKeyDictionary[ServiceModel, Dict[int, SnapshotPlan]]" = weakref.WeakKeyDictionary()
 
@@ -584,17 +608,56 @@ def snapshot_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
     plan = plans.get(id(rules))
     if plan is not None and plan.version == model.version:
         return plan
+    # An older version is of no use to anyone subscribing from now on, and a plan for other
+    # rules is let go too (a million jobs' plan is large): both before the new one is made.
+    plans.clear()
     enabled = gc.isenabled()
     gc.disable()  # hundreds of thousands of new objects, none of them garbage: no collections
     try:
         plan = _build_plan(model, rules)
         _settle()
+        log.debug("initial model planned (model version %d)", plan.version)
     finally:
         if enabled:
             gc.enable()
-    plans.clear()  # an older version is of no use to anyone subscribing from now on
     plans[id(rules)] = plan
     return plan
+
+
+async def prepare_snapshot(model: ServiceModel, rules: Callable[[], RenderRules], wanted: Callable[[], bool],
+                           quiet: float = PREPARE_QUIET, spacing: float = 0.0) -> None:
+    """Plan the model's snapshot ahead of a client's START_EVENTS, for as long as ``wanted()``.
+
+    Once the model has stayed at one version for ``quiet`` seconds and there is no finished
+    plan of that version for ``rules()``, the elements are grouped (one step) and the events
+    made a few hundred at a time, other tasks running between steps.  A client that asks then
+    only has its ids filled in.  A plan is served only while its version is the model's
+    (:func:`snapshot_plan`), so a change midway costs only a new plan after the next quiet
+    moment; a client asking midway takes the plan over where it is.  After planning, the next
+    planning waits at least ``spacing`` times as long as this one took, so that a model that
+    keeps changing costs little."""
+    import trio
+
+    while wanted():
+        version = model.version
+        await trio.sleep(quiet)
+        if not wanted() or model.version != version:
+            continue
+        current = rules()
+        plans = _PLANS.get(model)
+        plan = plans.get(id(current)) if plans is not None else None
+        if plan is not None and plan.version == version and plan.prepared:
+            continue
+        began = trio.current_time()
+        plan = snapshot_plan(model, current)
+        while plan.prepare():
+            await trio.sleep(0)
+            if not wanted() or model.version != version:
+                break
+        else:
+            log.debug("initial model planned ahead: %d events", len(plan.events))
+        if spacing:
+            await trio.sleep((trio.current_time() - began) * spacing)
 
 
 def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
