@@ -76,9 +76,10 @@ NOTICES = {
 class _Process:
     __slots__ = ("rank", "pid", "popen", "fds", "code", "exited_at", "reported")
 
-    def __init__(self, rank: int, popen: subprocess.Popen, fds: Dict[str, int]) -> None:
+    def __init__(self, rank: int, pid: int, popen: Optional[subprocess.Popen], fds: Dict[str, int]) -> None:
         self.rank = rank
-        self.pid = popen.pid
+        self.pid = pid
+        #: the Popen object when the process was started through subprocess, else None
         self.popen = popen
         #: stream -> read end of its pipe, while open
         self.fds = fds
@@ -112,11 +113,23 @@ class _Job:
 
 class Keeper:
     def __init__(self, directory: str) -> None:
-        self.dir = directory
-        self.jobs_dir = os.path.join(directory, "jobs")
+        # absolute: the keeper changes its working directory to start a job in the job's
+        self.dir = os.path.abspath(directory)
+        self.jobs_dir = os.path.join(self.dir, "jobs")
+        try:  # where the keeper returns after starting a process elsewhere
+            self.home = os.getcwd()
+        except OSError:
+            self.home = "/"
+            os.chdir("/")
         os.makedirs(self.jobs_dir, mode=0o700, exist_ok=True)
         self.selector = selectors.DefaultSelector()
         self.jobs: Dict[int, _Job] = {}
+        #: the jobs not done yet: what the loop's timers and the orphan sweep look at
+        self.live: Dict[int, _Job] = {}
+        #: a job ended since the last sweep for orphans
+        self.sweep_due = False
+        #: stdin of every job process (kept open; close-on-exec like every fd of the keeper)
+        self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         self.by_pid: Dict[int, Tuple[_Job, _Process]] = {}
         self.by_fd: Dict[int, Tuple[_Job, _Process, str]] = {}
         self.paused: set = set()
@@ -187,19 +200,23 @@ class Keeper:
                     self._pipe_readable(key.fd)
             self._reap()
             self._timers()
+            if self.sweep_due:
+                self._sweep()
+            if self.outbox:  # one write for every message of the round
+                self._agent_writable()
             if self.closing:
                 self._terminate_all(grace=0.8)
-                if not any(not job.done for job in self.jobs.values()):
+                if not self.live:
                     self._flush_agent()
                     return
-            if self.agent is None and not any(not j.done for j in self.jobs.values()):
+            if self.agent is None and not self.live:
                 if time.monotonic() - self.idle_since >= IDLE_EXIT:
                     return
 
     def _timeout(self) -> float:
         now = time.monotonic()
         deadlines = [1.0]
-        for job in self.jobs.values():
+        for job in self.live.values():
             if job.kill_at is not None:
                 deadlines.append(max(0.0, job.kill_at - now))
             for process in job.processes:
@@ -238,10 +255,10 @@ class Keeper:
             self._maybe_resume(fd)
 
     def _send(self, message: dict) -> None:
+        """Queue a message; the loop writes everything queued in a round at the round's end."""
         if self.agent is None:
             return
         self.outbox += json.dumps(message, separators=(",", ":")).encode() + b"\n"
-        self._agent_writable()
 
     def _agent_writable(self) -> None:
         agent = self.agent
@@ -381,6 +398,7 @@ class Keeper:
             self._send({"op": "failed", "key": key, "error": f"cannot prepare {directory}: {exc.strerror or exc}"})
             return
         self.jobs[key] = job
+        self.live[key] = job
         try:
             for rank in range(count):
                 self._start_process(job, rank, argv, env, cwd, count)
@@ -391,6 +409,7 @@ class Keeper:
             if not job.processes:
                 self._close_files(job)
                 job.done = True
+                self.live.pop(key, None)
                 job.ended = time.time()
                 self._write_status(job, error)
             return
@@ -406,11 +425,16 @@ class Keeper:
             env[MARKER] = self.reaper.mark(job.key)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        popen = None
         try:
-            popen = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, cwd=cwd, env=env,
-                close_fds=True, **_group(job.pgid or 0),
-            )
+            if _SPAWN and "/" in argv[0]:
+                pid = self._posix_spawn(argv, env, cwd, out_w, err_w, job.pgid or 0)
+            else:
+                popen = subprocess.Popen(
+                    argv, stdin=subprocess.DEVNULL, stdout=out_w, stderr=err_w, cwd=cwd, env=env,
+                    close_fds=True, **_group(job.pgid or 0),
+                )
+                pid = popen.pid
         except BaseException:
             for fd in (out_r, out_w, err_r, err_w):
                 os.close(fd)
@@ -418,15 +442,36 @@ class Keeper:
         os.close(out_w)
         os.close(err_w)
         if job.pgid is None:
-            job.pgid = popen.pid
-        process = _Process(rank, popen, {"stdout": out_r, "stderr": err_r})
+            job.pgid = pid
+        process = _Process(rank, pid, popen, {"stdout": out_r, "stderr": err_r})
         job.processes.append(process)
-        self.by_pid[popen.pid] = (job, process)
+        self.by_pid[pid] = (job, process)
         for stream, fd in process.fds.items():
             os.set_blocking(fd, False)
             job.sizes[(rank, stream)] = 0  # its file is made when output first comes
             self.by_fd[fd] = (job, process, stream)
             self.selector.register(fd, selectors.EVENT_READ, ("pipe", None))
+
+    def _posix_spawn(self, argv: List[str], env: Dict[str, str], cwd: str, out_w: int, err_w: int,
+                     pgid: int) -> int:
+        """Start a process as ``subprocess.Popen`` would (the same descriptors, group, signal
+        dispositions and errors), with half its CPU time: no pipe for errors, no Python code
+        between fork and exec.  Every descriptor the keeper opens is close-on-exec, so the
+        process inherits only its three streams.  ``posix_spawn`` has no working directory
+        of its own: the keeper moves to the job's and back (it is single-threaded)."""
+        moved = cwd != self.home
+        if moved:
+            os.chdir(cwd)
+        try:
+            return os.posix_spawn(
+                argv[0], argv, env,
+                file_actions=[(os.POSIX_SPAWN_DUP2, self.devnull, 0), (os.POSIX_SPAWN_DUP2, out_w, 1),
+                              (os.POSIX_SPAWN_DUP2, err_w, 2)],
+                setpgroup=pgid, setsigdef=_DEFAULT_SIGNALS,
+            )
+        finally:
+            if moved:
+                os.chdir(self.home)
 
     def _pipe_readable(self, fd: int) -> None:
         entry = self.by_fd.get(fd)
@@ -501,7 +546,8 @@ class Keeper:
                 continue  # an orphan a job left behind: reaped, nothing more
             job, process = entry
             process.code = os.waitstatus_to_exitcode(status)
-            process.popen.returncode = process.code
+            if process.popen is not None:
+                process.popen.returncode = process.code
             process.exited_at = time.monotonic()
             self._check_process(job, process)
 
@@ -520,10 +566,10 @@ class Keeper:
 
     def _finish(self, job: _Job) -> None:
         _kill_group(job.pgid, signal.SIGKILL)  # whatever the job left in its group
-        if self.reaper is not None:
-            known = [p.pid for j in self.jobs.values() if not j.done for p in j.processes if p.code is None]
-            alive = {str(j.key) for j in self.jobs.values() if not j.done and j is not job}
-            self.reaper.sweep(known, lambda mark: mark in alive)
+        self.live.pop(job.key, None)
+        # what left the group is ended by the sweep at the end of this round (one look at
+        # the keeper's children for every job that ended in the round)
+        self.sweep_due = True
         for process in job.processes:  # what is still in pipes held by the ended leftovers
             for fd in list(process.fds.values()):
                 self._drain_and_close(fd)
@@ -534,6 +580,14 @@ class Keeper:
         self._write_status(job)
         self._send({"op": "done", "key": job.key})
         self.idle_since = time.monotonic()
+
+    def _sweep(self) -> None:
+        """End the orphans of the jobs that have ended (see :mod:`.reaper`)."""
+        self.sweep_due = False
+        if self.reaper is not None:
+            # by_pid holds exactly the started processes not reaped yet
+            alive = {str(key) for key in self.live}
+            self.reaper.sweep(self.by_pid.keys(), alive.__contains__)
 
     def _drain_and_close(self, fd: int) -> None:
         entry = self.by_fd.get(fd)
@@ -623,13 +677,13 @@ class Keeper:
             job.stopped = False
 
     def _terminate_all(self, grace: float) -> None:
-        for job in self.jobs.values():
+        for job in list(self.live.values()):
             if not job.done and job.kill_at is None:
                 self._signal_job(job, "terminate", grace)
 
     def _timers(self) -> None:
         now = time.monotonic()
-        for job in list(self.jobs.values()):
+        for job in list(self.live.values()):
             if job.kill_at is not None and now >= job.kill_at and not job.done:
                 _kill_group(job.pgid, signal.SIGKILL)
                 job.kill_at = None
@@ -647,6 +701,12 @@ def _output_file(job: _Job, where: Tuple[int, str]) -> int:
         path = os.path.join(job.dir, f"{rank}.{'out' if stream == 'stdout' else 'err'}")
         fd = job.files[where] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
     return fd
+
+
+#: Start processes with os.posix_spawn (Linux and glibc, where it reports exec errors).
+_SPAWN = hasattr(os, "posix_spawn") and sys.platform.startswith("linux")
+#: Signals the keeper ignores that a job starts with at their default (as Popen's restore_signals).
+_DEFAULT_SIGNALS = tuple(getattr(signal, name) for name in ("SIGPIPE", "SIGXFZ", "SIGXFSZ") if hasattr(signal, name))
 
 
 def _group(pgid: int) -> dict:
@@ -681,13 +741,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         keeper.run()
     finally:
         try:
-            os.unlink(os.path.join(directory, "keeper.sock"))
+            os.unlink(os.path.join(keeper.dir, "keeper.sock"))
         except OSError:
             pass
         if keeper.remove_on_exit:
             import shutil
 
-            shutil.rmtree(directory, ignore_errors=True)
+            shutil.rmtree(keeper.dir, ignore_errors=True)
     return 0
 
 
