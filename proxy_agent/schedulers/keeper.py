@@ -130,6 +130,18 @@ class Keeper:
         self.sweep_due = False
         #: stdin of every job process (kept open; close-on-exec like every fd of the keeper)
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+        #: the journal (see :func:`read_journal`), made compact once at start
+        self.journal_path = os.path.join(self.dir, JOURNAL)
+        on_disk = _compact_journal(self.journal_path)
+        #: keys that may have a directory or a journal entry from an earlier job
+        self.seen = set(on_disk)
+        try:
+            self.seen.update(int(name) for name in os.listdir(self.jobs_dir) if name.isdigit())
+        except OSError:
+            pass
+        self.journal = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        #: entries to append, written at the end of the round before any message that tells of them
+        self.journal_pending: List[bytes] = []
         self.by_pid: Dict[int, Tuple[_Job, _Process]] = {}
         self.by_fd: Dict[int, Tuple[_Job, _Process, str]] = {}
         self.paused: set = set()
@@ -202,6 +214,8 @@ class Keeper:
             self._timers()
             if self.sweep_due:
                 self._sweep()
+            if self.journal_pending:  # one write for the round's entries, before its messages
+                self._write_journal()
             if self.outbox:  # one write for every message of the round
                 self._agent_writable()
             if self.closing:
@@ -261,6 +275,8 @@ class Keeper:
         self.outbox += json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
     def _agent_writable(self) -> None:
+        if self.journal_pending:  # what a message tells of is recorded before it goes
+            self._write_journal()
         agent = self.agent
         if agent is None:
             return
@@ -303,13 +319,57 @@ class Keeper:
         if len(self.inbox) > _MAX_LINE:
             self._drop_agent()
             return
-        while b"\n" in self.inbox:
-            line, self.inbox = self.inbox.split(b"\n", 1)
+        if b"\n" not in self.inbox:
+            return
+        *lines, self.inbox = self.inbox.split(b"\n")
+        requests = []
+        for line in lines:
             try:
-                request = json.loads(line)
+                requests.append(json.loads(line))
+            except ValueError as exc:
+                requests.append(exc)
+        # Every job is in the journal before its processes start: one write for all the
+        # spawn requests that came together.
+        refused = self._record_started(requests)
+        for request in requests:
+            try:
+                if isinstance(request, ValueError):
+                    raise request
+                if refused and request.get("op") == "spawn" and request.get("key") in refused:
+                    self._send({"op": "failed", "key": request["key"], "error": refused[request["key"]]})
+                    continue
                 self._handle(request)
-            except (ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 self._send({"op": "error", "error": f"bad request: {exc}"})
+
+    def _record_started(self, requests: list) -> Dict[int, str]:
+        """Journal the jobs about to start; the keys that could not be recorded, with why."""
+        entries = []
+        keys = []
+        now = time.time()
+        for request in requests:
+            if isinstance(request, dict) and request.get("op") == "spawn":
+                key = request.get("key")
+                if isinstance(key, int) and key not in self.jobs:
+                    entries.append({"key": key, "started": now})
+                    keys.append(key)
+        if not entries:
+            return {}
+        self.journal_pending.extend(_journal_line(entry) for entry in entries)
+        error = self._write_journal()
+        return {key: error for key in keys} if error else {}
+
+    def _write_journal(self) -> Optional[str]:
+        """Append what is pending to the journal; why it failed, if it did."""
+        data = b"".join(self.journal_pending)
+        self.journal_pending = []
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self.journal, view):]
+        except OSError as exc:
+            return f"cannot record the job in {self.journal_path}: {exc.strerror or exc}"
+        return None
 
     def _handle(self, request: dict) -> None:
         op = request.get("op")
@@ -361,14 +421,25 @@ class Keeper:
         }
 
     def _ended_on_disk(self) -> List[dict]:
-        """Jobs ended under an earlier keeper (their status.json), not in memory now."""
+        """Jobs ended under an earlier keeper (in the journal, or the ``status.json`` of an
+        older keeper), not in memory now."""
         found = []
+        if self.journal_pending:
+            self._write_journal()
+        journal = read_journal(self.journal_path)
+        for key, entry in journal.items():
+            if key in self.jobs or entry.get("forgotten"):
+                continue
+            if not entry.get("done"):
+                # started but never finished here (the keeper itself was killed): lost
+                entry = {"key": key, "done": True, "lost": True, "codes": [], "pids": []}
+            found.append(entry)
         try:
             names = os.listdir(self.jobs_dir)
         except OSError:
             return found
         for name in names:
-            if not name.isdigit() or int(name) in self.jobs:
+            if not name.isdigit() or int(name) in self.jobs or int(name) in journal:
                 continue
             try:
                 with open(os.path.join(self.jobs_dir, name, "status.json")) as status:
@@ -388,15 +459,16 @@ class Keeper:
             return
         directory = os.path.join(self.jobs_dir, str(key))
         job = _Job(key, directory)
-        try:
+        if key in self.seen:  # an earlier job with this key, forgotten: its files go
             try:
-                os.mkdir(directory, mode=0o700)
-            except FileExistsError:
-                for name in os.listdir(directory):  # an earlier job with this key, forgotten
+                for name in os.listdir(directory):
                     os.unlink(os.path.join(directory, name))
-        except OSError as exc:
-            self._send({"op": "failed", "key": key, "error": f"cannot prepare {directory}: {exc.strerror or exc}"})
-            return
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                self._send({"op": "failed", "key": key, "error": f"cannot prepare {directory}: {exc.strerror or exc}"})
+                return
+        self.seen.add(key)
         self.jobs[key] = job
         self.live[key] = job
         try:
@@ -635,20 +707,16 @@ class Keeper:
         }
         if error is not None:
             status["error"] = error
-        path = os.path.join(job.dir, "status.json")
-        temporary = path + ".new"
-        try:
-            with open(temporary, "w") as out:
-                json.dump(status, out)
-            os.replace(temporary, path)
-        except OSError:
-            pass
+        # written with the round's other entries, before the "done" that tells of it
+        self.journal_pending.append(_journal_line(status))
 
     def _forget(self, key: int) -> None:
         job = self.jobs.get(key)
         if job is not None and not job.done:
             return
         self.jobs.pop(key, None)
+        self.journal_pending.append(_journal_line({"key": key, "forgotten": True}))
+        self._write_journal()
         directory = os.path.join(self.jobs_dir, str(key))
         try:
             for name in os.listdir(directory):
@@ -693,14 +761,90 @@ class Keeper:
 
 
 def _output_file(job: _Job, where: Tuple[int, str]) -> int:
-    """The write end of a process's output file, made when the first output comes (most
-    processes of a busy host write nothing to one stream or both: no file to make)."""
+    """The write end of a process's output file, made (with the job's directory) when the
+    first output comes: most processes of a busy host write nothing to one stream or both,
+    and a job that writes nothing has no directory."""
     fd = job.files.get(where)
     if fd is None:
         rank, stream = where
         path = os.path.join(job.dir, f"{rank}.{'out' if stream == 'stdout' else 'err'}")
-        fd = job.files[where] = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileNotFoundError:
+            try:
+                os.mkdir(job.dir, mode=0o700)
+            except FileExistsError:
+                pass
+            fd = os.open(path, flags, 0o600)
+        job.files[where] = fd
     return fd
+
+
+#: The keeper's journal, in its directory: one JSON object a line, the last line of a key
+#: counting.  ``{"key", "started"}`` is written before the job's processes start;
+#: the job's status (``"done": true``, pids, codes, sizes, started, ended, error) when it has
+#: ended; ``{"key", "forgotten": true}`` once its files are removed.  Older keepers wrote the
+#: status as ``jobs/KEY/status.json``; those are still read.
+JOURNAL = "jobs.jsonl"
+
+
+def _journal_line(entry: dict) -> bytes:
+    return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
+
+
+def read_journal(path: str) -> Dict[int, dict]:
+    """The last entry of each key in a journal (nothing if there is none)."""
+    entries: Dict[int, dict] = {}
+    try:
+        with open(path, "rb") as journal:
+            data = journal.read()
+    except OSError:
+        return entries
+    for line in data.split(b"\n"):
+        try:
+            entry = json.loads(line)
+            entries[int(entry["key"])] = entry
+        except (ValueError, KeyError, TypeError):
+            continue  # an empty or torn line
+    return entries
+
+
+def forget_in_journal(directory: str, keys) -> None:
+    """Record that the files of these jobs were removed (by a command, without the keeper)."""
+    path = os.path.join(directory, JOURNAL)
+    journal = read_journal(path)
+    data = b"".join(_journal_line({"key": key, "forgotten": True}) for key in keys if key in journal)
+    if data:
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            os.write(fd, data)
+        finally:
+            os.close(fd)
+
+
+def _compact_journal(path: str) -> Dict[int, dict]:
+    """Rewrite the journal with the last entry of each key remembered (none for a forgotten
+    job) when that makes it shorter; those entries."""
+    entries = read_journal(path)
+    kept = {key: entry for key, entry in entries.items() if not entry.get("forgotten")}
+    data = b"".join(_journal_line(entry) for entry in kept.values())
+    try:
+        size = os.path.getsize(path)
+    except OSError:
+        return kept
+    if len(data) < size:
+        temporary = path + ".new"
+        try:
+            with open(temporary, "wb") as out:
+                out.write(data)
+            os.replace(temporary, path)
+        except OSError:
+            pass
+    return kept
 
 
 #: Start processes with os.posix_spawn (Linux and glibc, where it reports exec errors).
@@ -740,6 +884,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         keeper.run()
     finally:
+        if keeper.journal_pending:
+            keeper._write_journal()
         try:
             os.unlink(os.path.join(keeper.dir, "keeper.sock"))
         except OSError:
