@@ -120,3 +120,21 @@ async def test_requests_made_while_one_is_written_go_in_one_write():
     assert len(writes) <= 3, len(writes)
     await link.aclose()
     b.close()
+
+
+def test_a_submission_is_written_without_walking_the_spec_with_asdict(monkeypatch):
+    import attrs
+
+    from proxy_agent.service import store
+    from proxy_agent.service.jobs import JobSpec
+
+    spec = JobSpec(executable="/bin/true", arguments=("a", "b"), environment=(("X", "1"),), extra=(("k", "v"),),
+                   num_procs=3, wall_time=5, name="n")
+    expected = json.dumps(attrs.asdict(spec, recurse=True), separators=(",", ":"))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("attrs.asdict walks every value of every submission")
+
+    monkeypatch.setattr(store.attrs, "asdict", refuse)
+    assert store.spec_to_json(spec) == expected
+    assert store.spec_from_json(store.spec_to_json(spec)) == spec
