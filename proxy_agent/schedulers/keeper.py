@@ -350,7 +350,7 @@ class Keeper:
         for request in requests:
             if isinstance(request, dict) and request.get("op") == "spawn":
                 key = request.get("key")
-                if isinstance(key, int) and key not in self.jobs:
+                if isinstance(key, int) and key not in self.jobs and isinstance(request.get("argv"), list):
                     entries.append({"key": key, "started": now})
                     keys.append(key)
         if not entries:
