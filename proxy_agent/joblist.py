@@ -109,9 +109,7 @@ def _forget(args: argparse.Namespace) -> int:
             forgotten += store.forget_ended_before(when)
     finally:
         store.close()
-    for key in forgotten:
-        if backends.get(key) == "local":
-            _remove_local_files(args.state_dir, key)
+    _remove_local_files(args.state_dir, [key for key in forgotten if backends.get(key) == "local"])
     missing = [k for k in keys if k not in forgotten and k not in refused]
     for key in refused:
         print(f"proxy-agent forget: job {key} has not ended; it is kept", file=sys.stderr)
@@ -121,12 +119,20 @@ def _forget(args: argparse.Namespace) -> int:
     return 1 if refused or missing else 0
 
 
-def _remove_local_files(state_dir: str, key: int) -> None:
-    """A forgotten local job's output files, kept by the keeper until now (only once the
-    keeper has recorded its end: ``status.json``)."""
-    directory = os.path.join(state_dir, "local", "jobs", str(key))
-    if os.path.isfile(os.path.join(directory, "status.json")):
-        shutil.rmtree(directory, ignore_errors=True)
+def _remove_local_files(state_dir: str, keys: List[int]) -> None:
+    """Forgotten local jobs' output files, kept by the keeper until now (only once the
+    keeper has recorded their end: in its journal, or an older keeper's ``status.json``)."""
+    if not keys:
+        return
+    from .schedulers.keeper import JOURNAL, forget_in_journal, read_journal
+
+    local = os.path.join(state_dir, "local")
+    journal = read_journal(os.path.join(local, JOURNAL))
+    for key in keys:
+        directory = os.path.join(local, "jobs", str(key))
+        if journal.get(key, {}).get("done") or os.path.isfile(os.path.join(directory, "status.json")):
+            shutil.rmtree(directory, ignore_errors=True)
+    forget_in_journal(local, [key for key in keys if journal.get(key, {}).get("done")])
 
 
 def main(argv: List[str]) -> int:

@@ -4,7 +4,7 @@
 Submits N jobs running /bin/true to ``--scheduler local`` (all SUBMIT_JOB frames written at
 once, as a busy IDE would) and waits until every one is reported COMPLETED (in a JOB_CHANGE,
 or already in its NEW_JOB when it ended before the agent first told of it).  Prints jobs per
-second, the agent's CPU time per job and the frames the client received per job.
+second, the agent's and the keeper's CPU time per job and the frames the client received per job.
 
 Floor, measured in the same run: ``subprocess.Popen`` of the same N /bin/true processes, all
 started, then all waited for.  Targets: a rate >= 0.6x the floor, <= 4 frames per job.
@@ -15,6 +15,7 @@ Usage: scripts/bench_launch.py [--jobs N] [--runs N]
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import time
 
@@ -36,6 +37,33 @@ def _completed_in(args, first: int) -> set:
     return found
 
 
+def _keeper_cpu(agent_pid: int) -> float:
+    """CPU seconds of the keeper the agent started (its child; not counting the jobs)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    used = 0
+    try:
+        tasks = os.listdir(f"/proc/{agent_pid}/task")
+    except OSError:
+        return 0.0
+    for task in tasks:
+        try:
+            with open(f"/proc/{agent_pid}/task/{task}/children") as children:
+                pids = children.read().split()
+        except OSError:
+            continue
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                    if b"proxy_agent.schedulers.keeper" not in cmdline.read():
+                        continue
+                with open(f"/proc/{pid}/stat") as stat:
+                    fields = stat.read().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            used += int(fields[11]) + int(fields[12])
+    return used / ticks
+
+
 def run_agent(jobs: int) -> dict:
     agent = RawAgent()
     try:
@@ -49,6 +77,7 @@ def run_agent(jobs: int) -> dict:
             frames.append(encode_frame(CommandId.SUBMIT_JOB, agent.tid,
                                        [f"jobSubId=bench-{n}", "execPath=/bin/true", "jobNumProcs=1"]))
         cpu0 = agent.cpu_seconds()
+        keeper0 = _keeper_cpu(agent.proc.pid)
         received = 0
         t0 = time.perf_counter()
         agent.send_many(frames)
@@ -69,8 +98,10 @@ def run_agent(jobs: int) -> dict:
                 break
         elapsed = time.perf_counter() - t0
         cpu = agent.cpu_seconds() - cpu0
+        keeper = _keeper_cpu(agent.proc.pid) - keeper0
         return {"seconds": elapsed, "ok": ok, "failed": failed, "rate": jobs / elapsed,
-                "frames": received / jobs, "cpu_ms": cpu / jobs * 1000}
+                "frames": received / jobs, "cpu_ms": cpu / jobs * 1000,
+                "keeper_ms": keeper / jobs * 1000}
     finally:
         agent.close()
 
@@ -97,12 +128,14 @@ def main() -> None:
     print(f"local scheduler: {args.jobs} x /bin/true submitted through the protocol, {args.runs} runs")
     for r, floor in zip(results, floors):
         print(f"  {r['seconds']:.2f} s  {r['rate']:.0f} jobs/s  ({r['ok']} OK, {r['failed']} failed)"
-              f"  {r['frames']:.2f} frames/job  {r['cpu_ms']:.2f} ms agent CPU/job   floor {floor:.0f} jobs/s")
+              f"  {r['frames']:.2f} frames/job  {r['cpu_ms']:.2f} ms agent CPU/job"
+              f"  {r['keeper_ms']:.2f} ms keeper CPU/job   floor {floor:.0f} jobs/s")
     rate = median([r["rate"] for r in results])
     floor = median(floors)
     print(f"  median {rate:.0f} jobs/s, Popen floor {floor:.0f} jobs/s: x{rate / floor:.2f} (target >= 0.6);"
           f" {median([r['frames'] for r in results]):.2f} frames/job (target <= 4);"
-          f" {median([r['cpu_ms'] for r in results]):.2f} ms agent CPU/job")
+          f" {median([r['cpu_ms'] for r in results]):.2f} ms agent CPU/job,"
+          f" {median([r['keeper_ms'] for r in results]):.2f} ms keeper CPU/job")
 
 
 if __name__ == "__main__":

@@ -312,8 +312,14 @@ def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
                 done.add(message["key"])
             elif message["op"] == "output":
                 output.append((message["key"], message["stream"]))
-        assert sorted(os.listdir(tmp_path / "jobs" / "1")) == ["status.json"]  # silent: no files
-        assert sorted(os.listdir(tmp_path / "jobs" / "2")) == ["0.out", "status.json"]
+        assert not (tmp_path / "jobs" / "1").exists()  # silent: no directory, no files
+        assert sorted(os.listdir(tmp_path / "jobs" / "2")) == ["0.out"]
+        # each job's start and end are lines of the journal, not files of their own
+        entries = [json.loads(line) for line in (tmp_path / "jobs.jsonl").read_text().splitlines()]
+        assert sorted((e["key"], bool(e.get("done"))) for e in entries) == [(1, False), (1, True), (2, False), (2, True)]
+        for key in (1, 2):  # recorded as started before its end
+            assert [bool(e.get("done")) for e in entries if e["key"] == key] == [False, True]
+        assert all(e["codes"] == [0] for e in entries if e.get("done"))
         assert (tmp_path / "jobs" / "2" / "0.out").read_text() == "out\n"
         assert output == [(2, "stdout")]  # told before its end, which the agent relies on
         send({"op": "bye", "policy": "terminate"})

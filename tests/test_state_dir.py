@@ -11,6 +11,8 @@ import sys
 
 import trio
 
+from proxy_agent.schedulers.keeper import JOURNAL, read_journal
+
 from adoption_support import spawn_agent, start
 from agent_fixtures import subprocess_env
 
@@ -106,7 +108,7 @@ async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
 
             ids = {name: str(row["id"]) for name, row in by_name.items()}
             files = {name: os.path.join(state, "local", "jobs", ident) for name, ident in ids.items()}
-            assert all(os.path.isdir(path) for path in files.values())
+            assert os.path.isdir(files["quick"])  # its output is kept until it is forgotten
             kept = _run("forget", "--state-dir", state, ids["slow"], ids["quick"])
             assert kept.returncode == 1
             assert f"job {ids['slow']} has not ended; it is kept" in kept.stderr and "forgot 1 job" in kept.stdout
@@ -114,7 +116,10 @@ async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
             assert gone.returncode == 0 and "forgot 1 job" in gone.stdout
             left = [json.loads(line)["name"] for line in _run("jobs", "--state-dir", state, "--json").stdout.splitlines()]
             assert left == ["slow"]
-            assert [name for name, path in files.items() if os.path.exists(path)] == ["slow"]
+            assert not any(os.path.exists(path) for path in files.values())  # the others wrote nothing
+            journal = read_journal(os.path.join(state, "local", JOURNAL))
+            assert journal[int(ids["quick"])].get("forgotten") and journal[int(ids["failing"])].get("forgotten")
+            assert "started" in journal[int(ids["slow"])]  # running: still the keeper's
             bad = _run("forget", "--state-dir", state, "--ended-before", "someday")
             assert bad.returncode == 2 and "is not a date" in bad.stderr and "Traceback" not in bad.stderr
             await client.terminate(slow)

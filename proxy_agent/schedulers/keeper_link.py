@@ -12,7 +12,7 @@ import logging
 import os
 import subprocess
 import sys
-from typing import Callable, Optional
+from typing import Callable, List, Optional
 
 import trio
 
@@ -42,16 +42,28 @@ class KeeperLink:
         self.directory = directory
         self._buffer = b""
         self._lock = trio.Lock()
+        #: requests waiting for the connection, in the order they were made
+        self._queue: List[bytes] = []
+        self._failure: Optional[str] = None
         self.closed = False
 
     async def send(self, message: dict) -> None:
-        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        """Send a request.  Requests made while an earlier one is being written go
+        together in the next write: one system call (and one wake-up of the keeper) for
+        all the jobs a client submitted at once."""
+        self._queue.append(json.dumps(message, separators=(",", ":")).encode() + b"\n")
         async with self._lock:
-            try:
-                await self.stream.send_all(data)
-            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self.closed = True
-                raise KeeperError(f"the keeper of {self.directory} is gone: {exc}") from None
+            if self._queue and self._failure is None:
+                data = b"".join(self._queue)
+                self._queue.clear()
+                try:
+                    await self.stream.send_all(data)
+                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    self.closed = True
+                    self._failure = f"the keeper of {self.directory} is gone: {exc}"
+            # an empty queue: this request went in a write an earlier caller made
+            if self._failure is not None:
+                raise KeeperError(self._failure)
 
     async def receive(self) -> Optional[dict]:
         """The next message (None when the keeper closed the connection)."""

@@ -184,8 +184,14 @@ def holder_of(directory: str) -> Dict[str, Any]:
 # --------------------------------------------------------------------------- specs as JSON
 
 
+#: JobSpec's fields, in order.  Their values are strings, numbers, booleans, None and tuples
+#: of those (or of pairs): JSON writes them as attrs.asdict would give them, without its
+#: walk over every value (a submission is written for every job).
+_SPEC_FIELDS = tuple(field.name for field in attrs.fields(JobSpec))
+
+
 def spec_to_json(spec: JobSpec) -> str:
-    return json.dumps(attrs.asdict(spec, recurse=True), separators=(",", ":"))
+    return json.dumps({name: getattr(spec, name) for name in _SPEC_FIELDS}, separators=(",", ":"))
 
 
 def spec_from_json(text: str) -> Optional[JobSpec]:

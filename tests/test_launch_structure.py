@@ -1,0 +1,140 @@
+"""What keeps local launches cheap: the keeper answers a round of requests in one write and
+starts processes without subprocess.Popen, and the agent sends the requests made while one
+is being written in one write.  (The rate itself comes from scripts/bench_launch.py; these
+tests fail if what makes it possible is undone.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import trio
+
+from proxy_agent.schedulers.keeper_link import KeeperLink
+
+from agent_fixtures import subprocess_env
+
+# Runs a keeper in its own process, counting what the test asks about; prints the counts.
+_COUNTING_KEEPER = textwrap.dedent("""
+    import json, subprocess, sys
+    from proxy_agent.schedulers import keeper
+
+    counts = {"messages": 0, "writes": 0, "popen": 0}
+    send, writable = keeper.Keeper._send, keeper.Keeper._agent_writable
+
+    def counted_send(self, message):
+        counts["messages"] += self.agent is not None
+        send(self, message)
+
+    def counted_writable(self):
+        counts["writes"] += bool(self.outbox) and self.agent is not None
+        writable(self)
+
+    class CountedPopen(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            counts["popen"] += 1
+            super().__init__(*args, **kwargs)
+
+    keeper.Keeper._send, keeper.Keeper._agent_writable = counted_send, counted_writable
+    keeper.subprocess.Popen = CountedPopen
+    keeper.main([sys.argv[1]])
+    print(json.dumps(counts))
+""")
+
+
+def test_the_keeper_answers_a_round_in_one_write_and_starts_processes_without_popen(tmp_path):
+    jobs = 20
+    keeper = subprocess.Popen([sys.executable, "-c", _COUNTING_KEEPER, str(tmp_path)], env=subprocess_env(),
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            sock = socket.socket(socket.AF_UNIX)
+            try:
+                sock.connect(str(tmp_path / "keeper.sock"))
+                break
+            except (FileNotFoundError, ConnectionRefusedError):
+                sock.close()
+                assert time.monotonic() < deadline, "the keeper did not open its socket"
+                time.sleep(0.01)
+        sock.settimeout(30)
+        lines = sock.makefile("rb")
+        sock.sendall(b'{"op":"hello"}\n')
+        assert json.loads(lines.readline())["op"] == "jobs"
+        env = {"PATH": os.defpath}
+        sock.sendall(b"".join(
+            json.dumps({"op": "spawn", "key": key, "argv": ["/bin/true"], "env": env, "cwd": str(tmp_path),
+                        "count": 1}).encode() + b"\n"
+            for key in range(1, jobs + 1)))
+        done = set()
+        while len(done) < jobs:
+            message = json.loads(lines.readline())
+            assert message["op"] in ("spawned", "exit", "done"), message
+            if message["op"] == "done":
+                done.add(message["key"])
+        sock.sendall(b'{"op":"bye","policy":"terminate"}\n')
+        while lines.readline():
+            pass
+        sock.close()
+        out, _ = keeper.communicate(timeout=30)
+    finally:
+        if keeper.poll() is None:
+            keeper.kill()
+            keeper.wait()
+    counts = json.loads(out.splitlines()[-1])
+    assert counts["popen"] == 0  # a program given by its path is started with posix_spawn
+    # 20 "spawned", 20 "exit", 20 "done": the spawns answered together, each exit with its done
+    assert counts["messages"] >= 3 * jobs
+    assert counts["writes"] <= counts["messages"] // 2, counts
+
+
+async def test_requests_made_while_one_is_written_go_in_one_write():
+    a, b = socket.socketpair()
+    writes = []
+
+    class CountingStream:
+        def __init__(self, stream: trio.SocketStream) -> None:
+            self.stream = stream
+
+        async def send_all(self, data) -> None:
+            writes.append(bytes(data))
+            await self.stream.send_all(data)
+
+        async def aclose(self) -> None:
+            await self.stream.aclose()
+
+    link = KeeperLink(CountingStream(trio.SocketStream(trio.socket.from_stdlib_socket(a))), "test")
+    async with trio.open_nursery() as nursery:
+        for key in range(20):
+            nursery.start_soon(link.send, {"op": "spawn", "key": key})
+    received = b""
+    b.settimeout(10)
+    while received.count(b"\n") < 20:
+        received += b.recv(1 << 16)
+    assert sorted(json.loads(line)["key"] for line in received.splitlines()) == list(range(20))
+    assert len(writes) <= 3, len(writes)
+    await link.aclose()
+    b.close()
+
+
+def test_a_submission_is_written_without_walking_the_spec_with_asdict(monkeypatch):
+    import attrs
+
+    from proxy_agent.service import store
+    from proxy_agent.service.jobs import JobSpec
+
+    spec = JobSpec(executable="/bin/true", arguments=("a", "b"), environment=(("X", "1"),), extra=(("k", "v"),),
+                   num_procs=3, wall_time=5, name="n")
+    expected = json.dumps(attrs.asdict(spec, recurse=True), separators=(",", ":"))
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("attrs.asdict walks every value of every submission")
+
+    monkeypatch.setattr(store.attrs, "asdict", refuse)
+    assert store.spec_to_json(spec) == expected
+    assert store.spec_from_json(store.spec_to_json(spec)) == spec
