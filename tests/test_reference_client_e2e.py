@@ -9,8 +9,9 @@ types, no array values in element events, numbers and ids that fit a Java int,
 processes named by rank.  The same launches in ``dialect=native`` show that the design
 document's protocol is still there for clients that ask for it.
 
-Local and simulated sessions always run; the SLURM ones (marker ``slurm``) need the
-cluster of ``scripts/slurm-up``.
+Local, simulated and PBS sessions (the fake PBS commands replaying recorded outputs)
+always run; the SLURM ones (marker ``slurm``) need the cluster of ``scripts/slurm-up``, the
+Grid Engine one (marker ``sge``) the cell of ``scripts/sge-up``.
 """
 
 from __future__ import annotations
@@ -172,9 +173,11 @@ def check_ranks(wire: Wire) -> None:
             )
 
 
-async def open_ide_session(*agent_args: str) -> AgentClient:
+async def open_ide_session(*agent_args: str, env: Optional[Dict[str, str]] = None,
+                           cwd: Optional[str] = None) -> AgentClient:
     """The real agent over stdio, driven by a reference-mode client."""
-    return await AgentClient.spawn(agent_argv(*agent_args), env=subprocess_env(), reference=True)
+    return await AgentClient.spawn(agent_argv(*agent_args), env=subprocess_env(**(env or {})), cwd=cwd,
+                                   reference=True)
 
 
 async def ide_handshake(client: AgentClient, base_id: int = IDE_BASE) -> Wire:
@@ -555,3 +558,84 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
     finally:
         for native in filter(None, [other_id, *ours]):
             _slurm("scancel", native)
+
+
+# --------------------------------------------------------------------------- Grid Engine
+
+
+@pytest.mark.sge
+async def test_ide_session_on_grid_engine(tmp_path):
+    """Another user's job, a launch with arguments, output beyond ASCII delivered before the
+    final state, two launches while events are stopped (Grid Engine 8.1.9 itself refuses job
+    names beyond ASCII, so the names here are plain)."""
+    import sge_support
+
+    sge_support.require_cell()
+    other = None
+    if sge_support.other_user_exists():
+        other = sge_support.run(
+            ["runuser", "-u", sge_support.OTHER_USER, "--", "qsub", "-terse", "-h", "-N", "pa-ide-other",
+             "-o", "/dev/null", "-e", "/dev/null", "-S", "/bin/sh"], stdin="#!/bin/sh\nsleep 60\n",
+        ).stdout.strip()
+    ours: List[str] = []
+    try:
+        with trio.fail_after(240):
+            async with await open_ide_session("--scheduler", "sge", "--sge-poll-interval", "1", "--all-users",
+                                              env=sge_support.cell_env()) as client:
+                wire = await ide_handshake(client)
+                if other:
+                    theirs = await client.wait_for(
+                        lambda: next((j for j in client.jobs.values() if j.get("nativeId") == other), None), 30,
+                        description="the other user's job")
+                    assert theirs.get("jobStatus") == "HOLD"
+                queue = first_queue(client, "all.q")
+                greeting = await client.submit("/bin/sh", ["-c", GREETING_PRINTF], queue=queue, cwd=str(tmp_path),
+                                               jobName="pa-ide-greeting")
+                ours.append(client.job(greeting).get("nativeId"))
+                job = await launch_with_arguments(client, wire, queue, cwd=str(tmp_path), jobName="pa-ide-args")
+                ours.append(client.job(job).get("nativeId"))
+                assert client.job_output(job) == "a b c hi there\n"  # there when COMPLETED came
+                await client.wait_job_state(greeting, "COMPLETED", 60)
+                assert client.job_output(greeting) == GREETING + "\n"
+                assert GREETING_ESCAPED in wire.text()
+                await two_launches_while_stopped(client, wire, queue, cwd=str(tmp_path), jobName="pa-ide-held")
+                ours.extend(j.get("nativeId") for j in client.jobs.values() if j.sub_id)
+                await client.quit()
+        check_default_dialect(wire, client)
+    finally:
+        for native in filter(None, [other, *ours]):
+            sge_support.run(["qdel", native])
+
+
+# --------------------------------------------------------------------------- PBS
+
+
+@pytest.mark.parametrize("family", ["openpbs", "torque"])
+async def test_ide_session_on_pbs(tmp_path, family):
+    """PBS through the fake commands that replay the real ones' recorded outputs (no PBS server
+    is packaged for this system): a launch with arguments, output beyond ASCII, two launches
+    while events are stopped."""
+    import getpass
+
+    from test_pbs_backend import DEFAULT_QUEUE, FAKE_BIN, stop_leftovers
+
+    env = {"PATH": f"{FAKE_BIN}:{os.environ.get('PATH', '/usr/bin:/bin')}", "FAKE_PBS_FAMILY": family,
+           "FAKE_PBS_STATE": str(tmp_path / "state"), "FAKE_PBS_QUEUE_SECONDS": "0.3", "HOME": str(tmp_path),
+           "FAKE_PBS_USER": getpass.getuser()}
+    try:
+        with trio.fail_after(90):
+            async with await open_ide_session("--scheduler", "pbs", "--pbs-poll-interval", "0.5", env=env,
+                                              cwd=str(tmp_path)) as client:
+                wire = await ide_handshake(client)
+                queue = first_queue(client, DEFAULT_QUEUE[family])
+                job = await launch_with_arguments(client, wire, queue, cwd=str(tmp_path))
+                assert client.job_output(job) == "a b c hi there\n"
+                greeting = await client.submit("/bin/sh", ["-c", GREETING_PRINTF], queue=queue, cwd=str(tmp_path))
+                await client.wait_job_state(greeting, "COMPLETED", 60)
+                assert client.job_output(greeting) == GREETING + "\n"
+                assert GREETING_ESCAPED in wire.text()
+                await two_launches_while_stopped(client, wire, queue, cwd=str(tmp_path))
+                await client.quit()
+        check_default_dialect(wire, client)
+    finally:
+        stop_leftovers(tmp_path / "state")
