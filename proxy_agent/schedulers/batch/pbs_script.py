@@ -37,6 +37,7 @@ import attrs
 from ...service.jobs import JobSpec
 from .pbs_parse import FAMILY_OPENPBS, FAMILY_TORQUE
 from .script import BatchScriptError
+from .script import single_line as _line
 
 __all__ = [
     "PbsUnsupported",
@@ -98,22 +99,12 @@ _REFUSED = {
     "z": "qsub would not print the new job's id",
 }
 
-_FORBIDDEN = ("\n", "\r", "\0")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FEATURE = re.compile(r"[A-Za-z][A-Za-z0-9_.\-]*\Z")
 _GRES = re.compile(r"([A-Za-z][A-Za-z0-9_.\-]*)(?::([0-9]+))?\Z")
 _OPENPBS_ARRAY = re.compile(r"([0-9]+)-([0-9]+)(?::([0-9]+))?\Z")
 _TORQUE_ARRAY = re.compile(r"[0-9]+(?:-[0-9]+)?(?:,[0-9]+(?:-[0-9]+)?)*(?:%[0-9]+)?\Z")
 _BEGIN = re.compile(r"([0-9]{4})-([0-9]{2})-([0-9]{2})[T ]([0-9]{2}):([0-9]{2})(?::([0-9]{2}))?\Z")
-
-
-def _line(what: str, value: str) -> str:
-    if not isinstance(value, str):
-        raise BatchScriptError(f"{what} must be text, got {type(value).__name__}")
-    for ch in _FORBIDDEN:
-        if ch in value:
-            raise BatchScriptError(f"{what} must not contain {ch!r}: {value!r}")
-    return value
 
 
 def _word(what: str, value: str) -> str:

@@ -57,7 +57,19 @@ class BatchScriptError(ValueError):
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _MEMORY = re.compile(r"[0-9]+[KMGTkmgt]?[Bb]?\Z")
 _TIME = re.compile(r"[0-9]+(-[0-9]+)?(:[0-9]+){0,2}\Z")
-_FORBIDDEN = ("\n", "\r", "\0")
+#: What no value may hold that goes into one line of a batch script or one argument.
+FORBIDDEN_IN_LINE = ("\n", "\r", "\0")
+
+
+def line_problem(what: str, value: object) -> Optional[str]:
+    """Why ``value`` cannot be one line of a script or command line (None when it can): every
+    batch system's checks start from this one."""
+    if not isinstance(value, str):
+        return f"{what} must be text, got {type(value).__name__}"
+    for ch in FORBIDDEN_IN_LINE:
+        if ch in value:
+            return f"{what} must not contain {ch!r}: {value!r}"
+    return None
 
 
 def _to_tuple(value: Iterable[str]) -> Tuple[str, ...]:
@@ -116,13 +128,13 @@ class ScriptSpec:
 # --------------------------------------------------------------------------------------------
 
 
-def _single_line(what: str, value: str) -> str:
-    if not isinstance(value, str):
-        raise BatchScriptError(f"{what} must be text, got {type(value).__name__}")
-    for ch in _FORBIDDEN:
-        if ch in value:
-            raise BatchScriptError(f"{what} must not contain {ch!r}: {value!r}")
+def single_line(what: str, value: str) -> str:
+    """``value`` if it is one line of text, else BatchScriptError saying why."""
+    problem = line_problem(what, value)
+    if problem is not None:
+        raise BatchScriptError(problem)
     return value
+
 
 
 def _validate_common(spec: ScriptSpec) -> None:
@@ -152,14 +164,14 @@ def _validate_common(spec: ScriptSpec) -> None:
         if value is not None:
             if value == "":
                 raise BatchScriptError(f"{what} is empty")
-            _single_line(what, value)
+            single_line(what, value)
     for opt in spec.extra_options:
-        _single_line("extra option", opt)
+        single_line("extra option", opt)
         if not opt.startswith("-"):
             # Anything else would be taken by the submit command as the script file name.
             raise BatchScriptError(f"extra option {opt!r} does not start with '-'")
     for command in spec.prologue:
-        _single_line("prologue command", command)
+        single_line("prologue command", command)
 
 
 # --------------------------------------------------------------------------------------------
@@ -206,7 +218,7 @@ class SlurmDialect(Dialect):
 
         def add(flag: str, value) -> None:
             if value is not None:
-                opts.append((f"--{flag}={_single_line(flag, str(value))}",))
+                opts.append((f"--{flag}={single_line(flag, str(value))}",))
 
         add("job-name", spec.job_name)
         add("partition", spec.queue)
@@ -262,7 +274,7 @@ def submit_argv(
     else:
         _validate_common(spec)
     if script_path is not None:
-        _single_line("script path", script_path)
+        single_line("script path", script_path)
         if script_path.startswith("-"):
             script_path = "./" + script_path
         argv.append(script_path)

@@ -49,6 +49,8 @@ import attrs
 
 from proxy_agent.service.jobs import ErrorKind, JobSpec, SubmitError
 
+from .script import line_problem
+
 __all__ = [
     "SgeSettings",
     "DEFAULT_SETTINGS",
@@ -78,7 +80,6 @@ class SgeSettings:
 
 DEFAULT_SETTINGS = SgeSettings()
 
-_FORBIDDEN = ("\n", "\r", "\0")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESOURCE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*\Z")
 _RESOURCE_VALUE = re.compile(r"[A-Za-z0-9_.+:-]+\Z")
@@ -91,13 +92,11 @@ _ARRAY = re.compile(r"([1-9][0-9]*)(?:-([1-9][0-9]*)(?::([1-9][0-9]*))?)?(?:%([1
 
 
 def _single_line(what: str, value: str) -> str:
-    if not isinstance(value, str):
-        raise _bad(f"{what} must be text, got {type(value).__name__}")
     if value == "":
         raise _bad(f"{what} is empty")
-    for ch in _FORBIDDEN:
-        if ch in value:
-            raise _bad(f"{what} must not contain {ch!r}: {value!r}")
+    problem = line_problem(what, value)
+    if problem is not None:
+        raise _bad(problem)
     return value
 
 

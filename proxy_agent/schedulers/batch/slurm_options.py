@@ -24,10 +24,10 @@ import re
 from typing import Dict, List, Optional, Sequence
 
 from ...service.jobs import ErrorKind, JobSpec, SubmitError
+from .script import FORBIDDEN_IN_LINE, line_problem
 
 __all__ = ["SBATCH_OPTIONS", "batch_options", "check_native_options", "check_prologue"]
 
-_FORBIDDEN = ("\n", "\r", "\0")
 _WORD = re.compile(r"[A-Za-z0-9_.+@-]+\Z")
 _GRES_ITEM = re.compile(r"[A-Za-z][A-Za-z0-9_/.-]*(?::[A-Za-z0-9_.-]+)?(?::[0-9]+[KMGT]?)?\Z")
 _CONSTRAINT = re.compile(r"[A-Za-z0-9_.:=&|,*\[\]()-]+\Z")
@@ -40,13 +40,11 @@ def _bad(message: str) -> SubmitError:
 
 
 def _text(what: str, value: str) -> str:
-    if not isinstance(value, str):
-        raise _bad(f"{what} must be text, got {type(value).__name__}")
-    if value.strip() == "":
+    if isinstance(value, str) and value.strip() == "":
         raise _bad(f"{what} is empty")
-    for ch in _FORBIDDEN:
-        if ch in value:
-            raise _bad(f"{what} must not contain {ch!r}: {value!r}")
+    problem = line_problem(what, value)
+    if problem is not None:
+        raise _bad(problem)
     return value.strip()
 
 
@@ -63,7 +61,7 @@ def check_prologue(commands: Sequence[str]) -> List[str]:
     for command in commands:
         if not isinstance(command, str):
             raise _bad(f"prologue command must be text, got {type(command).__name__}")
-        for ch in _FORBIDDEN:
+        for ch in FORBIDDEN_IN_LINE:
             if ch in command:
                 raise _bad(f"prologue command {command!r} must be one line (contains {ch!r}); "
                            "give one command per line")
