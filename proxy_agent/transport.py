@@ -7,6 +7,7 @@ protocol.
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import secrets
@@ -29,6 +30,25 @@ __all__ = [
 ]
 
 
+#: What the agent asks of a pipe to its client: room for a megabyte (Linux's default
+#: ceiling for unprivileged processes).  With the default 64 KiB, a big initial model makes
+#: agent and client take turns many times over; with room they both work at once.
+PIPE_BYTES = 1 << 20
+
+
+def _widen_pipe(fd: int) -> None:
+    """Give the pipe on ``fd`` room for PIPE_BYTES where the system allows (a pipe on Linux);
+    anything else (a socket, a terminal, another system) is left as it is."""
+    setsize = getattr(fcntl, "F_SETPIPE_SZ", None)
+    if setsize is None:
+        return
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, setsize, PIPE_BYTES)
+    except OSError:
+        pass  # over the system's limit, or not allowed: the pipe keeps its size
+
+
 class StdioStream(trio.abc.HalfCloseableStream):
     """The protocol on the process's stdin/stdout.
 
@@ -45,6 +65,7 @@ class StdioStream(trio.abc.HalfCloseableStream):
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
+        _widen_pipe(out_fd)
         self._in = trio.lowlevel.FdStream(in_fd)
         self._out = trio.lowlevel.FdStream(out_fd)
 

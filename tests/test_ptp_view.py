@@ -487,18 +487,39 @@ def test_clients_subscribing_to_an_unchanged_model_share_one_rendering():
     for i in range(50):
         job = model.add(Kind.JOB, (debug, long_)[i % 2], {K.NAME: f"j{i % 7}", K.STATE: "QUEUING"})
         model.add(Kind.PROCESS, job, {K.STATE: "QUEUING"})
-    first, second, other = ModelView(model, 1000), ModelView(model, 1000), ModelView(model, 5000)
+    first, second = ModelView(model, 1000), ModelView(model, 1000)
     plan = first.subscribe_plan()
+    assert plan.base == 1000  # clients of one base id: its ids written in as the plan is made
     assert second.subscribe_plan() is plan  # rendered once
     frames = plan.frames(1000, 3)
     assert plan.frames(1000, 3) is frames  # same base and TID: the same bytes
-    assert other.subscribe_plan() is plan
-    decoded = [e for chunk in plan.frames(5000, 3) for e in decode_chunk(chunk)]
-    ids = {i for e in decoded if e.event_id == EventId.NEW_JOB for g in e.groups for i in g.id_list()}
-    assert ids == {str(5000 + k) for k in model.keys(Kind.JOB)}
+    with pytest.raises(ValueError):
+        plan.frames(5000, 3)
+    other, third = ModelView(model, 5000), ModelView(model, 7000)
+    shared = other.subscribe_plan()
+    assert shared is not plan and shared.base is None  # one plan for every other base id...
+    assert third.subscribe_plan() is shared  # ...made once
+    assert ModelView(model, 1000).subscribe_plan() in (plan, shared)
+    for base, source in ((1000, plan), (5000, shared), (7000, shared)):
+        decoded = [e for chunk in source.frames(base, 3) for e in decode_chunk(chunk)]
+        ids = {i for e in decoded if e.event_id == EventId.NEW_JOB for g in e.groups for i in g.id_list()}
+        assert ids == {str(base + k) for k in model.keys(Kind.JOB)}
+    # the same snapshot either way, ids apart
+    assert b"".join(shared.frames(1000, 3)) == b"".join(frames)
     model.update(model.keys(Kind.JOB)[0], {K.STATE: "RUNNING"})
     late = ModelView(model, 1000)
     assert late.subscribe_plan() is not plan  # the model changed: a new rendering
+    again = late.subscribe_plan()
+    assert again.base is None  # clients of other base ids are about: one plan for all of them
+    assert view_module._PLANS[model] == {(id(late.rules), None): again}  # older ones let go
+    other.unsubscribe()
+    third.unsubscribe()
+    del other, third
+    import gc
+
+    gc.collect()
+    model.update(model.keys(Kind.JOB)[0], {K.STATE: "QUEUING"})
+    assert ModelView(model, 1000).subscribe_plan().base == 1000  # they are gone
 
 
 # --------------------------------------------------------------------------- properties

@@ -5,9 +5,12 @@ benchmark scripts; these tests fail if what makes them possible breaks.)"""
 
 from __future__ import annotations
 
+import functools
+
 import subprocess
 import sys
 
+import pytest
 import trio
 
 from proxy_agent.frontends.ptp import view as view_module
@@ -88,7 +91,7 @@ def test_two_clients_asking_at_once_share_one_encoding_streamed_chunk_by_chunk(m
         assert a is b  # the same bytes object: encoded once for both
     assert list(one) == [] and list(two) == []
     assert renders == [(1000, 7)] and len(got_one) > 3
-    plan = view_module.snapshot_plan(model, first.rules)
+    plan = view_module.snapshot_plan(model, first.rules, 1000)
     (rendering,) = plan._renderings.values()
     assert all(chunk is None for chunk in rendering.chunks)  # nothing held once both have it
     events = _decoded(got_one)
@@ -100,6 +103,24 @@ def test_two_clients_asking_at_once_share_one_encoding_streamed_chunk_by_chunk(m
     late = ModelView(model, 1000)
     assert b"".join(late.subscribe_chunks(7)) == b"".join(got_one)
     assert renders == [(1000, 7), (1000, 7)]
+
+
+def test_a_plan_for_one_base_id_has_its_ids_written_in_and_its_first_chunks_are_small():
+    model = _cluster(3000)
+    plan = view_module.snapshot_plan(model, view_module.NATIVE_RULES, 1000)
+    # every event one piece of bytes: rendering only frames it, nothing is looked up per id
+    assert plan.events and all(len(parts) == 1 and type(parts[0]) is bytes for _, _, parts in plan.events)
+    shared = view_module.snapshot_plan(model, view_module.NATIVE_RULES, 2000)
+    assert shared.base is None and any(type(part) is not bytes for _, _, parts in shared.events for part in parts)
+    assert b"".join(shared.frames(1000, 7)) == b"".join(plan.frames(1000, 7))
+    # the first chunk goes out after a few frames, the next ones grow up to the full size:
+    # thousands of small frames (a process event per job)
+    for job in model.keys(Kind.JOB):
+        model.add_many(Kind.PROCESS, job, [{K.STATE: "QUEUING"}])
+    sizes = [len(chunk) for chunk in ModelView(model, 1000).subscribe_chunks(7)]
+    first = view_module.FIRST_CHUNK_BYTES
+    assert len(sizes) >= 3 and first <= sizes[0] < first + 200
+    assert 2 * first <= sizes[1] < 2 * first + 200
 
 
 def test_values_that_do_not_recur_are_written_exactly_and_a_node_has_one_marker(monkeypatch):
@@ -200,6 +221,36 @@ def test_start_up_imports_only_the_backends_it_runs():
     bad = subprocess.run([sys.executable, "-m", "proxy_agent", "--no-such-option"], capture_output=True,
                          text=True, env=subprocess_env(), timeout=60)
     assert bad.returncode == 2 and "unrecognized arguments: --no-such-option" in bad.stderr
+
+
+def test_a_stdio_agent_gives_the_pipe_to_its_client_room_for_a_big_initial_model(tmp_path):
+    import fcntl
+    import os
+
+    from proxy_agent.protocol.messages import CommandId
+    from proxy_agent.protocol.wire import encode_frame
+
+    setsize = getattr(fcntl, "F_GETPIPE_SZ", None)
+    if setsize is None:
+        pytest.skip("pipe sizes cannot be asked for here")
+    env = subprocess_env()
+    env["XDG_STATE_HOME"] = str(tmp_path)
+    agent = subprocess.Popen([sys.executable, "-m", "proxy_agent", "--stdio"], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=env)
+    try:
+        before = fcntl.fcntl(agent.stdout.fileno(), setsize)
+        agent.stdin.write(encode_frame(int(CommandId.INIT), 1, ["version=2.0", "baseId=100"]))
+        agent.stdin.flush()
+        decoder = Decoder()
+        while not list(decoder):
+            data = os.read(agent.stdout.fileno(), 4096)
+            assert data
+            decoder.feed(data)
+        wanted = min(1 << 20, int(open("/proc/sys/fs/pipe-max-size").read()))
+        assert before < wanted <= fcntl.fcntl(agent.stdout.fileno(), setsize)
+    finally:
+        agent.kill()
+        agent.wait()
 
 
 def test_start_up_leaves_out_what_the_first_frames_do_not_need(tmp_path):
@@ -338,9 +389,9 @@ async def test_a_quiet_model_is_planned_ahead_and_a_plan_of_an_older_version_is_
     builds = []
     original = view_module._build_plan
 
-    def counting(model_, rules_):
+    def counting(model_, rules_, base=None):
         builds.append(model_.version)
-        return original(model_, rules_)
+        return original(model_, rules_, base)
 
     monkeypatch.setattr(view_module, "_build_plan", counting)
     wanted = True
@@ -369,6 +420,34 @@ async def test_a_quiet_model_is_planned_ahead_and_a_plan_of_an_older_version_is_
         wanted = False
         await trio.sleep(1)  # the task ends once it is no longer wanted
         assert not nursery.child_tasks
+
+
+async def test_a_plan_made_ahead_for_a_client_s_base_id_has_its_ids_in_and_is_served_to_it(monkeypatch, autojump_clock):
+    model = _cluster()
+    rules = view_module.NATIVE_RULES
+    builds = []
+    original = view_module._build_plan
+
+    def counting(model_, rules_, base=None):
+        builds.append(base)
+        return original(model_, rules_, base)
+
+    monkeypatch.setattr(view_module, "_build_plan", counting)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(functools.partial(view_module.prepare_snapshot, model, lambda: rules, lambda: True,
+                                             base=lambda: 1000))
+        await trio.sleep(1)
+        plan = view_module.snapshot_plan(model, rules, 1000)
+        assert builds == [1000] and plan.prepared and plan.base == 1000
+        chunks = b"".join(ModelView(model, 1000, rules).subscribe_chunks(7))
+        assert builds == [1000]  # nothing made again: the client's ids were already in
+        # another base id gets the plan for every base id, made once, then planned ahead no more
+        assert _decoded([b"".join(ModelView(model, 2000, rules).subscribe_chunks(7))])
+        await trio.sleep(1)
+        assert builds == [1000, None]
+        view_module._PLANS.clear()
+        assert b"".join(ModelView(model, 1000, rules).subscribe_chunks(7)) == chunks
+        nursery.cancel_scope.cancel()
 
 
 async def test_an_agent_serving_a_socket_plans_the_initial_model_before_a_client_asks(tmp_path):

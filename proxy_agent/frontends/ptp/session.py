@@ -399,7 +399,8 @@ class PtpSession:
         await self.service.ready.wait()
         if self.service.failure is None:
             await prepare_snapshot(self.service.model, lambda: self.rules,
-                                   lambda: not self._snapshot_started and not self._closing)
+                                   lambda: not self._snapshot_started and not self._closing,
+                                   base=lambda: self.view.plan_base() if self.view is not None else None)
 
     async def _service_ready(self, command: Command, transaction: Optional[Transaction] = None) -> bool:
         await self.service.ready.wait()

@@ -36,7 +36,8 @@ import gc
 import logging
 import weakref
 from array import array
-from itertools import groupby, islice
+from itertools import groupby, islice, repeat
+from operator import add, sub
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
@@ -55,6 +56,9 @@ WireEvent = Tuple[int, List[str]]
 
 #: Bytes per chunk of snapshot frames handed to a session's writer.
 SNAPSHOT_CHUNK_BYTES = 1 << 20
+#: Bytes of the first chunk: the chunks grow from this to SNAPSHOT_CHUNK_BYTES, so that the
+#: client has the first frames to decode while the agent is still making the rest.
+FIRST_CHUNK_BYTES = 32 << 10
 #: Bytes of output held per process for a client that is not reading.
 HELD_OUTPUT_LIMIT = 1 << 20
 #: Bytes of output held in all for a client that is not reading.
@@ -124,6 +128,18 @@ class _Ref:
         self.key = key
 
 
+class _IdPrefix:
+    """A reference attribute rendered for a known base id: ``prefix`` + (base + key)."""
+
+    __slots__ = ("prefix", "base", "other")
+
+    def __init__(self, prefix: str, base: int, other) -> None:
+        self.prefix = prefix
+        self.base = base
+        #: how a value that is not a key (a text) is rendered
+        self.other = other
+
+
 class _Renderer:
     """Renders value rows of one element kind into ``key=value`` arguments.
 
@@ -179,7 +195,7 @@ class _Renderer:
                     return [ref]
 
                 return marker
-            return lambda value: [prefix + str(base + value)] if value.__class__ is int else [prefix + str(value)]
+            return _IdPrefix(prefix, base, lambda value: [prefix + str(value)])
         arrays = rules.arrays
         check = rules.integer if ptp_id in rules.integer_ids else None
         if check is not None:
@@ -273,6 +289,18 @@ class _Renderer:
                 else:
                     args = [entry + item for item in value]  # type: ignore[operator]
                     hit = (len(args), (encode_args(args),) if args else ())
+            elif entry.__class__ is _IdPrefix:
+                if value.__class__ is int:
+                    arg = entry.prefix + str(entry.base + value)  # type: ignore[attr-defined]
+                    piece = (_ARG_PREFIXES[len(arg)] + arg).encode()
+                    if cache is None:
+                        count += 1
+                        parts.append(piece)
+                        continue
+                    hit = (1, (piece,))
+                else:
+                    args = entry.other(value)  # type: ignore[attr-defined]
+                    hit = (len(args), tuple(_encode_parts(args)))
             else:
                 args = entry(value)  # type: ignore[operator]
                 hit = (len(args), tuple(_encode_parts(args)))
@@ -298,6 +326,11 @@ class _Renderer:
                     out.append(entry + value)  # type: ignore[operator]
                 else:
                     out.extend(entry + item for item in value)  # type: ignore[operator]
+            elif entry.__class__ is _IdPrefix:
+                if value.__class__ is int:
+                    out.append(entry.prefix + str(entry.base + value))  # type: ignore[attr-defined]
+                else:
+                    out.extend(entry.other(value))  # type: ignore[attr-defined]
             else:
                 out.extend(entry(value))  # type: ignore[operator]
         return out
@@ -313,7 +346,7 @@ class _Ranges:
     def __init__(self, keys: List[int]) -> None:
         self.keys: Optional[List[int]] = keys
         self.runs: Optional[array] = None
-        if len(keys) > 1 and any(map(int.__eq__, keys[1:], map((1).__add__, keys))):
+        if len(keys) > 1 and 1 in map(sub, keys[1:], keys):
             runs = array("q")
             first = last = keys[0]
             for key in keys[1:]:
@@ -335,9 +368,16 @@ class _Ranges:
             assert keys is not None
             if len(keys) == 1:
                 return str(keys[0] + base)
-            return ",".join(map(str, map(base.__add__, keys)))
+            return ",".join(["%d"] * len(keys)) % tuple(map(add, keys, repeat(base)))
         it = iter(runs)
         return ",".join(str(a + base) if a == b else f"{a + base}-{b + base}" for a, b in zip(it, it))
+
+
+def _ids_bytes(keys: List[int], base: int) -> bytes:
+    """The ids of ascending service keys for the client with ``base``, as range-set text."""
+    if 1 in map(sub, keys[1:], keys):
+        return _Ranges(keys).text(base).encode()
+    return b",".join([b"%d"] * len(keys)) % tuple(map(add, keys, repeat(base)))
 
 
 def _encode_parts(items: list) -> list:
@@ -372,8 +412,10 @@ def _joined_parts(parts: list) -> list:
 class SnapshotPlan:
     """The whole model as NEW events whose ids are not yet a client's (see module docs)."""
 
-    def __init__(self, version: int, events: Iterable[Tuple[int, int, tuple]]) -> None:
+    def __init__(self, version: int, events: Iterable[Tuple[int, int, tuple]], base: Optional[int] = None) -> None:
         self.version = version
+        #: the base id whose ids the events hold already; None: a plan for any base id
+        self.base = base
         #: (event id, argument count, parts), made as far as readers have got
         self._events: List[Tuple[int, int, tuple]] = []
         self._source: Optional[Iterator[Tuple[int, int, tuple]]] = iter(events)
@@ -386,7 +428,9 @@ class SnapshotPlan:
             return False
         events = self._events
         before = len(events)
-        events.extend(islice(source, 256))
+        # few at first (the first events are the biggest: nodes, jobs), so that the first
+        # chunk goes out as soon as it is made
+        events.extend(islice(source, 256 if before >= 64 else 1))
         if len(events) == before:
             self._source = None
             return False
@@ -418,7 +462,8 @@ class SnapshotPlan:
         return self._events
 
     def chunks(self, base: int, tid: int) -> Iterator[bytes]:
-        """The snapshot's frames for a client, in chunks of about SNAPSHOT_CHUNK_BYTES, each
+        """The snapshot's frames for a client, in chunks of about SNAPSHOT_CHUNK_BYTES (the
+        first ones smaller, from FIRST_CHUNK_BYTES on, doubling), each
         rendered when it is first asked for.  Clients with the same base id and TID that read
         at the same time share the chunks; a chunk every reader has passed is let go."""
         return self._rendering(base, tid).reader(keep=False)
@@ -431,6 +476,8 @@ class SnapshotPlan:
         return rendering.chunks  # type: ignore[return-value]
 
     def _rendering(self, base: int, tid: int) -> "_Rendering":
+        if self.base is not None and base != self.base:
+            raise ValueError(f"a plan for base id {self.base} rendered for base id {base}")
         rendering = self._renderings.get((base, tid))
         if rendering is None or rendering.released:
             for key in [k for k, r in self._renderings.items() if r.done and not r.readers]:
@@ -442,6 +489,7 @@ class SnapshotPlan:
         assemble_frame(0, tid, 0, b"")  # checks the TID once
         current: List[bytes] = []
         size = 0
+        limit = min(FIRST_CHUNK_BYTES, SNAPSHOT_CHUNK_BYTES)
         # what a marker (a service key or a _Ref) is written as for this client: parents and
         # referenced elements recur
         written: Dict[object, bytes] = {}
@@ -455,17 +503,21 @@ class SnapshotPlan:
                 break
             event_id, nargs, parts = events[index]
             index += 1
-            body = b"".join([part if part.__class__ is bytes else get(part) or _written(part, base, written)
-                             for part in parts])
+            if len(parts) == 1 and parts[0].__class__ is bytes:
+                body = parts[0]  # ids written in already (a plan for this base id), or none
+            else:
+                body = b"".join([part if part.__class__ is bytes else get(part) or _written(part, base, written)
+                                 for part in parts])
             head = heads.get(nargs << 16 | event_id)
             if head is None:
                 head = heads[nargs << 16 | event_id] = b" %04X:%08X:%08X" % (event_id, tid, nargs)
             frame = b"%08X%s%s" % (len(body) + len(head), head, body)
             current.append(frame)
             size += len(frame)
-            if size >= SNAPSHOT_CHUNK_BYTES:
+            if size >= limit:
                 yield b"".join(current)
                 current, size = [], 0
+                limit = min(limit * 2, SNAPSHOT_CHUNK_BYTES)
         if current:
             yield b"".join(current)
 
@@ -595,38 +647,61 @@ def _settle() -> None:
 #: How long the model must stay unchanged before its snapshot is planned ahead (seconds)
 PREPARE_QUIET = 0.05
 
-#: The latest snapshot plan of each model, per rules: model -> {rules: plan}
-_PLANS: "weakref.WeakKeyDictionary[ServiceModel, Dict[int, SnapshotPlan]]" = weakref.WeakKeyDictionary()
+#: The snapshot plans of each model's latest version: model -> {(id of rules, base id or None): plan}
+_PLANS: "weakref.WeakKeyDictionary[ServiceModel, Dict[Tuple[int, Optional[int]], SnapshotPlan]]" = weakref.WeakKeyDictionary()
 
 
-def snapshot_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
+#: The client views of each model (see :meth:`ModelView.plan_base`)
+_VIEWS: "weakref.WeakKeyDictionary[ServiceModel, weakref.WeakSet[ModelView]]" = weakref.WeakKeyDictionary()
+
+
+def snapshot_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] = None) -> SnapshotPlan:
     """The snapshot of the model as it is now, rendered with ``rules`` (shared while the model
-    does not change)."""
+    does not change).
+
+    With a ``base``: a plan that serves that base id.  The first plan of a model version is
+    made for that base id alone, ids written in as the events are made (rendering then only
+    frames them); once a client with another base id asks for the same version, one plan for
+    every other base id is made beside it, ids filled in per client as it is rendered.  So a
+    version has at most two plans, however many clients and base ids.  Without a ``base``:
+    the plan for every base id."""
     plans = _PLANS.get(model)
     if plans is None:
         plans = _PLANS[model] = {}
-    plan = plans.get(id(rules))
-    if plan is not None and plan.version == model.version:
+    version = model.version
+    key = (id(rules), base)
+    plan = plans.get(key)
+    if plan is None or plan.version != version:
+        plan = plans.get((id(rules), None))
+    if plan is not None and plan.version == version:
         return plan
     # An older version is of no use to anyone subscribing from now on, and a plan for other
     # rules is let go too (a million jobs' plan is large): both before the new one is made.
+    # A plan of this version for another base id stays: this one is then for every base id.
+    kept = {k: p for k, p in plans.items() if k[0] == id(rules) and p.version == version}
     plans.clear()
+    plans.update(kept)
+    if kept:
+        key = (id(rules), None)
     enabled = gc.isenabled()
     gc.disable()  # hundreds of thousands of new objects, none of them garbage: no collections
     try:
-        plan = _build_plan(model, rules)
+        plan = _build_plan(model, rules, key[1])
         _settle()
-        log.debug("initial model planned (model version %d)", plan.version)
+        log.debug("initial model planned (model version %d, base id %s)", plan.version,
+                  "any" if key[1] is None else key[1])
     finally:
         if enabled:
             gc.enable()
-    plans[id(rules)] = plan
+    plans[key] = plan
     return plan
 
 
 async def prepare_snapshot(model: ServiceModel, rules: Callable[[], RenderRules], wanted: Callable[[], bool],
-                           quiet: float = PREPARE_QUIET, spacing: float = 0.0) -> None:
-    """Plan the model's snapshot ahead of a client's START_EVENTS, for as long as ``wanted()``.
+                           quiet: float = PREPARE_QUIET, spacing: float = 0.0,
+                           base: Callable[[], Optional[int]] = lambda: None) -> None:
+    """Plan the model's snapshot ahead of a client's START_EVENTS, for as long as ``wanted()``
+    (``base()``: the base id to plan for, None for any; see :func:`snapshot_plan`).
 
     Once the model has stayed at one version for ``quiet`` seconds and there is no finished
     plan of that version for ``rules()``, the elements are grouped (one step) and the events
@@ -644,12 +719,14 @@ async def prepare_snapshot(model: ServiceModel, rules: Callable[[], RenderRules]
         if not wanted() or model.version != version:
             continue
         current = rules()
-        plans = _PLANS.get(model)
-        plan = plans.get(id(current)) if plans is not None else None
-        if plan is not None and plan.version == version and plan.prepared:
+        plans = _PLANS.get(model) or {}
+        wanted_base = base()
+        ready = [p for p in (plans.get((id(current), wanted_base)), plans.get((id(current), None)))
+                 if p is not None and p.version == version and p.prepared]
+        if ready:
             continue
         began = trio.current_time()
-        plan = snapshot_plan(model, current)
+        plan = snapshot_plan(model, current, wanted_base)
         while plan.prepare():
             await trio.sleep(0)
             if not wanted() or model.version != version:
@@ -660,7 +737,7 @@ async def prepare_snapshot(model: ServiceModel, rules: Callable[[], RenderRules]
             await trio.sleep((trio.current_time() - began) * spacing)
 
 
-def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
+def _build_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] = None) -> SnapshotPlan:
     """Group the model's elements now (what the snapshot holds is decided at this instant: rows
     are immutable, so holding them is holding the values); encode the groups into events later,
     as the plan's readers get to them."""
@@ -702,12 +779,16 @@ def _build_plan(model: ServiceModel, rules: RenderRules) -> SnapshotPlan:
                     last_group = group
             last_parent, last_row = parent, row
         grouped.append((kind, by_parent))
-    return SnapshotPlan(model.version, _emit(grouped, [_Renderer(kind, model.schema(kind), rules, None)
-                                                       for kind, _ in grouped]))
+    renderers = [_Renderer(kind, model.schema(kind), rules, base) for kind, _ in grouped]
+    return SnapshotPlan(model.version, _emit(grouped, renderers, base), base)
 
 
-def _emit(grouped: list, renderers: List["_Renderer"]) -> Iterator[Tuple[int, int, tuple]]:
-    """The NEW events of grouped elements (see :func:`_build_plan`), kind by kind."""
+def _emit(grouped: list, renderers: List["_Renderer"], base: Optional[int] = None) -> Iterator[Tuple[int, int, tuple]]:
+    """The NEW events of grouped elements (see :func:`_build_plan`), kind by kind.  With a
+    ``base`` (a plan for the clients of one base id) every id is written at once: each event
+    is one piece of bytes and rendering only frames it."""
+    direct = base is not None
+    written: Dict[object, bytes] = {}  # parents and references, written once each (direct)
     for index, (kind, by_parent) in enumerate(grouped):
         grouped[index] = None  # let each kind's groups go once its events are made
         encode_row = renderers[index].encoded
@@ -728,7 +809,17 @@ def _emit(grouped: list, renderers: List["_Renderer"]) -> Iterator[Tuple[int, in
                     nargs = encode_row(group[0], row_parts)
                     if process:
                         head = _ONE + _encoded_number(group[1]) + _encoded_number(nargs)
-                        yield event_id, 4 + nargs, (parent, head, *row_parts)
+                        if direct:
+                            text = str(base + parent)  # type: ignore[operator]  # a job has one such event
+                            yield event_id, 4 + nargs, (b"".join([_PREFIXES[len(text)] + text.encode(), head,
+                                                                  *row_parts]),)
+                        else:
+                            yield event_id, 4 + nargs, (parent, head, *row_parts)
+                    elif direct:
+                        text = str(base + group[1])  # type: ignore[operator]
+                        yield event_id, 4 + nargs, (b"".join(
+                            [written.get(parent) or _written(parent, base, written), _ONE,  # type: ignore[arg-type]
+                             _PREFIXES[len(text)] + text.encode(), _encoded_number(nargs), *row_parts]),)
                     else:
                         parts = [parent, _ONE, group[1], _encoded_number(nargs), *row_parts]
                         yield event_id, 4 + nargs, tuple(_joined_parts(parts))
@@ -746,22 +837,38 @@ def _emit(grouped: list, renderers: List["_Renderer"]) -> Iterator[Tuple[int, in
                 merged = list(same.items())
             for start in range(0, len(merged), MAX_GROUPS_PER_EVENT):
                 part = merged[start:start + MAX_GROUPS_PER_EVENT]
-                parts = [parent, _encoded_number(len(part))]
+                if direct:
+                    parts = [written.get(parent) or _written(parent, base, written), _encoded_number(len(part))]  # type: ignore[arg-type]
+                else:
+                    parts = [parent, _encoded_number(len(part))]
                 total = 2
                 for row, bucket in part:
-                    members = bucket[1:]
-                    if id(bucket) in unsorted:
-                        members.sort()
-                    if process:
-                        parts.append(encode_args((_ids_text(members),)))
+                    if len(bucket) == 2:  # one member (a node, a job of its own)
+                        member = bucket[1]
+                        if process:
+                            parts.append(_encoded_number(member))
+                        elif direct:
+                            text = str(base + member)  # type: ignore[operator]
+                            parts.append(_PREFIXES[len(text)] + text.encode())
+                        else:
+                            parts.append(member)
                     else:
-                        parts.append(members[0] if len(members) == 1 else _Ranges(members))
-                    row_parts = []
-                    nargs = encode_row(row, row_parts)
-                    parts.append(_encoded_number(nargs))
-                    parts.extend(row_parts)
+                        members = bucket[1:]
+                        if unsorted and id(bucket) in unsorted:
+                            members.sort()
+                        if process:
+                            parts.append(encode_args((_ids_text(members),)))
+                        elif direct:
+                            text = _ids_bytes(members, base)  # type: ignore[arg-type]
+                            parts.append(b" %08X:%s" % (len(text), text))
+                        else:
+                            parts.append(_Ranges(members))
+                    at = len(parts)
+                    parts.append(b"")
+                    nargs = encode_row(row, parts)  # the row's pieces go in after its count
+                    parts[at] = _SMALL_NUMBERS[nargs] if nargs < 256 else _encoded_number(nargs)
                     total += 2 + nargs
-                yield event_id, total, tuple(_joined_parts(parts))
+                yield event_id, total, (b"".join(parts),) if direct else tuple(_joined_parts(parts))
 
 
 _SMALL_NUMBERS = [encode_args((str(n),)) for n in range(256)]
@@ -787,6 +894,10 @@ class ModelView(ChangeSink):
         self.rules = rules
         self.on_change = on_change
         self._renderers = {kind: _Renderer(kind, model.schema(kind), rules, base_id) for kind in Kind}
+        views = _VIEWS.get(model)
+        if views is None:
+            views = _VIEWS[model] = weakref.WeakSet()
+        views.add(self)
         self.subscribed = False
         # pending records: key -> _NEW or the set of changed slots
         self._pending: Dict[int, Union[int, Set[int]]] = {}
@@ -834,11 +945,20 @@ class ModelView(ChangeSink):
 
     # ------------------------------------------------------------------ subscription
 
+    def plan_base(self) -> Optional[int]:
+        """The base id a snapshot plan for this client is best made for: its own while every
+        client of the model has that base id; None (a plan for any base id) once clients with
+        other base ids are about, so that one plan serves them all."""
+        views = _VIEWS.get(self.model)
+        if views is not None and any(view.base != self.base for view in views):
+            return None
+        return self.base
+
     def subscribe_plan(self) -> SnapshotPlan:
         """Start following the model; returns the snapshot of this instant (its elements now
         count as known to the client: queue its frames before anything drained later)."""
         model = self.model
-        plan = snapshot_plan(model, self.rules)
+        plan = snapshot_plan(model, self.rules, self.plan_base())
         model.subscribe(self)
         self.subscribed = True
         for job, backlog in model.take_backlog().items():
