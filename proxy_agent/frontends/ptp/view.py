@@ -147,7 +147,7 @@ class _Renderer:
     by several clients) they stay :class:`_Ref` markers.
     """
 
-    __slots__ = ("kind", "schema", "rules", "base", "plan", "version", "_caches", "_uses")
+    __slots__ = ("kind", "schema", "rules", "base", "plan", "version", "_caches", "_rows")
 
     def __init__(self, kind: Kind, schema, rules: RenderRules, base: Optional[int]) -> None:
         self.kind = kind
@@ -157,7 +157,7 @@ class _Renderer:
         self.plan: List[object] = []
         self.version = -1
         self._caches = []
-        self._uses = []
+        self._rows = 0
 
     def _refresh(self) -> None:
         keys = self.schema.keys
@@ -165,7 +165,8 @@ class _Renderer:
         self.version = self.schema.version
         # rendered values per slot (see encoded); entries may have changed with the schema
         self._caches: List[Optional[dict]] = [{} for _ in keys]
-        self._uses: List[int] = [0] * len(keys)
+        #: rows encoded since (to tell the slots whose values hardly recur)
+        self._rows = 0
 
     def _entry(self, name: str):
         kind, rules = self.kind, self.rules
@@ -253,10 +254,9 @@ class _Renderer:
             self._refresh()
         caches = self._caches
         plan = self.plan
-        uses = self._uses
         if len(caches) != len(plan):
             caches.extend({} for _ in range(len(plan) - len(caches)))
-            uses.extend(0 for _ in range(len(plan) - len(uses)))
+        self._rows += 1
         count = 0
         i = -1
         for value in values:
@@ -265,11 +265,14 @@ class _Renderer:
                 continue
             cache = caches[i]
             if cache is not None:
-                uses[i] += 1
                 hit = cache.get(value)
                 if hit is not None:
-                    count += hit[0]
-                    parts += hit[1]
+                    if hit.__class__ is bytes:  # one argument (most values)
+                        count += 1
+                        parts.append(hit)
+                    else:
+                        count += hit[0]
+                        parts += hit[1]
                     continue
             entry = plan[i]
             if entry is None:
@@ -278,26 +281,16 @@ class _Renderer:
                 if value.__class__ is str:
                     arg = entry + value  # type: ignore[operator]
                     if len(arg) < _SHORT and arg.isascii():
-                        piece = (_ARG_PREFIXES[len(arg)] + arg).encode()
+                        hit = (_ARG_PREFIXES[len(arg)] + arg).encode()
                     else:
-                        piece = encode_args((arg,))
-                    if cache is None:  # a value that does not recur: nothing to remember
-                        count += 1
-                        parts.append(piece)
-                        continue
-                    hit = (1, (piece,))
+                        hit = encode_args((arg,))
                 else:
                     args = [entry + item for item in value]  # type: ignore[operator]
                     hit = (len(args), (encode_args(args),) if args else ())
             elif entry.__class__ is _IdPrefix:
                 if value.__class__ is int:
                     arg = entry.prefix + str(entry.base + value)  # type: ignore[attr-defined]
-                    piece = (_ARG_PREFIXES[len(arg)] + arg).encode()
-                    if cache is None:
-                        count += 1
-                        parts.append(piece)
-                        continue
-                    hit = (1, (piece,))
+                    hit = (_ARG_PREFIXES[len(arg)] + arg).encode()
                 else:
                     args = entry.other(value)  # type: ignore[attr-defined]
                     hit = (len(args), tuple(_encode_parts(args)))
@@ -306,11 +299,15 @@ class _Renderer:
                 hit = (len(args), tuple(_encode_parts(args)))
             if cache is not None:
                 cache[value] = hit
-                if len(cache) > _CACHE_TRIAL and len(cache) * 2 > uses[i]:
+                if len(cache) > _CACHE_TRIAL and len(cache) * 2 > self._rows:
                     caches[i] = None  # values of this slot hardly recur
                     cache.clear()
-            count += hit[0]
-            parts += hit[1]
+            if hit.__class__ is bytes:
+                count += 1
+                parts.append(hit)
+            else:
+                count += hit[0]  # type: ignore[index]
+                parts += hit[1]  # type: ignore[index]
         return count
 
     def args(self, values: Sequence) -> list:
@@ -751,6 +748,9 @@ def _build_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] = N
         # parent -> [row, key or rank, ...] while its children share one row object, else
         # id of a row -> such a group.  Elements created alike share their row object, so most
         # of the grouping is by identity; equal rows that are distinct objects merge below.
+        if not process:
+            grouped.append((kind, _by_row(elements)))
+            continue
         by_parent: Dict[int, Union[list, Dict[int, list]]] = {}
         last_parent = last_row = last_group = None
         for element in elements:
@@ -783,6 +783,43 @@ def _build_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] = N
     return SnapshotPlan(model.version, _emit(grouped, renderers, base), base)
 
 
+def _by_row(elements: Iterable[Element]) -> Dict[int, Union[list, Dict[int, list]]]:
+    """Elements (not processes) grouped as :func:`_build_plan` does, by the identity of their
+    row first: the children of one parent rarely come in a row (jobs of many kinds, queued
+    in turn), while a row is rarely shared by children of different parents."""
+    groups: Dict[int, list] = {}  # id of a row -> [parent, row, key, ...]
+    made: List[list] = []  # the groups in the order they were begun
+    strays: Dict[Tuple[int, int], list] = {}  # (parent, id of a row) for a row other parents share
+    get = groups.get
+    for element in elements:
+        row = element.values
+        group = get(id(row))
+        if group is None:
+            group = groups[id(row)] = [element.parent, row, element.key]
+            made.append(group)
+        elif group[0] == element.parent:
+            group.append(element.key)
+        else:
+            stray = strays.get((element.parent, id(row)))
+            if stray is None:
+                stray = strays[(element.parent, id(row))] = [element.parent, row, element.key]
+                made.append(stray)
+            else:
+                stray.append(element.key)
+    by_parent: Dict[int, Union[list, Dict[int, list]]] = {}
+    for group in made:
+        parent = group[0]
+        del group[0]
+        entry = by_parent.get(parent)
+        if entry is None:
+            by_parent[parent] = group
+        elif entry.__class__ is list:
+            by_parent[parent] = {id(entry[0]): entry, id(group[0]): group}  # type: ignore[index]
+        else:
+            entry[id(group[0])] = group  # type: ignore[index]
+    return by_parent
+
+
 def _emit(grouped: list, renderers: List["_Renderer"], base: Optional[int] = None) -> Iterator[Tuple[int, int, tuple]]:
     """The NEW events of grouped elements (see :func:`_build_plan`), kind by kind.  With a
     ``base`` (a plan for the clients of one base id) every id is written at once: each event
@@ -799,33 +836,45 @@ def _emit(grouped: list, renderers: List["_Renderer"], base: Optional[int] = Non
         for i in range(len(items)):
             parent, entry = items[i]
             items[i] = None  # type: ignore[call-overload]  # its groups go once its events are made
-            unsorted: Set[int] = set()
             if entry.__class__ is list:
+                # one group (a job's processes, a queue's jobs all alike): the event refers to
+                # the pieces its values share with others, nothing copied
                 group = entry  # type: ignore[assignment]
+                row_parts: list = []
+                nargs = encode_row(group[0], row_parts)
                 if len(group) == 2:
-                    # a single child (a job's only process): no grouping needed; the event
-                    # refers to the pieces its values share with others, nothing copied
-                    row_parts: list = []
-                    nargs = encode_row(group[0], row_parts)
+                    member = group[1]
                     if process:
-                        head = _ONE + _encoded_number(group[1]) + _encoded_number(nargs)
-                        if direct:
-                            text = str(base + parent)  # type: ignore[operator]  # a job has one such event
-                            yield event_id, 4 + nargs, (b"".join([_PREFIXES[len(text)] + text.encode(), head,
-                                                                  *row_parts]),)
-                        else:
-                            yield event_id, 4 + nargs, (parent, head, *row_parts)
+                        ids = _encoded_number(member)
                     elif direct:
-                        text = str(base + group[1])  # type: ignore[operator]
-                        yield event_id, 4 + nargs, (b"".join(
-                            [written.get(parent) or _written(parent, base, written), _ONE,  # type: ignore[arg-type]
-                             _PREFIXES[len(text)] + text.encode(), _encoded_number(nargs), *row_parts]),)
+                        text = str(base + member)  # type: ignore[operator]
+                        ids = _PREFIXES[len(text)] + text.encode()
                     else:
-                        parts = [parent, _ONE, group[1], _encoded_number(nargs), *row_parts]
-                        yield event_id, 4 + nargs, tuple(_joined_parts(parts))
-                    continue
-                merged = [(group[0], group)]
+                        ids = member
+                else:
+                    members = group[1:]
+                    if process:
+                        ids = encode_args((_ids_text(members),))
+                    elif direct:
+                        text = _ids_bytes(members, base)  # type: ignore[arg-type,assignment]
+                        ids = b" %08X:%s" % (len(text), text)
+                    else:
+                        ids = _Ranges(members)
+                count = _SMALL_NUMBERS[nargs] if nargs < 256 else _encoded_number(nargs)
+                if direct:
+                    if process:  # a job has one such event: its id is not kept
+                        text = str(base + parent)  # type: ignore[operator]
+                        head = _PREFIXES[len(text)] + text.encode()
+                    else:
+                        head = written.get(parent) or _written(parent, base, written)  # type: ignore[arg-type]
+                    yield event_id, 4 + nargs, (b"".join([head, _ONE, ids, count, *row_parts]),)  # type: ignore[list-item]
+                elif process:
+                    yield event_id, 4 + nargs, (parent, _ONE + ids + count, *row_parts)  # type: ignore[operator]
+                else:
+                    yield event_id, 4 + nargs, tuple(_joined_parts([parent, _ONE, ids, count, *row_parts]))
+                continue
             else:
+                unsorted: Set[int] = set()
                 same: Dict[tuple, list] = {}
                 for group in entry.values():  # type: ignore[union-attr]
                     bucket = same.get(group[0])
