@@ -619,3 +619,21 @@ def test_the_default_dialect_renders_ascii_and_java_ints_only():
     assert b"progArgs" not in frames and b"jobNumProcs" not in frames
     native = b"".join(ModelView(model, BASE, render_rules(NATIVE, [])).subscribe_frames(3))
     assert "Grüße".encode() in native and b"progArgs=b c" in native and b"jobNumProcs=4294967294" in native
+
+
+def _runs_oracle(keys: List[int], base: int) -> bytes:
+    runs: List[List[int]] = []
+    for key in keys:
+        if runs and runs[-1][1] == key - 1:
+            runs[-1][1] = key
+        else:
+            runs.append([key, key])
+    return ",".join(str(a + base) if a == b else f"{a + base}-{b + base}" for a, b in runs).encode()
+
+
+@given(st.sets(st.integers(0, 300), min_size=1, max_size=120), st.sampled_from([0, 1, 1000, 2_000_000_000]))
+def test_ids_of_a_group_are_written_as_the_range_set_of_their_runs(keys, base):
+    ordered = sorted(keys)
+    expected = _runs_oracle(ordered, base)
+    assert view_module._ids_bytes(ordered, base) == expected
+    assert view_module._Ranges(list(ordered)).data(base) == expected

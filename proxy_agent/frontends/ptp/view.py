@@ -36,8 +36,8 @@ import gc
 import logging
 import weakref
 from array import array
-from itertools import groupby, islice, repeat
-from operator import add, sub
+from itertools import compress, groupby, islice, repeat
+from operator import add, eq, sub
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
@@ -335,15 +335,15 @@ class _Renderer:
 
 class _Ranges:
     """Element ids of a group in a shared snapshot: ascending service keys, written as a range
-    set once a client's base id is known.  Kept as the keys themselves while no two are
-    adjacent, else as a flat array of (first, last) runs: a million jobs' groups stay small."""
+    set once a client's base id is known.  Kept as the keys themselves, or, where most keys
+    are adjacent, as a flat array of (first, last) runs: a million jobs' groups stay small."""
 
     __slots__ = ("keys", "runs")
 
     def __init__(self, keys: List[int]) -> None:
         self.keys: Optional[List[int]] = keys
         self.runs: Optional[array] = None
-        if len(keys) > 1 and 1 in map(sub, keys[1:], keys):
+        if len(keys) > 2 and 2 * sum(map(eq, map(sub, keys[1:], keys), repeat(1))) > len(keys):
             runs = array("q")
             first = last = keys[0]
             for key in keys[1:]:
@@ -358,23 +358,52 @@ class _Ranges:
             self.runs = runs
             self.keys = None
 
-    def text(self, base: int) -> str:
+    def data(self, base: int) -> bytes:
         runs = self.runs
         if runs is None:
-            keys = self.keys
-            assert keys is not None
-            if len(keys) == 1:
-                return str(keys[0] + base)
-            return ",".join(["%d"] * len(keys)) % tuple(map(add, keys, repeat(base)))
+            return _ids_bytes(self.keys, base)  # type: ignore[arg-type]
         it = iter(runs)
-        return ",".join(str(a + base) if a == b else f"{a + base}-{b + base}" for a, b in zip(it, it))
+        return b",".join([b"%d" % (a + base) if a == b else b"%d-%d" % (a + base, b + base) for a, b in zip(it, it)])
+
+    def text(self, base: int) -> str:
+        return self.data(base).decode()
 
 
 def _ids_bytes(keys: List[int], base: int) -> bytes:
-    """The ids of ascending service keys for the client with ``base``, as range-set text."""
-    if 1 in map(sub, keys[1:], keys):
-        return _Ranges(keys).text(base).encode()
-    return b",".join([b"%d"] * len(keys)) % tuple(map(add, keys, repeat(base)))
+    """The ids of ascending service keys for the client with ``base``, as range-set text:
+    runs of adjacent keys as ``first-last``, the rest one by one.  Most groups have no two
+    keys adjacent, or only a few runs among many keys: the keys between runs are written in
+    one formatting each, only the runs one by one."""
+    n = len(keys)
+    if n == 1:
+        return b"%d" % (keys[0] + base)
+    if keys[-1] - keys[0] == n - 1:
+        return b"%d-%d" % (keys[0] + base, keys[-1] + base)
+    # i where keys[i + 1] == keys[i] + 1
+    adjacent = list(compress(range(n - 1), map(eq, map(sub, keys[1:], keys), repeat(1))))
+    if not adjacent:
+        return _separated(n) % tuple(map(add, keys, repeat(base)))
+    pieces: List[bytes] = []
+    done = 0  # keys before this one are written
+    i = 0
+    while i < len(adjacent):
+        first = last = adjacent[i]
+        i += 1
+        while i < len(adjacent) and adjacent[i] == last + 1:
+            last += 1
+            i += 1
+        if done < first:
+            pieces.append(_separated(first - done) % tuple(map(add, keys[done:first], repeat(base))))
+        pieces.append(b"%d-%d" % (keys[first] + base, keys[last + 1] + base))
+        done = last + 2
+    if done < n:
+        pieces.append(_separated(n - done) % tuple(map(add, keys[done:], repeat(base))))
+    return b",".join(pieces)
+
+
+def _separated(count: int) -> bytes:
+    """A format of ``count`` numbers separated by commas."""
+    return b",".join([b"%d"] * count)
 
 
 def _encode_parts(items: list) -> list:
@@ -542,7 +571,7 @@ def _written(part: object, base: int, written: Dict[object, bytes]) -> bytes:
         text = str(base + part)  # type: ignore[operator]
         piece = written[part] = _PREFIXES[len(text)] + text.encode()
     elif cls is _Ranges:
-        text = part.text(base).encode()  # type: ignore[attr-defined]
+        text = part.data(base)  # type: ignore[attr-defined]
         piece = b" %08X:%s" % (len(text), text)
     else:  # _Ref
         text = (part.prefix + str(base + part.key)).encode()  # type: ignore[attr-defined]
