@@ -123,6 +123,40 @@ def test_a_plan_for_one_base_id_has_its_ids_written_in_and_its_first_chunks_are_
     assert 2 * first <= sizes[1] < 2 * first + 200
 
 
+def test_a_new_plan_s_first_chunk_goes_out_before_jobs_and_processes_are_grouped(monkeypatch):
+    model = _cluster(3000)
+    for job in model.keys(Kind.JOB)[:2000]:
+        model.add_many(Kind.PROCESS, job, [{K.STATE: "QUEUING"}])
+    # enough nodes for a first chunk of their own
+    model.add_many(Kind.NODE, model.keys(Kind.MACHINE)[0],
+                   [{K.NAME: f"node-{i}", K.STATE: "UP"} for i in range(3000)])
+    expected = b"".join(ModelView(model, 1000).subscribe_chunks(7))
+    view_module._PLANS.clear()
+    steps = []
+    original = view_module._grouped_kind
+
+    def grouping(model_, kind, ascending):
+        steps.append(kind)
+        return original(model_, kind, ascending)
+
+    monkeypatch.setattr(view_module, "_grouped_kind", grouping)
+    early = []
+
+    def write(chunk):
+        early.append(chunk)
+        steps.append("first chunk out")
+
+    view = ModelView(model, 1000)
+    rest = view.subscribe_chunks(7, write)
+    assert steps == [Kind.MACHINE, Kind.QUEUE, Kind.NODE, "first chunk out", Kind.JOB, Kind.PROCESS], steps
+    # grouped before returning: what happens to the model from now on is not in the snapshot
+    # (the view tells it as changes), and the bytes are those of a plan made all at once
+    model.update(model.keys(Kind.JOB)[0], {K.STATE: "RUNNING"})
+    model.add(Kind.JOB, model.keys(Kind.QUEUE)[0], {K.NAME: "later", K.STATE: "QUEUING"})
+    assert len(early) == 1 and early[0] + b"".join(rest) == expected
+    assert steps[-1] is Kind.PROCESS
+
+
 def test_values_that_do_not_recur_are_written_exactly_and_a_node_has_one_marker(monkeypatch):
     # a slot whose values hardly recur stops being remembered: make that happen after a few
     monkeypatch.setattr(view_module, "_CACHE_TRIAL", 8)
@@ -389,9 +423,9 @@ async def test_a_quiet_model_is_planned_ahead_and_a_plan_of_an_older_version_is_
     builds = []
     original = view_module._build_plan
 
-    def counting(model_, rules_, base=None):
+    def counting(model_, rules_, base=None, defer=False):
         builds.append(model_.version)
-        return original(model_, rules_, base)
+        return original(model_, rules_, base, defer)
 
     monkeypatch.setattr(view_module, "_build_plan", counting)
     wanted = True
@@ -428,9 +462,9 @@ async def test_a_plan_made_ahead_for_a_client_s_base_id_has_its_ids_in_and_is_se
     builds = []
     original = view_module._build_plan
 
-    def counting(model_, rules_, base=None):
+    def counting(model_, rules_, base=None, defer=False):
         builds.append(base)
-        return original(model_, rules_, base)
+        return original(model_, rules_, base, defer)
 
     monkeypatch.setattr(view_module, "_build_plan", counting)
     async with trio.open_nursery() as nursery:

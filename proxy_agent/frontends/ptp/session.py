@@ -438,7 +438,9 @@ class PtpSession:
             if self._out:
                 self._ahead.append(bytes(self._out))
                 self._out.clear()
-            self._ahead.append(self.view.subscribe_chunks(tid))
+            # the writer idle (not amid a write): the first chunk is written at once
+            early = self._write_early if self._sending_since is None else None
+            self._ahead.append(self.view.subscribe_chunks(tid, early))
             self._snapshot_started = True
             self._remove_listener = self.service.add_listener(self._notice)
             for level, text in self.service.standing:
@@ -446,6 +448,18 @@ class PtpSession:
             log.debug("initial model queued: %d elements", len(self.service.model))
         elif self.view is not None and not self._stalled:
             self.view.set_reading(True)
+        self._poke()
+
+    def _write_early(self, chunk: bytes) -> None:
+        """The initial model's first chunk, behind what was queued before it, written now
+        without waiting (the rest stays queued, in order): the client decodes it while the
+        agent groups the rest of the model."""
+        queued = list(self._ahead)  # only bytes before the initial model
+        self._ahead.clear()
+        data = b"".join([*queued, chunk])  # type: ignore[list-item]
+        sent = write_now(self.stream, data)
+        if sent < len(data):
+            self._ahead.append(data[sent:] if sent else data)
         self._poke()
 
     def _notice(self, level: str, text: str) -> None:

@@ -379,10 +379,10 @@ def _ids_bytes(keys: List[int], base: int) -> bytes:
         return b"%d" % (keys[0] + base)
     if keys[-1] - keys[0] == n - 1:
         return b"%d-%d" % (keys[0] + base, keys[-1] + base)
+    if 1 not in map(sub, keys[1:], keys):
+        return _separated(n) % tuple(map(add, keys, repeat(base)))
     # i where keys[i + 1] == keys[i] + 1
     adjacent = list(compress(range(n - 1), map(eq, map(sub, keys[1:], keys), repeat(1))))
-    if not adjacent:
-        return _separated(n) % tuple(map(add, keys, repeat(base)))
     pieces: List[bytes] = []
     done = 0  # keys before this one are written
     i = 0
@@ -403,7 +403,12 @@ def _ids_bytes(keys: List[int], base: int) -> bytes:
 
 def _separated(count: int) -> bytes:
     """A format of ``count`` numbers separated by commas."""
+    if count < len(_FORMATS):
+        return _FORMATS[count]
     return b",".join([b"%d"] * count)
+
+
+_FORMATS = [b",".join([b"%d"] * count) for count in range(64)]
 
 
 def _encode_parts(items: list) -> list:
@@ -438,8 +443,11 @@ def _joined_parts(parts: list) -> list:
 class SnapshotPlan:
     """The whole model as NEW events whose ids are not yet a client's (see module docs)."""
 
-    def __init__(self, version: int, events: Iterable[Tuple[int, int, tuple]], base: Optional[int] = None) -> None:
+    def __init__(self, version: int, events: Iterable[Tuple[int, int, tuple]], base: Optional[int] = None,
+                 settle: Callable[[], None] = lambda: None) -> None:
         self.version = version
+        #: groups what :func:`_build_plan` was told to defer (nothing otherwise)
+        self.settle = settle
         #: the base id whose ids the events hold already; None: a plan for any base id
         self.base = base
         #: (event id, argument count, parts), made as far as readers have got
@@ -681,7 +689,8 @@ _PLANS: "weakref.WeakKeyDictionary[ServiceModel, Dict[Tuple[int, Optional[int]],
 _VIEWS: "weakref.WeakKeyDictionary[ServiceModel, weakref.WeakSet[ModelView]]" = weakref.WeakKeyDictionary()
 
 
-def snapshot_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] = None) -> SnapshotPlan:
+def snapshot_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] = None,
+                  defer: bool = False) -> SnapshotPlan:
     """The snapshot of the model as it is now, rendered with ``rules`` (shared while the model
     does not change).
 
@@ -690,7 +699,7 @@ def snapshot_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] =
     frames them); once a client with another base id asks for the same version, one plan for
     every other base id is made beside it, ids filled in per client as it is rendered.  So a
     version has at most two plans, however many clients and base ids.  Without a ``base``:
-    the plan for every base id."""
+    the plan for every base id.  ``defer``: see :func:`_build_plan` (a new plan only)."""
     plans = _PLANS.get(model)
     if plans is None:
         plans = _PLANS[model] = {}
@@ -712,7 +721,7 @@ def snapshot_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] =
     enabled = gc.isenabled()
     gc.disable()  # hundreds of thousands of new objects, none of them garbage: no collections
     try:
-        plan = _build_plan(model, rules, key[1])
+        plan = _build_plan(model, rules, key[1], defer)
         _settle()
         log.debug("initial model planned (model version %d, base id %s)", plan.version,
                   "any" if key[1] is None else key[1])
@@ -763,53 +772,84 @@ async def prepare_snapshot(model: ServiceModel, rules: Callable[[], RenderRules]
             await trio.sleep((trio.current_time() - began) * spacing)
 
 
-def _build_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] = None) -> SnapshotPlan:
+#: Kinds whose grouping may wait until the first frames of a new plan are on their way
+#: (see :meth:`ModelView.subscribe_chunks`): the big ones, which come last
+_LATER = (Kind.JOB, Kind.PROCESS)
+
+
+def _build_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] = None,
+                defer: bool = False) -> SnapshotPlan:
     """Group the model's elements now (what the snapshot holds is decided at this instant: rows
     are immutable, so holding them is holding the values); encode the groups into events later,
-    as the plan's readers get to them."""
+    as the plan's readers get to them.
+
+    With ``defer``, jobs and processes are grouped only when :meth:`SnapshotPlan.settle` is
+    called (or their events are first needed): the caller must make sure that happens before
+    the model can change, that is, before anything else runs."""
     ascending = model.ascending()
     grouped: List[Tuple[Kind, Dict[int, Union[list, Dict[int, list]]]]] = []
+    later = [kind for kind in CREATE_ORDER if defer and kind in _LATER]
     for kind in CREATE_ORDER:
-        elements: Iterable[Element] = model.elements(kind)
-        if not ascending:
-            elements = sorted(elements, key=_key_of)
-        process = kind is Kind.PROCESS
-        # parent -> [row, key or rank, ...] while its children share one row object, else
-        # id of a row -> such a group.  Elements created alike share their row object, so most
-        # of the grouping is by identity; equal rows that are distinct objects merge below.
-        if not process:
-            grouped.append((kind, _by_row(elements)))
+        if kind not in later:
+            grouped.append((kind, _grouped_kind(model, kind, ascending)))
+
+    def settle() -> None:
+        if not later:
+            return
+        enabled = gc.isenabled()
+        gc.disable()
+        try:
+            while later:
+                kind = later.pop(0)
+                grouped.append((kind, _grouped_kind(model, kind, ascending)))
+            _settle()
+        finally:
+            if enabled:
+                gc.enable()
+
+    renderers = {kind: _Renderer(kind, model.schema(kind), rules, base) for kind in CREATE_ORDER}
+    return SnapshotPlan(model.version, _emit(grouped, renderers, base, settle), base, settle)
+
+
+def _grouped_kind(model: ServiceModel, kind: Kind, ascending: bool) -> Dict[int, Union[list, Dict[int, list]]]:
+    """The elements of a kind grouped by parent and row (see :func:`_build_plan`)."""
+    elements: Iterable[Element] = model.elements(kind)
+    if not ascending:
+        elements = sorted(elements, key=_key_of)
+    process = kind is Kind.PROCESS
+    # parent -> [row, key or rank, ...] while its children share one row object, else
+    # id of a row -> such a group.  Elements created alike share their row object, so most
+    # of the grouping is by identity; equal rows that are distinct objects merge below.
+    if not process:
+        return _by_row(elements)
+    by_parent: Dict[int, Union[list, Dict[int, list]]] = {}
+    last_parent = last_row = last_group = None
+    for element in elements:
+        parent = element.parent
+        row = element.values
+        member = element.rank
+        if row is last_row and parent == last_parent:
+            last_group.append(member)  # type: ignore[union-attr]
             continue
-        by_parent: Dict[int, Union[list, Dict[int, list]]] = {}
-        last_parent = last_row = last_group = None
-        for element in elements:
-            parent = element.parent
-            row = element.values
-            member = element.rank if process else element.key
-            if row is last_row and parent == last_parent:
-                last_group.append(member)  # type: ignore[union-attr]
-                continue
-            entry = by_parent.get(parent)
-            if entry is None:
-                last_group = by_parent[parent] = [row, member]
-            elif entry.__class__ is list:
-                if entry[0] is row:  # type: ignore[index]
-                    entry.append(member)  # type: ignore[union-attr]
-                    last_group = entry
-                else:
-                    last_group = [row, member]
-                    by_parent[parent] = {id(entry[0]): entry, id(row): last_group}  # type: ignore[index]
+        entry = by_parent.get(parent)
+        if entry is None:
+            last_group = by_parent[parent] = [row, member]
+        elif entry.__class__ is list:
+            if entry[0] is row:  # type: ignore[index]
+                entry.append(member)  # type: ignore[union-attr]
+                last_group = entry
             else:
-                group = entry.get(id(row))  # type: ignore[union-attr]
-                if group is None:
-                    last_group = entry[id(row)] = [row, member]  # type: ignore[index]
-                else:
-                    group.append(member)
-                    last_group = group
-            last_parent, last_row = parent, row
-        grouped.append((kind, by_parent))
-    renderers = [_Renderer(kind, model.schema(kind), rules, base) for kind, _ in grouped]
-    return SnapshotPlan(model.version, _emit(grouped, renderers, base), base)
+                last_group = [row, member]
+                by_parent[parent] = {id(entry[0]): entry, id(row): last_group}  # type: ignore[index]
+        else:
+            group = entry.get(id(row))  # type: ignore[union-attr]
+            if group is None:
+                last_group = entry[id(row)] = [row, member]  # type: ignore[index]
+            else:
+                group.append(member)
+                last_group = group
+        last_parent, last_row = parent, row
+    return by_parent
 
 
 def _by_row(elements: Iterable[Element]) -> Dict[int, Union[list, Dict[int, list]]]:
@@ -849,15 +889,23 @@ def _by_row(elements: Iterable[Element]) -> Dict[int, Union[list, Dict[int, list
     return by_parent
 
 
-def _emit(grouped: list, renderers: List["_Renderer"], base: Optional[int] = None) -> Iterator[Tuple[int, int, tuple]]:
+def _emit(grouped: list, renderers: Dict[Kind, "_Renderer"], base: Optional[int] = None,
+          settle: Callable[[], None] = lambda: None) -> Iterator[Tuple[int, int, tuple]]:
     """The NEW events of grouped elements (see :func:`_build_plan`), kind by kind.  With a
     ``base`` (a plan for the clients of one base id) every id is written at once: each event
     is one piece of bytes and rendering only frames it."""
     direct = base is not None
     written: Dict[object, bytes] = {}  # parents and references, written once each (direct)
-    for index, (kind, by_parent) in enumerate(grouped):
+    index = 0
+    while True:
+        if index == len(grouped):
+            settle()  # the kinds whose grouping was deferred, if any
+            if index == len(grouped):
+                break
+        kind, by_parent = grouped[index]
         grouped[index] = None  # let each kind's groups go once its events are made
-        encode_row = renderers[index].encoded
+        index += 1
+        encode_row = renderers[kind].encoded
         event_id = _PTP_KIND[kind].new_event
         process = kind is Kind.PROCESS
         items = list(by_parent.items())
@@ -1032,11 +1080,12 @@ class ModelView(ChangeSink):
             return None
         return self.base
 
-    def subscribe_plan(self) -> SnapshotPlan:
+    def subscribe_plan(self, defer: bool = False) -> SnapshotPlan:
         """Start following the model; returns the snapshot of this instant (its elements now
-        count as known to the client: queue its frames before anything drained later)."""
+        count as known to the client: queue its frames before anything drained later).
+        ``defer``: see :func:`_build_plan`."""
         model = self.model
-        plan = snapshot_plan(model, self.rules, self.plan_base())
+        plan = snapshot_plan(model, self.rules, self.plan_base(), defer)
         model.subscribe(self)
         self.subscribed = True
         for job, backlog in model.take_backlog().items():
@@ -1056,10 +1105,23 @@ class ModelView(ChangeSink):
         """:meth:`subscribe_plan` with the snapshot as encoded frames for ``tid``."""
         return self.subscribe_plan().frames(self.base, tid)
 
-    def subscribe_chunks(self, tid: int) -> Iterator[bytes]:
+    def subscribe_chunks(self, tid: int, early: Optional[Callable[[bytes], None]] = None) -> Iterator[bytes]:
         """:meth:`subscribe_plan` with the snapshot's frames for ``tid`` rendered chunk by chunk
-        as they are taken (the snapshot is of this instant whenever they are taken)."""
-        return self.subscribe_plan().chunks(self.base, tid)
+        as they are taken (the snapshot is of this instant whenever they are taken).
+
+        ``early``: takes the first chunk at once, before the rest of a new plan is grouped, so
+        that the client decodes it meanwhile (it must send it without letting anything else
+        run); the chunks returned are the rest."""
+        plan = self.subscribe_plan(defer=early is not None)
+        chunks = plan.chunks(self.base, tid)
+        if early is not None:
+            try:
+                first = next(chunks, None)
+                if first is not None:
+                    early(first)
+            finally:
+                plan.settle()  # the snapshot is of this instant: grouped before anything else runs
+        return chunks
 
     def unsubscribe(self) -> None:
         if self.subscribed:
