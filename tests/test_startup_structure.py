@@ -23,6 +23,7 @@ WAITING = (
     "secrets",  # only --listen makes a token
     "proxy_agent.service.broker",  # the brokers: for the first brokered submission
     "proxy_agent.protocol.element_events",  # the model's events as objects: clients only
+    "proxy_agent.protocol.notices",  # MESSAGE, SHUTDOWN and the job errors: when they are sent
 )
 
 
@@ -116,12 +117,14 @@ def test_argparse_still_reads_and_refuses_what_the_simple_reading_leaves():
 
 def test_the_names_that_moved_are_the_same_objects_under_their_old_names():
     from proxy_agent import protocol
-    from proxy_agent.protocol import element_events, messages
+    from proxy_agent.protocol import element_events, messages, notices
     from proxy_agent.service import broker, brokering
 
-    for name in messages.ELEMENT_EVENT_NAMES:
-        assert getattr(messages, name) is getattr(protocol, name) is getattr(element_events, name)
-        assert name in messages.__all__ and name in protocol.__all__
+    for names, module in ((messages.ELEMENT_EVENT_NAMES, element_events), (messages.NOTICE_NAMES, notices)):
+        for name in names:
+            assert getattr(messages, name) is getattr(protocol, name) is getattr(module, name)
+            assert name in messages.__all__ and name in protocol.__all__
+    assert set(messages.LATER_NAMES) == set(messages.ELEMENT_EVENT_NAMES) | set(messages.NOTICE_NAMES)
     for name in ("ATTRIBUTES", "Brokering", "Decision", "Placement", "JOB_BROKER"):
         assert getattr(broker, name) is getattr(brokering, name)
     with pytest.raises(AttributeError):

@@ -21,12 +21,8 @@ from .messages import (
     Event,
     EventId,
     InitRequest,
-    Message,
     MessageLevel,
     Ok,
-    Shutdown,
-    SubmitJobError,
-    TerminateJobError,
     decode_event,
     encode_event,
     parse_init,
@@ -34,16 +30,15 @@ from .messages import (
 from .dialect import DEFAULT, NATIVE, Dialect, DialectError, EscapeError, ValueRule, dialect_named
 from .session import Abandoned, AgentSession, Phase, ProtocolViolation, Received, Transaction
 
-from .messages import ELEMENT_EVENT_NAMES
+from .messages import LATER_NAMES
 
 
 def __getattr__(name: str):
-    if name in ELEMENT_EVENT_NAMES:  # loaded when first asked for (see .messages)
+    if name in LATER_NAMES:  # loaded when first asked for (see .messages)
         from . import messages
 
         return getattr(messages, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = sorted({name for name in dir() if not name.startswith("_")} - {"ELEMENT_EVENT_NAMES"}
-                 | set(ELEMENT_EVENT_NAMES))
+__all__ = sorted({name for name in dir() if not name.startswith("_")} - {"LATER_NAMES"} | set(LATER_NAMES))

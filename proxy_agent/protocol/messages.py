@@ -379,21 +379,6 @@ class Ok(Event):
 
 
 @attrs.frozen(slots=True)
-class Shutdown(Event):
-    tid: int
-    event_id = EventId.SHUTDOWN
-
-    def to_args(self) -> list:
-        return []
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        if args:
-            raise ArgumentError(f"SHUTDOWN takes no arguments, got {len(args)}")
-        return cls(tid)
-
-
-@attrs.frozen(slots=True)
 class Error(Event):
     tid: int
     code: int
@@ -407,60 +392,6 @@ class Error(Event):
     def from_args(cls, tid, args, event_id):
         code, msg = _expect_attrs(args, ("errorCode", "errorMsg"), "ERROR")
         return cls(tid, _int_value(code, "errorCode"), msg)
-
-
-@attrs.frozen(slots=True)
-class Message(Event):
-    tid: int
-    level: str
-    code: int
-    text: str
-    event_id = EventId.MESSAGE
-
-    def to_args(self) -> list:
-        level = self.level.value if isinstance(self.level, MessageLevel) else self.level
-        return ["3", f"messageLevel={level}", f"messageCode={int(self.code)}", f"messageText={self.text}"]
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        level, code, text = _expect_attrs(args, ("messageLevel", "messageCode", "messageText"), "MESSAGE")
-        if level not in MessageLevel.__members__:
-            raise ArgumentError(f"MESSAGE: unknown messageLevel {level!r}")
-        return cls(tid, level, _int_value(code, "messageCode"), text)
-
-
-@attrs.frozen(slots=True)
-class SubmitJobError(Event):
-    tid: int
-    job_sub_id: str
-    code: int
-    message: str
-    event_id = EventId.SUBMITJOB_ERROR
-
-    def to_args(self) -> list:
-        return ["3", f"jobSubId={self.job_sub_id}", f"errorCode={int(self.code)}", f"errorMsg={self.message}"]
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        sub, code, msg = _expect_attrs(args, ("jobSubId", "errorCode", "errorMsg"), "SUBMITJOB_ERROR")
-        return cls(tid, sub, _int_value(code, "errorCode"), msg)
-
-
-@attrs.frozen(slots=True)
-class TerminateJobError(Event):
-    tid: int
-    job_id: str
-    code: int
-    message: str
-    event_id = EventId.TERMINATEJOB_ERROR
-
-    def to_args(self) -> list:
-        return ["3", f"jobId={self.job_id}", f"errorCode={int(self.code)}", f"errorMsg={self.message}"]
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        job, code, msg = _expect_attrs(args, ("jobId", "errorCode", "errorMsg"), "TERMINATEJOB_ERROR")
-        return cls(tid, job, _int_value(code, "errorCode"), msg)
 
 
 @attrs.frozen(slots=True)
@@ -481,17 +412,25 @@ class AttrDef(Event):
 
 
 #: The events of the model's elements (and FILTER_DEF), which an agent only writes through
-#: its view: their classes are in :mod:`.element_events`, loaded when first asked for here.
+#: its view: their classes are in :mod:`.element_events`.
 ELEMENT_EVENT_NAMES = ("ElementChange", "ElementGroup", "FilterDef", "NewElements", "ProcessChange", "RemoveAll",
                        "RemoveElements", "RemoveProcesses")
+#: The events an agent sends only when something goes wrong or ends: in :mod:`.notices`.
+NOTICE_NAMES = ("Message", "Shutdown", "SubmitJobError", "TerminateJobError")
+#: Names of this module whose classes are in another, loaded the first time one is asked for
+#: (an agent answers INIT without them).
+LATER_NAMES = ELEMENT_EVENT_NAMES + NOTICE_NAMES
 
 
 def __getattr__(name: str):
     if name in ELEMENT_EVENT_NAMES:
-        from . import element_events
-
-        return getattr(element_events, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        from . import element_events as module
+    elif name in NOTICE_NAMES:
+        from . import notices as module
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(module, name)
+    return value
 
 
 _EVENT_CLASSES: dict = {}
@@ -502,6 +441,7 @@ def _event_classes() -> dict:
     if not _EVENT_CLASSES:
         from .element_events import (ElementChange, FilterDef, NewElements, ProcessChange, RemoveAll, RemoveElements,
                                      RemoveProcesses)
+        from .notices import Message, Shutdown, SubmitJobError, TerminateJobError
 
         classes = {
             EventId.OK: Ok,
