@@ -67,6 +67,8 @@ SIMPLE = [
     ["--scheduler", "local", "--stdio"],
     ["--scheduler=sim", "--sim-jobs", "5", "--sim-nodes=3"],
     ["--state-dir", ""],
+    ["--log-file="],
+    ["--scheduler", "local, sim", "--sim-jobs", "3", "--stdio"],
 ]
 
 #: Lines read by argparse instead (help, abbreviations, run-together or doubtful values,
