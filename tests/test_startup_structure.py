@@ -24,6 +24,7 @@ WAITING = (
     "proxy_agent.service.broker",  # the brokers: for the first brokered submission
     "proxy_agent.protocol.element_events",  # the model's events as objects: clients only
     "proxy_agent.protocol.notices",  # MESSAGE, SHUTDOWN and the job errors: when they are sent
+    "proxy_agent.service.coalloc.running",  # what carries out multi-part jobs: with the first one
 )
 
 
