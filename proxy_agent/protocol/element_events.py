@@ -2,7 +2,7 @@
 FILTER_DEF), with the range groups they carry.
 
 An agent writes these through its view (:mod:`proxy_agent.frontends.ptp.view`), never as
-objects, so they are read here only by clients and tests; :mod:`.messages` gives them under
+objects: only clients and tests make them.  :mod:`.messages` gives them under
 its own names, loading this module the first time one is asked for.
 """
 
