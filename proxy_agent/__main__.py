@@ -10,12 +10,11 @@ import gc
 _COLLECTING = gc.isenabled()
 gc.disable()
 
-import argparse
 import logging
 import os
 import signal
 import sys
-from typing import List, NoReturn, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Sequence
 
 import trio
 
@@ -35,6 +34,9 @@ from .transport import (
     parse_host_port,
 )
 
+if TYPE_CHECKING:  # argparse is imported when a command line needs it (see _SimpleLine)
+    import argparse
+
 if _COLLECTING:
     gc.freeze()
     gc.enable()
@@ -46,31 +48,49 @@ log = logging.getLogger("proxy_agent")
 TOKEN_VARIABLE = "PROXY_AGENT_TOKEN"
 
 
-class _Parser(argparse.ArgumentParser):
-    """Errors in one line (and exit status 2), never a usage dump or a traceback."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+_ARGPARSE_CLASSES: list = []
 
 
-class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows an option's default where it has a real one (not for flags or options without one)."""
+def _argparse_classes() -> list:
+    """The parser and help formatter classes (made the first time: they need argparse)."""
+    if not _ARGPARSE_CLASSES:
+        import argparse
 
-    def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default in (None, False) or "default" in (action.help or ""):
-            return action.help or ""
-        return super()._get_help_string(action)
+        class _Parser(argparse.ArgumentParser):
+            """Errors in one line (and exit status 2), never a usage dump or a traceback."""
+
+            def error(self, message: str) -> NoReturn:
+                self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+
+        class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
+            """Shows an option's default where it has a real one (not for flags or options without one)."""
+
+            def _get_help_string(self, action: argparse.Action) -> str:
+                if action.default in (None, False) or "default" in (action.help or ""):
+                    return action.help or ""
+                return super()._get_help_string(action)
+
+        _ARGPARSE_CLASSES[:] = [_Parser, _DefaultsShown]
+    return _ARGPARSE_CLASSES
 
 
 def build_parser(backends: Optional[Sequence[str]] = None) -> argparse.ArgumentParser:
     """The agent's command line; ``backends`` limits the backend options to those backends'
     (the others' modules then need not be imported)."""
-    parser = _Parser(
+    parser_class, formatter_class = _argparse_classes()
+    parser = parser_class(
         prog="proxy-agent",
         description="Resource-manager proxy agent: presents this machine's schedulers to an IDE "
         "over the PTP proxy protocol.",
-        formatter_class=_DefaultsShown,
+        formatter_class=formatter_class,
     )
+    _add_options(parser, backends)
+    return parser
+
+
+def _add_options(parser: Any, backends: Optional[Sequence[str]]) -> None:
+    """Every option of the command line (with the backends' of ``backends``, all when None),
+    added to ``parser``: an argparse parser, or a :class:`_SimpleLine`."""
     where = parser.add_argument_group("transport (one of; default --stdio)")
     exclusive = where.add_mutually_exclusive_group()
     exclusive.add_argument("--stdio", action="store_true", help="speak the protocol on stdin/stdout")
@@ -125,7 +145,6 @@ def build_parser(backends: Optional[Sequence[str]] = None) -> argparse.ArgumentP
     for name in BACKENDS:
         if backends is None or name in backends:
             backend_class(name).add_arguments(parser)
-    return parser
 
 
 def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
@@ -134,6 +153,10 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
     something is left over, so what is accepted and every message are the same."""
     requested = _requested_schedulers(argv)
     if requested is not None:
+        simple = _SimpleLine(requested).parse(argv)
+        if simple is not None and all(name.strip() in requested for name in simple.scheduler.split(",")):
+            simple.parsed_backends = requested
+            return simple  # type: ignore[return-value]
         args, rest = build_parser(requested).parse_known_args(argv)
         names = [name.strip() for name in args.scheduler.split(",")]
         if not rest and all(name in requested for name in names):
@@ -142,6 +165,140 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     args.parsed_backends = list(BACKENDS)
     return args
+
+
+class _Option:
+    """One option as :class:`_SimpleLine` reads it."""
+
+    __slots__ = ("dest", "action", "default", "type", "choices", "group")
+
+    def __init__(self, dest: str, action: Optional[str], default: Any, type: Any, choices: Any,
+                 group: Optional[int]) -> None:
+        self.dest, self.action, self.default, self.type = dest, action, default, type
+        self.choices, self.group = choices, group
+
+
+class _SimpleLine:
+    """Reads a command line made only of options spelled out in full, each value a separate
+    word that does not begin with ``-`` (or given as ``--option=value``), the way argparse
+    reads it, without importing argparse or building its parser (a good share of start-up
+    when nothing is compiled yet).  It gives up (None) on anything else: help, the version, an
+    abbreviation, options run together, a value of the wrong type or not among the choices,
+    two options of one exclusive group, an option it does not know; argparse then reads the
+    line, with its own messages."""
+
+    def __init__(self, backends: Sequence[str]) -> None:
+        self._options: List[_Option] = []
+        self._by_flag: Dict[str, _Option] = {}
+        self._usable = True
+        self._groups = 0
+        _add_options(self, backends)
+
+    # what _add_options and the backends' add_arguments call (argparse's names)
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> "_SimpleLine":
+        return self
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> "_Exclusive":
+        self._groups += 1
+        return _Exclusive(self, self._groups)
+
+    def add_argument(self, *flags: str, **settings: Any) -> None:
+        self._add(flags, settings, None)
+
+    def _add(self, flags: Sequence[str], settings: Dict[str, Any], group: Optional[int]) -> None:
+        settings = dict(settings)
+        action = settings.pop("action", None)
+        if action == "version":
+            return  # not read here (and it sets no attribute)
+        settings.pop("help", None)
+        settings.pop("metavar", None)
+        default, kind, choices, dest = (settings.pop(key, None) for key in ("default", "type", "choices", "dest"))
+        if settings or action not in (None, "store", "store_true", "count"):
+            self._usable = False  # nothing the agent's options use: left to argparse
+            return
+        if dest is None:
+            longs = [flag for flag in flags if flag.startswith("--")]
+            dest = (longs or list(flags))[0].lstrip("-").replace("-", "_")
+        if action == "store_true" and default is None:
+            default = False
+        option = _Option(dest, action or "store", default, kind, choices, group)
+        self._options.append(option)
+        for flag in flags:
+            self._by_flag[flag] = option
+
+    def parse(self, argv: Sequence[str]) -> Optional[Any]:
+        """The options of ``argv`` as argparse would have them, or None."""
+        if not self._usable:
+            return None
+        values: Dict[str, Any] = {option.dest: option.default for option in self._options}
+        given: List[_Option] = []
+        in_group: Dict[int, _Option] = {}
+        words = list(argv)
+        i = 0
+        while i < len(words):
+            word = words[i]
+            flag, equals, value = word.partition("=") if word.startswith("--") else (word, "", "")
+            option = self._by_flag.get(flag)
+            if option is None:
+                return None
+            if option.group is not None and in_group.setdefault(option.group, option) is not option:
+                return None  # two of one exclusive group
+            if option.action == "store":
+                if not equals:
+                    i += 1
+                    if i >= len(words) or words[i].startswith("-"):
+                        return None
+                    value = words[i]
+                try:
+                    converted = value if option.type is None else option.type(value)
+                except Exception:  # noqa: BLE001 - argparse says what is wrong
+                    return None
+                if option.choices is not None and converted not in option.choices:
+                    return None
+                values[option.dest] = converted
+                given.append(option)
+            elif equals:
+                return None
+            elif option.action == "store_true":
+                values[option.dest] = True
+            else:  # count
+                values[option.dest] = (values[option.dest] or 0) + 1
+            i += 1
+        for option in self._options:
+            # argparse converts a default given as text when the option was not given
+            if option.action == "store" and isinstance(option.default, str) and option not in given:
+                if option.type is not None:
+                    try:
+                        values[option.dest] = option.type(option.default)
+                    except Exception:  # noqa: BLE001
+                        return None
+        return _Namespace(**values)
+
+
+class _Exclusive:
+    """A mutually exclusive group of a :class:`_SimpleLine`."""
+
+    def __init__(self, line: _SimpleLine, number: int) -> None:
+        self._line, self._number = line, number
+
+    def add_argument(self, *flags: str, **settings: Any) -> None:
+        self._line._add(flags, settings, self._number)
+
+
+class _Namespace:
+    """The options read by :class:`_SimpleLine`: attributes, as argparse's namespace has them."""
+
+    def __init__(self, **values: Any) -> None:
+        self.__dict__.update(values)
+
+    def __eq__(self, other: object) -> bool:
+        return vars(self) == vars(other) if hasattr(other, "__dict__") else NotImplemented
+
+    def __contains__(self, key: str) -> bool:
+        return key in self.__dict__
+
+    def __repr__(self) -> str:
+        return "Namespace(" + ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items()) + ")"
 
 
 def _requested_schedulers(argv: Sequence[str]) -> Optional[List[str]]:

@@ -10,7 +10,6 @@ import errno
 import fcntl
 import logging
 import os
-import secrets
 import socket as _socket
 import stat
 from typing import List, Optional, Tuple
@@ -180,6 +179,8 @@ def load_or_create_token(token_file: Optional[str], given: Optional[str] = None)
             f"refusing to write the token into {directory}: others can write to that directory "
             "(choose a private one with --token-file)"
         )
+    import secrets  # only for --listen
+
     token = secrets.token_urlsafe(32)
     # Written to a new file of our own and renamed into place: a symlink or file planted at
     # the path is replaced, never followed or written through.

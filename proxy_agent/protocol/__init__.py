@@ -15,26 +15,14 @@ from .messages import (
     AttrDef,
     Command,
     CommandId,
-    ElementChange,
-    ElementGroup,
     ElementKind,
     Error,
     ErrorCode,
     Event,
     EventId,
-    FilterDef,
     InitRequest,
-    Message,
     MessageLevel,
-    NewElements,
     Ok,
-    ProcessChange,
-    RemoveAll,
-    RemoveElements,
-    RemoveProcesses,
-    Shutdown,
-    SubmitJobError,
-    TerminateJobError,
     decode_event,
     encode_event,
     parse_init,
@@ -42,4 +30,15 @@ from .messages import (
 from .dialect import DEFAULT, NATIVE, Dialect, DialectError, EscapeError, ValueRule, dialect_named
 from .session import Abandoned, AgentSession, Phase, ProtocolViolation, Received, Transaction
 
-__all__ = [name for name in dir() if not name.startswith("_")]
+from .messages import LATER_NAMES
+
+
+def __getattr__(name: str):
+    if name in LATER_NAMES:  # loaded when first asked for (see .messages)
+        from . import messages
+
+        return getattr(messages, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = sorted({name for name in dir() if not name.startswith("_")} - {"LATER_NAMES"} | set(LATER_NAMES))

@@ -20,13 +20,12 @@ carries (the parent of NEW_PROCESS, the first argument of the other two).
 from __future__ import annotations
 
 import enum
-from typing import Iterable, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import attrs
 
 from .attributes import AttributeDefinition, decode_attr_defs, encode_attr_defs, split_attribute
 from .ids import MAX_DECIMAL_DIGITS, is_decimal
-from .rangeset import RangeSet, RangeSetError
 from .wire import Frame, encode_frame
 
 __all__ = [
@@ -310,79 +309,6 @@ def parse_init(args: Sequence[str]) -> InitRequest:
 # --------------------------------------------------------------------------- events
 
 
-def _attr_pairs(values: Iterable[Union[str, Tuple[str, str]]]) -> Tuple[Tuple[str, str], ...]:
-    out = []
-    for item in values:
-        if isinstance(item, str):
-            out.append(split_attribute(item))
-        else:
-            out.append((item[0], item[1]))
-    return tuple(out)
-
-
-@attrs.frozen(slots=True)
-class ElementGroup:
-    """Elements sharing attributes: a range set of numeric ids (or one string id)."""
-
-    ids: Union[RangeSet, str]
-    attributes: Tuple[Tuple[str, str], ...] = attrs.field(default=(), converter=_attr_pairs)
-
-    def id_list(self) -> list:
-        """Element ids as strings (range sets expanded)."""
-        if isinstance(self.ids, RangeSet):
-            return [str(i) for i in self.ids]
-        return [self.ids]
-
-
-_RANGE_SET_CHARS = frozenset("0123456789,-")
-
-
-def _parse_ids(text: str) -> Union[RangeSet, str]:
-    """A range set when the text could only be one, else a string element id.
-
-    String ids (``100:job-7``) may contain digits and '-' too, so only text
-    made of nothing but digits, ',' and '-' is read as a range set (and
-    must then be a valid one).
-    """
-    if not text:
-        raise ArgumentError("empty element id")
-    if _RANGE_SET_CHARS.issuperset(text):
-        return RangeSet.parse(text)
-    return text
-
-
-def _encode_groups(args: list, groups: Sequence[ElementGroup]) -> None:
-    args.append(str(len(groups)))
-    for group in groups:
-        args.append(str(group.ids))
-        args.append(str(len(group.attributes)))
-        args.extend(f"{k}={v}" for k, v in group.attributes)
-
-
-def _decode_groups(args: Sequence[str], pos: int) -> Tuple[Tuple[ElementGroup, ...], int]:
-    count = _count(args, pos, "number of ranges")
-    pos += 1
-    groups = []
-    for n in range(count):
-        if pos + 2 > len(args):
-            raise ArgumentError(f"range group {n + 1} of {count} is missing")
-        try:
-            ids = _parse_ids(args[pos])
-        except (RangeSetError, ArgumentError) as exc:
-            raise ArgumentError(f"range group {n + 1}: bad element ids: {exc}") from None
-        nattrs = _count(args, pos + 1, f"attribute count of group {n + 1}")
-        pos += 2
-        if pos + nattrs > len(args):
-            raise ArgumentError(f"range group {n + 1} declares {nattrs} attributes, {len(args) - pos} present")
-        try:
-            pairs = tuple(split_attribute(a) for a in args[pos:pos + nattrs])
-        except ValueError as exc:
-            raise ArgumentError(f"range group {n + 1}: {exc}") from None
-        groups.append(ElementGroup(ids, pairs))
-        pos += nattrs
-    return tuple(groups), pos
-
-
 def _count(args: Sequence[str], pos: int, what: str) -> int:
     if pos >= len(args):
         raise ArgumentError(f"missing {what}")
@@ -453,21 +379,6 @@ class Ok(Event):
 
 
 @attrs.frozen(slots=True)
-class Shutdown(Event):
-    tid: int
-    event_id = EventId.SHUTDOWN
-
-    def to_args(self) -> list:
-        return []
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        if args:
-            raise ArgumentError(f"SHUTDOWN takes no arguments, got {len(args)}")
-        return cls(tid)
-
-
-@attrs.frozen(slots=True)
 class Error(Event):
     tid: int
     code: int
@@ -481,60 +392,6 @@ class Error(Event):
     def from_args(cls, tid, args, event_id):
         code, msg = _expect_attrs(args, ("errorCode", "errorMsg"), "ERROR")
         return cls(tid, _int_value(code, "errorCode"), msg)
-
-
-@attrs.frozen(slots=True)
-class Message(Event):
-    tid: int
-    level: str
-    code: int
-    text: str
-    event_id = EventId.MESSAGE
-
-    def to_args(self) -> list:
-        level = self.level.value if isinstance(self.level, MessageLevel) else self.level
-        return ["3", f"messageLevel={level}", f"messageCode={int(self.code)}", f"messageText={self.text}"]
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        level, code, text = _expect_attrs(args, ("messageLevel", "messageCode", "messageText"), "MESSAGE")
-        if level not in MessageLevel.__members__:
-            raise ArgumentError(f"MESSAGE: unknown messageLevel {level!r}")
-        return cls(tid, level, _int_value(code, "messageCode"), text)
-
-
-@attrs.frozen(slots=True)
-class SubmitJobError(Event):
-    tid: int
-    job_sub_id: str
-    code: int
-    message: str
-    event_id = EventId.SUBMITJOB_ERROR
-
-    def to_args(self) -> list:
-        return ["3", f"jobSubId={self.job_sub_id}", f"errorCode={int(self.code)}", f"errorMsg={self.message}"]
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        sub, code, msg = _expect_attrs(args, ("jobSubId", "errorCode", "errorMsg"), "SUBMITJOB_ERROR")
-        return cls(tid, sub, _int_value(code, "errorCode"), msg)
-
-
-@attrs.frozen(slots=True)
-class TerminateJobError(Event):
-    tid: int
-    job_id: str
-    code: int
-    message: str
-    event_id = EventId.TERMINATEJOB_ERROR
-
-    def to_args(self) -> list:
-        return ["3", f"jobId={self.job_id}", f"errorCode={int(self.code)}", f"errorMsg={self.message}"]
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        job, code, msg = _expect_attrs(args, ("jobId", "errorCode", "errorMsg"), "TERMINATEJOB_ERROR")
-        return cls(tid, job, _int_value(code, "errorCode"), msg)
 
 
 @attrs.frozen(slots=True)
@@ -554,195 +411,59 @@ class AttrDef(Event):
             raise ArgumentError(f"ATTR_DEF: {exc}") from None
 
 
-@attrs.frozen(slots=True)
-class FilterDef(Event):
-    """Filter definitions; this agent announces none, but the layout is opaque strings."""
-
-    tid: int
-    args: Tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
-    event_id = EventId.FILTER_DEF
-
-    def to_args(self) -> list:
-        return list(self.args)
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        return cls(tid, args)
+#: The events of the model's elements (and FILTER_DEF), which an agent only writes through
+#: its view: their classes are in :mod:`.element_events`.
+ELEMENT_EVENT_NAMES = ("ElementChange", "ElementGroup", "FilterDef", "NewElements", "ProcessChange", "RemoveAll",
+                       "RemoveElements", "RemoveProcesses")
+#: The events an agent sends only when something goes wrong or ends: in :mod:`.notices`.
+NOTICE_NAMES = ("Message", "Shutdown", "SubmitJobError", "TerminateJobError")
+#: Names of this module whose classes are in another, loaded the first time one is asked for
+#: (an agent answers INIT without them).
+LATER_NAMES = ELEMENT_EVENT_NAMES + NOTICE_NAMES
 
 
-@attrs.frozen(slots=True)
-class NewElements(Event):
-    """NEW_MACHINE / NEW_NODE / NEW_QUEUE / NEW_JOB / NEW_PROCESS.
-
-    For NEW_PROCESS the parent is the job and the groups' ids are the ranks
-    of the new processes within that job (0 .. n-1), not element ids.
-    """
-
-    tid: int
-    kind: ElementKind
-    parent_id: str
-    groups: Tuple[ElementGroup, ...] = attrs.field(converter=_as_tuple)
-
-    @property
-    def event_id(self) -> EventId:  # type: ignore[override]
-        return self.kind.new_event
-
-    def to_args(self) -> list:
-        args = [str(self.parent_id)]
-        _encode_groups(args, self.groups)
-        return args
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        if not args:
-            raise ArgumentError(f"{event_id.name}: missing parent id")
-        groups, pos = _decode_groups(args, 1)
-        if pos != len(args):
-            raise ArgumentError(f"{event_id.name}: {len(args) - pos} arguments after the last range group")
-        return cls(tid, _KIND_BY_EVENT[event_id], args[0], groups)
+def __getattr__(name: str):
+    if name in ELEMENT_EVENT_NAMES:
+        from . import element_events as module
+    elif name in NOTICE_NAMES:
+        from . import notices as module
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = globals()[name] = getattr(module, name)
+    return value
 
 
-@attrs.frozen(slots=True)
-class ElementChange(Event):
-    """JOB_CHANGE / MACHINE_CHANGE / NODE_CHANGE / QUEUE_CHANGE (and RM_CHANGE with kind None)."""
-
-    tid: int
-    kind: Optional[ElementKind] = attrs.field()
-    groups: Tuple[ElementGroup, ...] = attrs.field(converter=_as_tuple)
-
-    @kind.validator
-    def _not_process(self, attribute, value) -> None:
-        # PROCESS_CHANGE carries the job id first: that layout is ProcessChange.
-        if value is ElementKind.PROCESS:
-            raise ValueError("process changes are ProcessChange events (they need the job id)")
-
-    @property
-    def event_id(self) -> EventId:  # type: ignore[override]
-        return EventId.RM_CHANGE if self.kind is None else self.kind.change_event
-
-    def to_args(self) -> list:
-        args: list = []
-        _encode_groups(args, self.groups)
-        return args
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        groups, pos = _decode_groups(args, 0)
-        if pos != len(args):
-            raise ArgumentError(f"{event_id.name}: {len(args) - pos} arguments after the last range group")
-        kind = None if event_id == EventId.RM_CHANGE else _KIND_BY_EVENT[event_id]
-        return cls(tid, kind, groups)
+_EVENT_CLASSES: dict = {}
 
 
-@attrs.frozen(slots=True)
-class ProcessChange(Event):
-    """PROCESS_CHANGE: the job's element id, then groups whose ids are ranks within that job."""
+def _event_classes() -> dict:
+    """Every event's class by its id."""
+    if not _EVENT_CLASSES:
+        from .element_events import (ElementChange, FilterDef, NewElements, ProcessChange, RemoveAll, RemoveElements,
+                                     RemoveProcesses)
+        from .notices import Message, Shutdown, SubmitJobError, TerminateJobError
 
-    tid: int
-    job_id: str
-    groups: Tuple[ElementGroup, ...] = attrs.field(converter=_as_tuple)
-    event_id = EventId.PROCESS_CHANGE
-    kind = ElementKind.PROCESS
-
-    def to_args(self) -> list:
-        args = [str(self.job_id)]
-        _encode_groups(args, self.groups)
-        return args
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        if not args:
-            raise ArgumentError("PROCESS_CHANGE: missing job id")
-        groups, pos = _decode_groups(args, 1)
-        if pos != len(args):
-            raise ArgumentError(f"PROCESS_CHANGE: {len(args) - pos} arguments after the last range group")
-        return cls(tid, args[0], groups)
-
-
-@attrs.frozen(slots=True)
-class RemoveElements(Event):
-    """REMOVE_JOB / REMOVE_MACHINE / REMOVE_NODE / REMOVE_QUEUE."""
-
-    tid: int
-    kind: ElementKind
-    ids: Union[RangeSet, str]
-
-    @property
-    def event_id(self) -> EventId:  # type: ignore[override]
-        return self.kind.remove_event
-
-    def to_args(self) -> list:
-        return [str(self.ids)]
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        if len(args) != 1:
-            raise ArgumentError(f"{event_id.name} takes one id range, got {len(args)} arguments")
-        try:
-            ids = _parse_ids(args[0])
-        except (RangeSetError, ArgumentError) as exc:
-            raise ArgumentError(f"{event_id.name}: {exc}") from None
-        return cls(tid, _KIND_BY_EVENT[event_id], ids)
-
-
-@attrs.frozen(slots=True)
-class RemoveProcesses(Event):
-    """REMOVE_PROCESS: the job's element id, then the ranks (within that job) of the processes removed."""
-
-    tid: int
-    job_id: str
-    ids: Union[RangeSet, str]
-    event_id = EventId.REMOVE_PROCESS
-    kind = ElementKind.PROCESS
-
-    def to_args(self) -> list:
-        return [str(self.job_id), str(self.ids)]
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        if len(args) != 2:
-            raise ArgumentError(f"REMOVE_PROCESS takes a job id and an id range, got {len(args)} arguments")
-        try:
-            ids = _parse_ids(args[1])
-        except (RangeSetError, ArgumentError) as exc:
-            raise ArgumentError(f"REMOVE_PROCESS: {exc}") from None
-        return cls(tid, args[0], ids)
-
-
-@attrs.frozen(slots=True)
-class RemoveAll(Event):
-    tid: int
-    event_id = EventId.REMOVE_ALL
-
-    def to_args(self) -> list:
-        return []
-
-    @classmethod
-    def from_args(cls, tid, args, event_id):
-        if args:
-            raise ArgumentError(f"REMOVE_ALL takes no arguments, got {len(args)}")
-        return cls(tid)
-
-
-_EVENT_CLASSES = {
-    EventId.OK: Ok,
-    EventId.MESSAGE: Message,
-    EventId.ERROR: Error,
-    EventId.SHUTDOWN: Shutdown,
-    EventId.SUBMITJOB_ERROR: SubmitJobError,
-    EventId.TERMINATEJOB_ERROR: TerminateJobError,
-    EventId.ATTR_DEF: AttrDef,
-    EventId.FILTER_DEF: FilterDef,
-    EventId.REMOVE_ALL: RemoveAll,
-    EventId.PROCESS_CHANGE: ProcessChange,
-    EventId.REMOVE_PROCESS: RemoveProcesses,
-    EventId.RM_CHANGE: ElementChange,
-}
-for _kind in ElementKind:
-    _EVENT_CLASSES[_kind.new_event] = NewElements
-    if _kind is not ElementKind.PROCESS:
-        _EVENT_CLASSES[_kind.change_event] = ElementChange
-        _EVENT_CLASSES[_kind.remove_event] = RemoveElements
+        classes = {
+            EventId.OK: Ok,
+            EventId.MESSAGE: Message,
+            EventId.ERROR: Error,
+            EventId.SHUTDOWN: Shutdown,
+            EventId.SUBMITJOB_ERROR: SubmitJobError,
+            EventId.TERMINATEJOB_ERROR: TerminateJobError,
+            EventId.ATTR_DEF: AttrDef,
+            EventId.FILTER_DEF: FilterDef,
+            EventId.REMOVE_ALL: RemoveAll,
+            EventId.PROCESS_CHANGE: ProcessChange,
+            EventId.REMOVE_PROCESS: RemoveProcesses,
+            EventId.RM_CHANGE: ElementChange,
+        }
+        for kind in ElementKind:
+            classes[kind.new_event] = NewElements
+            if kind is not ElementKind.PROCESS:
+                classes[kind.change_event] = ElementChange
+                classes[kind.remove_event] = RemoveElements
+        _EVENT_CLASSES.update(classes)
+    return _EVENT_CLASSES
 
 
 def decode_event(frame: Frame) -> Event:
@@ -751,7 +472,7 @@ def decode_event(frame: Frame) -> Event:
         event_id = EventId(frame.msg_id)
     except ValueError:
         raise ArgumentError(f"unknown event id {frame.msg_id} (0x{frame.msg_id:04X})") from None
-    return _EVENT_CLASSES[event_id].from_args(frame.tid, frame.args, event_id)
+    return _event_classes()[event_id].from_args(frame.tid, frame.args, event_id)
 
 
 def encode_event(event: Event) -> bytes:

@@ -68,12 +68,8 @@ from .messages import (
     Event,
     EventId,
     InitRequest,
-    Message,
     MessageLevel,
     Ok,
-    Shutdown,
-    SubmitJobError,
-    TerminateJobError,
     SUPPORTED_VERSIONS,
     parse_init,
 )
@@ -252,6 +248,8 @@ class AgentSession:
         return Received(replies=[Error(0, ErrorCode.MALFORMED_FRAME, text)], close=True, log=text + "; session closed")
 
     def _frame_error(self, error: FrameError) -> Received:
+        from .messages import Message  # loaded when first needed (see messages.LATER_NAMES)
+
         text = f"malformed frame: {error.message}"
         if self.phase is Phase.SHUTDOWN:
             return Received(close=error.fatal, log=f"{text} (after QUIT, ignored)")
@@ -307,6 +305,8 @@ class AgentSession:
             self.stop_tid = None
 
     def _refuse(self, command: Command, code: ErrorCode, text: str) -> Received:
+        from .messages import SubmitJobError, TerminateJobError
+
         # Open the TID briefly so the ERROR passes send()'s check and closes it.
         self._open(command.tid, command.command_id)
         if command.command_id is CommandId.SUBMIT_JOB and code is ErrorCode.BAD_ARGUMENTS:
@@ -381,6 +381,8 @@ class AgentSession:
                         Error(open_tid, ErrorCode.SHUTTING_DOWN, f"{held.name} abandoned: the agent is quitting")
                     )
             transaction = self._open(tid, cid)
+            from .messages import Shutdown
+
             replies.append(Shutdown(tid))
             return Received(command=command, replies=replies, transaction=transaction)
         transaction = self._open(tid, cid)

@@ -14,7 +14,6 @@ checks them and builds the backend's own options object.
 from __future__ import annotations
 
 import abc
-import argparse
 import importlib
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Type
 
@@ -26,6 +25,8 @@ from ..service.jobs import ErrorKind, JobError, JobSpec
 from ..service.model import ServiceModel
 
 if TYPE_CHECKING:  # pragma: no cover
+    import argparse
+
     from ..service.store import StoredJob
 
 __all__ = [

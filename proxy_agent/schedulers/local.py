@@ -36,14 +36,13 @@ agent that is killed cannot choose, and its jobs run on.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import shutil
 import socket
 import stat
 import tempfile
-from typing import Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 import attrs
 import trio
@@ -54,6 +53,9 @@ from ..service.model import K, Kind, ServiceModel, UnknownElement
 from .base import Backend, BackendContext
 from .common import LineSplitter, MAX_LINE_BYTES, current_user, signal_name, state_attrs
 from .keeper_link import KeeperError, KeeperLink, open_keeper
+
+if TYPE_CHECKING:  # pragma: no cover
+    import argparse
 
 __all__ = ["LineSplitter", "LocalBackend", "LocalOptions", "MAX_PROCS", "MAX_LINE_BYTES", "QUEUE_NAME", "STATE_TABLE"]
 

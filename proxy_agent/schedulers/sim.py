@@ -45,12 +45,11 @@ has not started gives it the new queue as parent (:meth:`ServiceModel.move`).
 
 from __future__ import annotations
 
-import argparse
 import gc
 import heapq
 import random
 import sys
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterator, List, Optional, Tuple
 
 import attrs
 import trio
@@ -60,6 +59,9 @@ from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, S
 from ..service.model import K, Kind, ServiceModel, UnknownElement
 from .base import Backend, BackendContext
 from .common import current_user
+
+if TYPE_CHECKING:  # pragma: no cover
+    import argparse
 
 __all__ = ["SimBackend", "SimOptions", "MAX_PROCS", "QUEUE_NAMES", "STATE_TABLE", "TICK"]
 

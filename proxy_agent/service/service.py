@@ -24,8 +24,8 @@ import trio
 
 from ..schedulers.base import Backend, BackendContext
 from .attributes import AttrInfo
-from .broker import ATTRIBUTES as BROKER_ATTRIBUTES
-from .broker import Brokering, Placement
+from .brokering import ATTRIBUTES as BROKER_ATTRIBUTES
+from .brokering import Brokering, Placement
 from .coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement

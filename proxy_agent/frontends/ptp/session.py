@@ -33,12 +33,8 @@ from ...protocol.messages import (
     ErrorCode,
     Event,
     EventId,
-    Message,
     MessageLevel,
     Ok,
-    Shutdown,
-    SubmitJobError,
-    TerminateJobError,
 )
 from ...protocol.dialect import DEFAULT, Dialect
 from ...protocol.session import AgentSession, ProtocolViolation, Transaction
@@ -266,6 +262,8 @@ class PtpSession:
         if tid is None and session.open:
             tid = next(iter(session.open))
         if tid is not None:
+            from ...protocol.messages import Message, Shutdown  # loaded when first needed
+
             self.emit(Message(tid, MessageLevel.WARNING, ErrorCode.SHUTTING_DOWN, text))
             self.emit(Shutdown(tid))
         self.quit_requested = True
@@ -469,6 +467,8 @@ class PtpSession:
         """Tell the client something outside any command (under the START_EVENTS TID, if open)."""
         tid = self.session.events_tid
         if tid is not None:
+            from ...protocol.messages import Message
+
             self.emit(Message(tid, level, code, text))
         else:
             log.warning("%s", text)
@@ -558,6 +558,8 @@ class PtpSession:
 
     def _fail(self, command: Command, transaction: Optional[Transaction], attrs_: AttributeSet, code: int,
               message: str) -> None:
+        from ...protocol.messages import SubmitJobError, TerminateJobError
+
         cid = command.command_id
         if cid is CommandId.SUBMIT_JOB:
             self.emit(SubmitJobError(command.tid, attrs_.get("jobSubId") or "", code, message), transaction)
