@@ -25,6 +25,10 @@ _START_TIMEOUT = 10.0
 _MAX_LINE = 64 << 20
 
 
+#: JSON without spaces, by one encoder (``json.dumps`` with separators makes one a call)
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 class KeeperError(Exception):
     pass
 
@@ -57,7 +61,7 @@ class KeeperLink:
         """Send a request.  Requests made while an earlier one is being written go
         together in the next write: one system call (and one wake-up of the keeper) for
         all the jobs a client submitted at once, and one wake-up of all their tasks."""
-        await self.send_line(json.dumps(message, separators=(",", ":")).encode() + b"\n")
+        await self.send_line(_compact(message).encode() + b"\n")
 
     async def send_line(self, line: bytes) -> None:
         """Send a request already encoded (one JSON line, with its newline)."""
@@ -130,7 +134,13 @@ class KeeperLink:
                     return
             end = self._buffer.rindex(b"\n")
             lines, self._buffer = self._buffer[:end].split(b"\n"), self._buffer[end + 1:]
-            handle([json.loads(line) for line in lines])
+            try:  # one call for the lot: its messages are small and many
+                messages = json.loads(b"[" + b",".join(lines) + b"]")
+            except ValueError:
+                messages = None
+            if messages is None or len(messages) != len(lines):
+                messages = [json.loads(line) for line in lines]  # raises at the line that is not one
+            handle(messages)
 
     async def aclose(self) -> None:
         self.closed = True

@@ -86,6 +86,10 @@ class Kind(enum.Enum):
     JOB = "job"
     PROCESS = "process"
 
+    # A kind is equal only to itself: hashed by identity, without the Python-level
+    # __hash__ of Enum (kinds key tables that every change of the model looks in).
+    __hash__ = object.__hash__
+
 
 #: Parents before children (creation order); the reverse for removal.
 CREATE_ORDER = (Kind.MACHINE, Kind.QUEUE, Kind.NODE, Kind.JOB, Kind.PROCESS)

@@ -190,8 +190,12 @@ def holder_of(directory: str) -> Dict[str, Any]:
 _SPEC_FIELDS = tuple(field.name for field in attrs.fields(JobSpec))
 
 
+#: JSON without spaces, by one encoder (``json.dumps`` with separators makes one a call)
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def spec_to_json(spec: JobSpec) -> str:
-    return json.dumps({name: getattr(spec, name) for name in _SPEC_FIELDS}, separators=(",", ":"))
+    return _compact({name: getattr(spec, name) for name in _SPEC_FIELDS})
 
 
 def spec_from_json(text: str) -> Optional[JobSpec]:
