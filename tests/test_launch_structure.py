@@ -18,9 +18,11 @@ import time
 import trio
 
 from proxy_agent.schedulers.base import Backend
+from proxy_agent.schedulers.common import state_attrs
 from proxy_agent.schedulers.keeper_link import KeeperLink
+from proxy_agent.schedulers.local import STATE_TABLE, LocalBackend
 from proxy_agent.service.jobs import JobSpec
-from proxy_agent.service.model import K, Kind
+from proxy_agent.service.model import ChangeSink, K, Kind
 from proxy_agent.service.service import JobService
 from proxy_agent.service.store import JobStore
 
@@ -224,3 +226,52 @@ async def test_submissions_that_arrive_together_are_committed_in_one_transaction
     assert len(transactions) == 1, transactions
     assert len(store.jobs()) == jobs
     store.close()
+
+
+class _StatesAtFlush(ChangeSink):
+    """What a client would see: the state of every changed job at each flush."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.flushes = 0
+        self._changed: set = set()
+        self.states: dict = {}
+
+    def changed(self, element, slots) -> None:
+        if element.kind is Kind.JOB:
+            self._changed.add(element.key)
+
+    def flush(self) -> None:
+        self.flushes += 1
+        for key in self._changed:
+            self.states.setdefault(key, []).append(self.model.attr(key, K.STATE))
+        self._changed.clear()
+
+
+def test_a_round_of_the_keepers_news_is_a_few_changes_of_the_model_that_keep_every_state(tmp_path):
+    service = JobService()
+    local = LocalBackend(service.model, None, service.context())
+    service.add_backend(local)  # the queue's figures follow its jobs
+    local._directory = str(tmp_path)
+    local._populate()
+    model = service.model
+
+    def submit() -> int:
+        return local._add_job(JobSpec("/bin/true"), "true", "/bin/true", str(tmp_path), 1,
+                              state_attrs(STATE_TABLE, "PENDING"), None)
+
+    jobs = [submit() for _ in range(20)]
+    seen = _StatesAtFlush(model)
+    model.subscribe(seen)
+    local._notices([{"op": "spawned", "key": key, "pids": [10000 + key]} for key in jobs])
+    local._notices([message for key in jobs
+                    for message in ({"op": "exit", "key": key, "rank": 0, "code": 0}, {"op": "done", "key": key})])
+    # the PIDs, the starts, the ends: not a change (and a write of the figures) per message
+    assert seen.flushes <= 3, seen.flushes
+    assert all(seen.states[key] == ["RUNNING", "FINISHED"] for key in jobs), seen.states
+    assert model.attr(local.queue_id, K.RUNNING) == "0"
+    # a job that starts and ends within one round is still seen running
+    quick = submit()
+    local._notices([{"op": "spawned", "key": quick, "pids": [99999]}, {"op": "exit", "key": quick, "rank": 0, "code": 0},
+                    {"op": "done", "key": quick}])
+    assert seen.states[quick] == ["RUNNING", "FINISHED"], seen.states[quick]

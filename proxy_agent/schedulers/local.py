@@ -517,21 +517,20 @@ class LocalBackend(Backend):
             for message in messages:
                 if message.get("op") == "spawned":
                     self._set_pids(message)
-        batch = model.batch()
+        changes: List[List[dict]] = [[]]
         started: set = set()
-        batch.__enter__()
-        try:
-            for message in messages:
-                op, key = message.get("op"), message.get("key")
-                if key in started and op != "output":
-                    batch.__exit__(None, None, None)
-                    batch.__enter__()
-                    started.clear()
-                self._notice(message)
-                if op == "spawned":
-                    started.add(key)
-        finally:
-            batch.__exit__(None, None, None)
+        for message in messages:
+            op, key = message.get("op"), message.get("key")
+            if key in started and op != "output":
+                changes.append([])
+                started = set()
+            changes[-1].append(message)
+            if op == "spawned":
+                started.add(key)
+        for change in changes:
+            with model.batch():
+                for message in change:
+                    self._notice(message)
 
     def _set_pids(self, message: dict) -> None:
         key = message.get("key")
@@ -882,7 +881,6 @@ class LocalBackend(Backend):
 
 #: JSON as the keeper reads it (compact)
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
-
 
 
 def _environment_size(env: Dict[str, str]) -> int:
