@@ -463,12 +463,16 @@ class JobStore:
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
+        # changes of the same columns go in one statement (a busy round ends many jobs alike)
+        alike: Dict[Tuple[str, ...], List[tuple]] = {}
+        for key, change in pending.items():
+            alike.setdefault(tuple(change), []).append((*change.values(), key))
         try:
             self._db.execute("BEGIN")
-            for key, change in pending.items():
+            for names, rows in alike.items():
                 # a job keeps the time it was first seen ended (a new agent reports it again)
-                columns = ", ".join("ended=coalesce(ended, ?)" if name == "ended" else f"{name}=?" for name in change)
-                self._db.execute(f"UPDATE jobs SET {columns} WHERE key=?", (*change.values(), key))
+                columns = ", ".join("ended=coalesce(ended, ?)" if name == "ended" else f"{name}=?" for name in names)
+                self._db.executemany(f"UPDATE jobs SET {columns} WHERE key=?", rows)
             self._db.execute("COMMIT")
         except sqlite3.Error:
             try:
