@@ -409,7 +409,10 @@ class PtpSession:
                                    lambda: not self._snapshot_started and not self._closing)
 
     async def _service_ready(self, command: Command, transaction: Optional[Transaction] = None) -> bool:
-        if not self.service.ready.is_set():  # (no pass through the scheduler once it is)
+        if self.service.ready.is_set():
+            # a session that is ending takes no new request; no pass through the scheduler
+            await trio.lowlevel.checkpoint_if_cancelled()
+        else:
             await self.service.ready.wait()
         failure = self.service.failure
         if failure is not None:
