@@ -1,6 +1,7 @@
 """What keeps local launches cheap: the keeper answers a round of requests in one write and
-starts processes without subprocess.Popen, and the agent sends the requests made while one
-is being written in one write.  (The rate itself comes from scripts/bench_launch.py; these
+starts processes without subprocess.Popen, the agent sends the requests made while one
+is being written in one write, and submissions that arrive together are committed to the job
+store in one transaction.  (The rate itself comes from scripts/bench_launch.py; these
 tests fail if what makes it possible is undone.)"""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -15,7 +17,14 @@ import time
 
 import trio
 
+from proxy_agent.schedulers.base import Backend
+from proxy_agent.schedulers.common import state_attrs
 from proxy_agent.schedulers.keeper_link import KeeperLink
+from proxy_agent.schedulers.local import STATE_TABLE, LocalBackend
+from proxy_agent.service.jobs import JobSpec
+from proxy_agent.service.model import ChangeSink, K, Kind
+from proxy_agent.service.service import JobService
+from proxy_agent.service.store import JobStore
 
 from agent_fixtures import subprocess_env
 
@@ -138,3 +147,131 @@ def test_a_submission_is_written_without_walking_the_spec_with_asdict(monkeypatc
     monkeypatch.setattr(store.attrs, "asdict", refuse)
     assert store.spec_to_json(spec) == expected
     assert store.spec_from_json(store.spec_to_json(spec)) == spec
+
+
+class _StoreWatchingBackend(Backend):
+    """Takes every job at once, noting whether another connection to the store already
+    sees its submission when it is called (the job would start there)."""
+
+    name = "watching"
+
+    def __init__(self, model, path: str) -> None:
+        super().__init__(model)
+        self.path = path
+        self.queue = None
+        #: client ref -> was its submission committed when the backend was called
+        self.committed: dict = {}
+
+    def attributes(self):
+        return []
+
+    def default_queue(self):
+        return self.queue
+
+    async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        self.queue = self.model.add(Kind.QUEUE, None, {K.NAME: "default"}, owner=self.name)
+        task_status.started()
+        await trio.sleep_forever()
+
+    async def submit(self, spec, queue, key=None) -> int:
+        reader = sqlite3.connect(self.path)
+        try:
+            found = reader.execute("SELECT count(*) FROM jobs WHERE key=?", (key,)).fetchone()[0]
+        finally:
+            reader.close()
+        self.committed[spec.client_ref] = found == 1
+        job = self.model.add(Kind.JOB, queue, {K.STATE: "QUEUING"}, owner=self.name, key=key)
+        await trio.lowlevel.checkpoint()
+        return job
+
+    async def terminate(self, job: int) -> None:
+        pass
+
+
+async def test_submissions_that_arrive_together_are_committed_in_one_transaction_before_they_start(tmp_path):
+    path = str(tmp_path / JobStore.FILE)
+    store = JobStore(path)
+    transactions = []
+    in_transaction = [False]
+
+    def traced(statement: str) -> None:
+        word = statement.split(None, 1)[0].upper()
+        if word == "BEGIN":
+            in_transaction[0] = True
+        elif word in ("COMMIT", "END"):
+            in_transaction[0] = False
+            transactions.append(statement)
+        elif word == "ROLLBACK":
+            in_transaction[0] = False
+        elif word in ("INSERT", "UPDATE", "DELETE", "REPLACE") and not in_transaction[0]:
+            transactions.append(statement)  # a statement of its own is a transaction of its own
+
+    store._db.set_trace_callback(traced)
+    service = JobService(store=store)
+    backend = _StoreWatchingBackend(service.model, path)
+    service.add_backend(backend)
+    jobs = 20
+    async with trio.open_nursery() as nursery:
+        await nursery.start(service.run)
+        await service.ready.wait()
+        transactions.clear()
+        async with trio.open_nursery() as clients:  # a client that sends them all at once
+            for n in range(jobs):
+                clients.start_soon(service.submit, JobSpec("/bin/true", client_ref=f"s{n}"))
+        assert len(service.stored) == jobs
+        nursery.cancel_scope.cancel()
+    # every submission was in the store before its scheduler was called...
+    assert backend.committed == {f"s{n}": True for n in range(jobs)}
+    # ...in one transaction for all of them, and none after (no scheduler id to add)
+    assert len(transactions) == 1, transactions
+    assert len(store.jobs()) == jobs
+    store.close()
+
+
+class _StatesAtFlush(ChangeSink):
+    """What a client would see: the state of every changed job at each flush."""
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.flushes = 0
+        self._changed: set = set()
+        self.states: dict = {}
+
+    def changed(self, element, slots) -> None:
+        if element.kind is Kind.JOB:
+            self._changed.add(element.key)
+
+    def flush(self) -> None:
+        self.flushes += 1
+        for key in self._changed:
+            self.states.setdefault(key, []).append(self.model.attr(key, K.STATE))
+        self._changed.clear()
+
+
+def test_a_round_of_the_keepers_news_is_a_few_changes_of_the_model_that_keep_every_state(tmp_path):
+    service = JobService()
+    local = LocalBackend(service.model, None, service.context())
+    service.add_backend(local)  # the queue's figures follow its jobs
+    local._directory = str(tmp_path)
+    local._populate()
+    model = service.model
+
+    def submit() -> int:
+        return local._add_job(JobSpec("/bin/true"), "true", "/bin/true", str(tmp_path), 1,
+                              state_attrs(STATE_TABLE, "PENDING"), None)
+
+    jobs = [submit() for _ in range(20)]
+    seen = _StatesAtFlush(model)
+    model.subscribe(seen)
+    local._notices([{"op": "spawned", "key": key, "pids": [10000 + key]} for key in jobs])
+    local._notices([message for key in jobs
+                    for message in ({"op": "exit", "key": key, "rank": 0, "code": 0}, {"op": "done", "key": key})])
+    # the PIDs, the starts, the ends: not a change (and a write of the figures) per message
+    assert seen.flushes <= 3, seen.flushes
+    assert all(seen.states[key] == ["RUNNING", "FINISHED"] for key in jobs), seen.states
+    assert model.attr(local.queue_id, K.RUNNING) == "0"
+    # a job that starts and ends within one round is still seen running
+    quick = submit()
+    local._notices([{"op": "spawned", "key": quick, "pids": [99999]}, {"op": "exit", "key": quick, "rank": 0, "code": 0},
+                    {"op": "done", "key": quick}])
+    assert seen.states[quick] == ["RUNNING", "FINISHED"], seen.states[quick]

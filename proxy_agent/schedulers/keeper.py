@@ -41,8 +41,9 @@ import time
 from typing import Dict, List, Optional, Tuple
 
 try:  # the package's reaper when run from the package; nothing when run alone
-    from .reaper import OrphanReaper
+    from .reaper import MARKER, OrphanReaper
 except ImportError:  # pragma: no cover
+    MARKER = ""
     OrphanReaper = None  # type: ignore[assignment,misc]
 
 #: How far (bytes) an output file may run ahead of what the connected agent has read.
@@ -272,7 +273,7 @@ class Keeper:
         """Queue a message; the loop writes everything queued in a round at the round's end."""
         if self.agent is None:
             return
-        self.outbox += json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        self.outbox += _compact(message).encode() + b"\n"
 
     def _agent_writable(self) -> None:
         if self.journal_pending:  # what a message tells of is recorded before it goes
@@ -492,8 +493,6 @@ class Keeper:
         env["PROXY_AGENT_PROCESS_INDEX"] = str(rank)
         env["PROXY_AGENT_NUM_PROCS"] = str(count)
         if self.reaper is not None:
-            from .reaper import MARKER
-
             env[MARKER] = self.reaper.mark(job.key)
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
@@ -789,8 +788,12 @@ def _output_file(job: _Job, where: Tuple[int, str]) -> int:
 JOURNAL = "jobs.jsonl"
 
 
+#: JSON without spaces, by one encoder (``json.dumps`` with separators makes one a call)
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _journal_line(entry: dict) -> bytes:
-    return json.dumps(entry, separators=(",", ":")).encode() + b"\n"
+    return _compact(entry).encode() + b"\n"
 
 
 def read_journal(path: str) -> Dict[int, dict]:

@@ -25,6 +25,10 @@ _START_TIMEOUT = 10.0
 _MAX_LINE = 64 << 20
 
 
+#: JSON without spaces, by one encoder (``json.dumps`` with separators makes one a call)
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 class KeeperError(Exception):
     pass
 
@@ -41,53 +45,102 @@ class KeeperLink:
         self.stream = stream
         self.directory = directory
         self._buffer = b""
-        self._lock = trio.Lock()
         #: requests waiting for the connection, in the order they were made
         self._queue: List[bytes] = []
+        #: requests made so far, and how many of them were handed to the connection
+        self._made = 0
+        self._sent = 0
+        #: a write is under way
+        self._writing = False
+        #: set when a write ends (the tasks whose requests wait for the next one look again)
+        self._written: Optional[trio.Event] = None
         self._failure: Optional[str] = None
         self.closed = False
 
     async def send(self, message: dict) -> None:
         """Send a request.  Requests made while an earlier one is being written go
         together in the next write: one system call (and one wake-up of the keeper) for
-        all the jobs a client submitted at once."""
-        self._queue.append(json.dumps(message, separators=(",", ":")).encode() + b"\n")
-        async with self._lock:
-            if self._queue and self._failure is None:
+        all the jobs a client submitted at once, and one wake-up of all their tasks."""
+        await self.send_line(_compact(message).encode() + b"\n")
+
+    async def send_line(self, line: bytes) -> None:
+        """Send a request already encoded (one JSON line, with its newline)."""
+        self._queue.append(line)
+        self._made += 1
+        mine = self._made
+        while self._sent < mine and self._failure is None:
+            if self._writing:  # the write under way took the queue before this joined it
+                if self._written is None:
+                    self._written = trio.Event()
+                await self._written.wait()
+            else:
+                await self._write()
+        if self._sent < mine:
+            raise KeeperError(self._failure)
+
+    async def _write(self) -> None:
+        self._writing = True
+        try:
+            while self._queue and self._failure is None:
                 data = b"".join(self._queue)
                 self._queue.clear()
+                upto = self._made
                 try:
                     await self.stream.send_all(data)
                 except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     self.closed = True
                     self._failure = f"the keeper of {self.directory} is gone: {exc}"
-            # an empty queue: this request went in a write an earlier caller made
-            if self._failure is not None:
-                raise KeeperError(self._failure)
+                finally:
+                    if self._failure is None:
+                        self._sent = upto  # (also when cancelled: handed to the connection)
+                    self._wake()
+        finally:
+            self._writing = False
+            self._wake()
+
+    def _wake(self) -> None:
+        if self._written is not None:
+            self._written.set()
+            self._written = None
 
     async def receive(self) -> Optional[dict]:
         """The next message (None when the keeper closed the connection)."""
         while b"\n" not in self._buffer:
-            try:
-                data = await self.stream.receive_some(1 << 16)
-            except (trio.BrokenResourceError, trio.ClosedResourceError):
-                data = b""
-            if not data:
-                self.closed = True
+            if not await self._fill():
                 return None
-            self._buffer += data
-            if len(self._buffer) > _MAX_LINE:
-                raise KeeperError("the keeper sent a line too long to be one message")
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
-    async def serve(self, handle: Callable[[dict], None]) -> None:
-        """Hand every message to ``handle`` until the keeper closes the connection."""
+    async def _fill(self) -> bool:
+        """Read more of what the keeper sent (False when it closed the connection)."""
+        try:
+            data = await self.stream.receive_some(1 << 16)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            data = b""
+        if not data:
+            self.closed = True
+            return False
+        self._buffer += data
+        if len(self._buffer) > _MAX_LINE:
+            raise KeeperError("the keeper sent a line too long to be one message")
+        return True
+
+    async def serve(self, handle: Callable[[List[dict]], None]) -> None:
+        """Hand the keeper's messages to ``handle``, those that arrived together in one list
+        (a round of the keeper's news), until the keeper closes the connection."""
         while True:
-            message = await self.receive()
-            if message is None:
-                return
-            handle(message)
+            while b"\n" not in self._buffer:
+                if not await self._fill():
+                    return
+            end = self._buffer.rindex(b"\n")
+            lines, self._buffer = self._buffer[:end].split(b"\n"), self._buffer[end + 1:]
+            try:  # one call for the lot: its messages are small and many
+                messages = json.loads(b"[" + b",".join(lines) + b"]")
+            except ValueError:
+                messages = None
+            if messages is None or len(messages) != len(lines):
+                messages = [json.loads(line) for line in lines]  # raises at the line that is not one
+            handle(messages)
 
     async def aclose(self) -> None:
         self.closed = True

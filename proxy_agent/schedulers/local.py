@@ -36,6 +36,7 @@ agent that is killed cannot choose, and its jobs run on.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -203,6 +204,8 @@ class LocalBackend(Backend):
         self.queue_id: Optional[int] = None
         self._jobs: Dict[int, _Job] = {}
         self._base_env: Optional[Tuple[Dict[str, str], int]] = None
+        #: the agent's environment as the inside of a JSON object
+        self._base_env_json: Optional[str] = None
         self._keeper: Optional[KeeperLink] = None
         self._keeper_jobs: Dict[int, dict] = {}
         self._directory: Optional[str] = None
@@ -300,7 +303,7 @@ class LocalBackend(Backend):
                     self._notice(message)
                 self._serving = True
                 try:
-                    await self._keeper.serve(self._notice)
+                    await self._keeper.serve(self._notices)
                 finally:
                     self._serving = False
                     self._served.set()
@@ -322,17 +325,31 @@ class LocalBackend(Backend):
         job_id = self._add_job(spec, launch.name, launch.path, launch.cwd, launch.num_procs, _PENDING, key)
         record = self._jobs[job_id]
         try:
-            await self._keeper.send({
-                "op": "spawn", "key": job_id, "argv": launch.argv,
-                "env": {**launch.env, "PROXY_AGENT_JOB_KEY": str(job_id)}, "cwd": launch.cwd,
-                "count": launch.num_procs,
-            })
+            await self._keeper.send_line(self._spawn_request(job_id, launch))
         except KeeperError as exc:
             record.start_error = str(exc)
             record.done = True
             self._finish(record)
             return job_id
         return job_id
+
+    def _spawn_request(self, job_id: int, launch: _Launch) -> bytes:
+        """The keeper's request to start a job, as one JSON line: ``{"op": "spawn", "key",
+        "argv", "env", "cwd", "count"}``, the environment with ``PROXY_AGENT_JOB_KEY``.  The
+        agent's environment, which most jobs are given as it is, is encoded once."""
+        dumps = _dumps
+        if launch.env is self._base_env_of():
+            if self._base_env_json is None:
+                self._base_env_json = dumps(launch.env)[1:-1]
+            env = self._base_env_json
+        else:
+            env = dumps(launch.env)[1:-1]
+        return (f'{{"op":"spawn","key":{job_id},"argv":{dumps(launch.argv)},"env":{{{env}{"," if env else ""}'
+                f'"PROXY_AGENT_JOB_KEY":"{job_id}"}},"cwd":{dumps(launch.cwd)},"count":{launch.num_procs}}}\n'
+                ).encode()
+
+    def _base_env_of(self) -> Optional[Dict[str, str]]:
+        return self._base_env[0] if self._base_env is not None else None
 
     def _add_job(self, spec: JobSpec, name: str, path: str, cwd: str, count: int, state: Dict[str, str],
                  key: Optional[int]) -> int:
@@ -489,6 +506,42 @@ class LocalBackend(Backend):
         return adopted
 
     # ------------------------------------------------------------------ the keeper's news
+
+    def _notices(self, messages: List[dict]) -> None:
+        """A round of the keeper's news, in as few changes of the model as keep every state
+        a job passes through visible: the queue's figures are written once per change, and
+        clients hear of it in one go.  A change ends before news of a job that started in
+        it (its RUNNING is not to be lost in its end).  The PIDs of the jobs started in the
+        round go first, in a change of their own (every process's differs; their RUNNING,
+        the same for all, then goes in one range)."""
+        model = self.model
+        with model.batch():
+            for message in messages:
+                if message.get("op") == "spawned":
+                    self._set_pids(message)
+        changes: List[List[dict]] = [[]]
+        started: set = set()
+        for message in messages:
+            op, key = message.get("op"), message.get("key")
+            if key in started and op != "output":
+                changes.append([])
+                started = set()
+            changes[-1].append(message)
+            if op == "spawned":
+                started.add(key)
+        for change in changes:
+            with model.batch():
+                for message in change:
+                    self._notice(message)
+
+    def _set_pids(self, message: dict) -> None:
+        key = message.get("key")
+        record = self._jobs.get(key) if isinstance(key, int) else None
+        if record is not None and not record.started:
+            record.pids = [int(p) for p in message.get("pids", [])]
+            model = self.model
+            for index, pid in enumerate(record.pids):
+                model.update(record.process_keys[index], {K.PID: str(pid)})
 
     def _notice(self, message: dict) -> None:
         op = message.get("op")
@@ -815,7 +868,7 @@ class LocalBackend(Backend):
                         if self._serving:
                             await self._served.wait()
                         else:
-                            await keeper.serve(self._notice)
+                            await keeper.serve(self._notices)
                 await keeper.aclose()
         finally:
             for record in list(self._jobs.values()):
@@ -827,6 +880,9 @@ class LocalBackend(Backend):
 
 
 # --------------------------------------------------------------------------- helpers
+
+#: JSON as the keeper reads it (compact)
+_dumps = json.JSONEncoder(separators=(",", ":")).encode
 
 
 def _environment_size(env: Dict[str, str]) -> int:

@@ -229,14 +229,19 @@ class QueueFigures(ChangeSink):
         self._dirty_backends = set()
         new_queues = self._new_queues
         self._new_queues = []
+        queues = model._by_kind[_QUEUE]
         with model.batch():
             for key in dirty:
                 load = self._load.get(key)
-                if load is None or key not in model:
+                element = queues.get(key)
+                if load is None or element is None:
                     continue
-                element = model.get(key)
                 used = self._used_by[element.owner] if self._modes.get(element.owner) == "shared" else load[2]
-                total = _integer(model.attr(key, K.TOTAL_SLOTS))
+                total_slot = self._total_slot
+                if total_slot is None:
+                    total_slot = self._total_slot = self._slot(_QUEUE, K.TOTAL_SLOTS)
+                values = element.values
+                total = _integer(values[total_slot]) if total_slot is not None and total_slot < len(values) else None
                 model.update(key, {
                     K.WAITING: str(load[0]),
                     K.RUNNING: str(load[1]),

@@ -52,10 +52,9 @@ bounded amount and counts what it drops.
 
 from __future__ import annotations
 
-import contextlib
 import enum
 from collections import deque
-from typing import Deque, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import ContextManager, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 __all__ = [
     "BACKLOG_LIMIT",
@@ -86,6 +85,10 @@ class Kind(enum.Enum):
     QUEUE = "queue"
     JOB = "job"
     PROCESS = "process"
+
+    # A kind is equal only to itself: hashed by identity, without the Python-level
+    # __hash__ of Enum (kinds key tables that every change of the model looks in).
+    __hash__ = object.__hash__
 
 
 #: Parents before children (creation order); the reverse for removal.
@@ -282,6 +285,25 @@ class OutputBacklog:
         self.dropped: Dict[int, int] = {}
 
 
+class _Batch:
+    """:meth:`ServiceModel.batch`: the model's batches nest; the outermost flushes."""
+
+    __slots__ = ("model",)
+
+    def __init__(self, model: "ServiceModel") -> None:
+        self.model = model
+
+    def __enter__(self) -> None:
+        self.model._quiet += 1
+
+    def __exit__(self, *exc_info) -> None:
+        model = self.model
+        model._quiet -= 1
+        if model._quiet == 0 and model._missed:
+            model._missed = False
+            model._notify()
+
+
 class ServiceModel:
     """The model every backend writes and every front-end reads (see the module docs)."""
 
@@ -298,6 +320,7 @@ class ServiceModel:
         self._observers: List[ChangeSink] = []
         self._quiet = 0
         self._missed = False
+        self._batch = _Batch(self)
         self._backlog: Dict[int, OutputBacklog] = {}
         #: job key -> the rank its next process gets
         self._next_ranks: Dict[int, int] = {}
@@ -591,17 +614,10 @@ class ServiceModel:
         with self.batch():
             return sum(1 for key in keys if self.update(key, attrs))
 
-    @contextlib.contextmanager
-    def batch(self) -> Iterator[None]:
-        """Group mutations: subscribers are flushed once, at the end, if anything happened."""
-        self._quiet += 1
-        try:
-            yield
-        finally:
-            self._quiet -= 1
-            if self._quiet == 0 and self._missed:
-                self._missed = False
-                self._notify()
+    def batch(self) -> ContextManager[None]:
+        """Group mutations: subscribers are flushed once, at the end, if anything happened.
+        (One object for every batch, without a generator: a job's life takes several.)"""
+        return self._batch
 
     def remove(self, key: int) -> None:
         """Remove an element and everything below it."""

@@ -56,31 +56,45 @@ class _StoreRecorder(ChangeSink):
         self.service = service
 
     def changed(self, element: Element, slots) -> None:
-        if element.kind is Kind.JOB:
-            self.note(element.key)
+        if element.kind is Kind.JOB and element.key in self.service.stored:
+            self._note(element)
 
     def note(self, key: int) -> None:
         """Note the state of a stored job as the model has it now."""
         service = self.service
-        if key not in service.stored or service.store is None or key not in service.model:
+        if key not in service.stored:
             return
-        model = service.model
-        element = model.get(key)
-        state = model.attr(element.key, K.STATE)
+        element = service.model._elements.get(key)
+        if element is not None and element.kind is Kind.JOB:
+            self._note(element)
+
+    def _note(self, element: Element) -> None:
+        store = self.service.store
+        if store is None:
+            return
+        values = element.values
+        index = self.service.model.schema(Kind.JOB).index
+
+        def value(name: str):
+            slot = index.get(name)
+            return values[slot] if slot is not None and slot < len(values) else None
+
+        state = value(K.STATE)
         if not isinstance(state, str):
             return
-        try:
-            final = JobState(state).final
-        except ValueError:
-            final = False
-        message = model.attr(element.key, K.MESSAGE)
-        native = model.attr(element.key, K.NATIVE_STATE)
-        exit_code = model.attr(element.key, K.EXIT_CODE) if final else ""
-        signal = model.attr(element.key, K.SIGNAL) if final else ""
-        service.store.note_state(element.key, state, native if isinstance(native, str) else "",
-                                 message if isinstance(message, str) else None, final,
-                                 exit_code if isinstance(exit_code, str) else "",
-                                 signal if isinstance(signal, str) else "")
+        final = state in _FINAL_STATES
+        message = value(K.MESSAGE)
+        native = value(K.NATIVE_STATE)
+        exit_code = value(K.EXIT_CODE) if final else ""
+        signal = value(K.SIGNAL) if final else ""
+        store.note_state(element.key, state, native if isinstance(native, str) else "",
+                         message if isinstance(message, str) else None, final,
+                         exit_code if isinstance(exit_code, str) else "",
+                         signal if isinstance(signal, str) else "")
+
+
+#: the states a job ends in
+_FINAL_STATES = frozenset(state.value for state in JobState if state.final)
 
 
 class JobService:
@@ -447,6 +461,9 @@ class JobService:
 
         With a store, the submission is written (committed) before the scheduler is called,
         and completed with the scheduler's own id after; a refused one is removed again.
+        Submissions that arrive together (a client that sends many at once: a task each) are
+        committed in one transaction: each task notes its own and lets the others run once,
+        and the first to come back commits every submission noted by then.
         """
         if self._closing:
             raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
@@ -459,15 +476,21 @@ class JobService:
         key = self.model.new_keys(1)[0]
         store = self.store
         if store is not None:
-            try:
-                store.record_submission(key, backend.name, self.queue_label(queue), spec)
-                # From now on its state and delivered output are recorded: a fast job's output
-                # may reach a client before the scheduler's answer reaches this task.
-                self.stored.add(key)
-            except sqlite3.Error as exc:
-                self._store_failed(exc)
-                store = None
+            store.note_submission(key, backend.name, self.queue_label(queue), spec)
+            # From now on its state and delivered output are recorded: a fast job's output
+            # may reach a client before the scheduler's answer reaches this task.
+            self.stored.add(key)
         try:
+            if store is not None:
+                await trio.lowlevel.checkpoint()  # the submissions that came with it are noted
+                if self.store is store and store.submission_noted(key):
+                    try:
+                        store.write_submissions()
+                    except sqlite3.Error as exc:
+                        self._store_failed(exc)
+                if self.store is not store:  # the store failed: the job goes on without it
+                    self.stored.discard(key)
+                    store = None
             actual = await backend.submit(spec, queue, key)
         except BaseException:
             self.stored.discard(key)
@@ -486,7 +509,9 @@ class JobService:
                 if placement.decision is not None:
                     # an adopted job keeps the broker's choice and reason
                     extra[_BROKER_EXTRA] = placement.decision.job_attributes()
-                store.record_native_id(actual, backend.native_id(actual) or "", extra)
+                native = backend.native_id(actual) or ""
+                if native or extra:  # else the record has it already (no id, no extra)
+                    store.record_native_id(actual, native, extra)
                 self.stored.add(actual)
             except sqlite3.Error as exc:
                 self._store_failed(exc)

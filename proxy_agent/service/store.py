@@ -190,8 +190,12 @@ def holder_of(directory: str) -> Dict[str, Any]:
 _SPEC_FIELDS = tuple(field.name for field in attrs.fields(JobSpec))
 
 
+#: JSON without spaces, by one encoder (``json.dumps`` with separators makes one a call)
+_compact = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def spec_to_json(spec: JobSpec) -> str:
-    return json.dumps({name: getattr(spec, name) for name in _SPEC_FIELDS}, separators=(",", ":"))
+    return _compact({name: getattr(spec, name) for name in _SPEC_FIELDS})
 
 
 def spec_from_json(text: str) -> Optional[JobSpec]:
@@ -287,6 +291,10 @@ class JobStore:
             raise StoreError(f"the job store {path} cannot be used: {exc}") from None
         os.chmod(path, 0o600)
         self._pending: Dict[int, Dict[str, Any]] = {}
+        #: submissions noted and not yet written: key -> the row's values
+        self._submissions: Dict[int, tuple] = {}
+        #: transactions that wrote submissions (see :meth:`write_submissions`)
+        self.submission_commits = 0
         self._flushes = 0
 
     def _check_version(self) -> int:
@@ -329,15 +337,42 @@ class JobStore:
 
     def record_submission(self, key: int, backend: str, queue: str, spec: JobSpec, extra: Optional[dict] = None) -> None:
         """Written (committed) before the scheduler is called."""
-        self._db.execute(
-            "INSERT OR REPLACE INTO jobs (key, backend, queue, name, client_ref, spec, state, submitted, extra)"
-            " VALUES (?, ?, ?, ?, ?, ?, 'SUBMITTING', ?, ?)",
-            (key, backend, queue, spec.display_name, spec.client_ref or "", spec_to_json(spec), time.time(),
-             json.dumps(extra or {})),
-        )
+        self.note_submission(key, backend, queue, spec, extra)
+        self.write_submissions()
+
+    def note_submission(self, key: int, backend: str, queue: str, spec: JobSpec, extra: Optional[dict] = None) -> None:
+        """A submission to be written by the next :meth:`write_submissions` (which must have
+        returned before the scheduler is called): submissions that arrive together are
+        committed in one transaction."""
+        self._submissions[key] = (key, backend, queue, spec.display_name, spec.client_ref or "", spec_to_json(spec),
+                                  time.time(), json.dumps(extra) if extra else "{}")
+
+    def submission_noted(self, key: int) -> bool:
+        """Is this submission noted and not yet written?"""
+        return key in self._submissions
+
+    def write_submissions(self) -> None:
+        """Commit the submissions noted so far, in one transaction (nothing if there are none)."""
+        if not self._submissions:
+            return
+        rows, self._submissions = list(self._submissions.values()), {}
+        self._db.execute("BEGIN")
+        try:
+            self._db.executemany(
+                "INSERT OR REPLACE INTO jobs (key, backend, queue, name, client_ref, spec, state, submitted, extra)"
+                " VALUES (?, ?, ?, ?, ?, ?, 'SUBMITTING', ?, ?)", rows)
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            raise
+        self.submission_commits += 1
 
     def record_native_id(self, key: int, native_id: str, extra: Optional[dict] = None) -> None:
         """The scheduler took the job: its own id (committed at once)."""
+        self.write_submissions()
         if extra:
             self._db.execute("UPDATE jobs SET native_id=?, extra=? WHERE key=?", (native_id, json.dumps(extra), key))
         else:
@@ -345,10 +380,13 @@ class JobStore:
 
     def rekey(self, old: int, new: int) -> None:
         """The scheduler's job turned out to be in the model under another key already."""
+        self.write_submissions()
         self._db.execute("UPDATE jobs SET key=? WHERE key=?", (new, old))
 
     def record_refused(self, key: int, why: str) -> None:
         """The scheduler refused the submission: nothing of it exists anywhere."""
+        if self._submissions.pop(key, None) is not None:
+            return  # never written
         self._db.execute("DELETE FROM jobs WHERE key=?", (key,))
 
     def note_state(self, key: int, state: str, native_state: str, message: Optional[str], final: bool,
@@ -367,6 +405,7 @@ class JobStore:
 
     def mark_lost(self, key: int, message: str) -> None:
         """A job no agent will follow again: ended, its outcome not known (committed at once)."""
+        self.write_submissions()
         self._db.execute("UPDATE jobs SET state='DELETED', native_state='UNKNOWN', message=?,"
                          " ended=coalesce(ended, ?) WHERE key=?", (message, time.time(), key))
 
@@ -378,6 +417,7 @@ class JobStore:
         previous: Dict[int, Dict[str, int]] = {}
         if not offsets:
             return previous
+        self.write_submissions()
         self._db.execute("BEGIN")
         try:
             for key, where in offsets.items():
@@ -416,18 +456,23 @@ class JobStore:
     def flush(self) -> None:
         """Write what was noted, in one transaction; move the log into the database now and
         then."""
+        self.write_submissions()
         self._flushes += 1
         if self._flushes % _CHECKPOINT_EVERY == 0:
             self._db.execute("PRAGMA wal_checkpoint(PASSIVE)")
         if not self._pending:
             return
         pending, self._pending = self._pending, {}
+        # changes of the same columns go in one statement (a busy round ends many jobs alike)
+        alike: Dict[Tuple[str, ...], List[tuple]] = {}
+        for key, change in pending.items():
+            alike.setdefault(tuple(change), []).append((*change.values(), key))
         try:
             self._db.execute("BEGIN")
-            for key, change in pending.items():
+            for names, rows in alike.items():
                 # a job keeps the time it was first seen ended (a new agent reports it again)
-                columns = ", ".join("ended=coalesce(ended, ?)" if name == "ended" else f"{name}=?" for name in change)
-                self._db.execute(f"UPDATE jobs SET {columns} WHERE key=?", (*change.values(), key))
+                columns = ", ".join("ended=coalesce(ended, ?)" if name == "ended" else f"{name}=?" for name in names)
+                self._db.executemany(f"UPDATE jobs SET {columns} WHERE key=?", rows)
             self._db.execute("COMMIT")
         except sqlite3.Error:
             try:
@@ -439,6 +484,7 @@ class JobStore:
     # ------------------------------------------------------------------ reads
 
     def jobs(self, *, ended: Optional[bool] = None) -> List[StoredJob]:
+        self.write_submissions()
         query = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
         if ended is True:
             query += " WHERE ended IS NOT NULL"
@@ -448,10 +494,12 @@ class JobStore:
         return [StoredJob(*row) for row in self._db.execute(query)]
 
     def job(self, key: int) -> Optional[StoredJob]:
+        self.write_submissions()
         row = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE key=?", (key,)).fetchone()
         return StoredJob(*row) if row else None
 
     def max_key(self) -> int:
+        self.write_submissions()
         (value,) = self._db.execute("SELECT coalesce(max(key), 0) FROM jobs").fetchone()
         return int(value)
 
@@ -459,6 +507,7 @@ class JobStore:
 
     def forget(self, keys: Iterable[int]) -> Tuple[List[int], List[int]]:
         """Remove entries of ended jobs; returns (forgotten, refused because still active)."""
+        self.write_submissions()
         forgotten, refused = [], []
         for key in keys:
             row = self._db.execute("SELECT ended FROM jobs WHERE key=?", (key,)).fetchone()
@@ -472,6 +521,7 @@ class JobStore:
         return forgotten, refused
 
     def forget_ended_before(self, when: float) -> List[int]:
+        self.write_submissions()
         keys = [k for (k,) in self._db.execute("SELECT key FROM jobs WHERE ended IS NOT NULL AND ended < ?", (when,))]
         self._db.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended < ?", (when,))
         return keys

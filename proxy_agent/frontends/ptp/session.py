@@ -55,6 +55,9 @@ DEFS_PER_EVENT = 16
 #: The writer drains the view only while less than this much is waiting to be written.
 _WRITE_HIGH_WATER = 1 << 20
 _READ_SIZE = 1 << 16
+#: Commands the reader starts before it lets them run: of many that arrive at once, the first
+#: reach their scheduler (the keeper starts the first local jobs) while the rest are read.
+_COMMANDS_PER_STEP = 32
 #: Longest a job request may take once started (a scheduler command has its own timeout).
 _REQUEST_BOUND = 120.0
 
@@ -288,6 +291,7 @@ class PtpSession:
         debug = log.isEnabledFor(logging.DEBUG)
         # The input's first bytes, kept until a frame arrives, to quote them if they are not one.
         head = bytearray()
+        started = 0
         while True:
             try:
                 data = await stream.receive_some(_READ_SIZE)
@@ -325,6 +329,9 @@ class PtpSession:
                     await self._dispatch(received.command, received)
                     if self.quit_requested or self._closing:
                         return
+                    started += 1
+                    if started % _COMMANDS_PER_STEP == 0:
+                        await trio.lowlevel.checkpoint()
 
     async def _read_first_line(self, head: bytearray) -> None:
         """Read on, briefly, until ``head`` holds a whole line (to quote it whole)."""
@@ -401,7 +408,11 @@ class PtpSession:
                                    base=lambda: self.view.plan_base() if self.view is not None else None)
 
     async def _service_ready(self, command: Command, transaction: Optional[Transaction] = None) -> bool:
-        await self.service.ready.wait()
+        if self.service.ready.is_set():
+            # a session that is ending takes no new request; no pass through the scheduler
+            await trio.lowlevel.checkpoint_if_cancelled()
+        else:
+            await self.service.ready.wait()
         failure = self.service.failure
         if failure is not None:
             self.emit(Error(command.tid, ErrorCode.SCHEDULER, failure), transaction)
@@ -506,9 +517,8 @@ class PtpSession:
             return
         # A request, once made, is carried out even if the client leaves meanwhile (a job
         # submitted but not recorded would run unseen); bounded so shutdown still ends.
-        with trio.CancelScope(shield=True):
-            with trio.move_on_after(_REQUEST_BOUND):
-                await self._carry_out(command, transaction, attrs_)
+        with trio.CancelScope(shield=True, deadline=trio.current_time() + _REQUEST_BOUND):
+            await self._carry_out(command, transaction, attrs_)
 
     async def _carry_out(self, command: Command, transaction: Optional[Transaction], attrs_: AttributeSet) -> None:
         cid = command.command_id
