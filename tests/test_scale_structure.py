@@ -93,7 +93,8 @@ def test_two_clients_asking_at_once_share_one_encoding_streamed_chunk_by_chunk(m
     assert renders == [(1000, 7)] and len(got_one) > 3
     plan = view_module.snapshot_plan(model, first.rules, 1000)
     (rendering,) = plan._renderings.values()
-    assert all(chunk is None for chunk in rendering.chunks)  # nothing held once both have it
+    # nothing held once both have it, but the small first chunk
+    assert rendering.chunks[0] is got_one[0] and all(chunk is None for chunk in rendering.chunks[1:])
     events = _decoded(got_one)
     jobs = {i for e in events if e.event_id == EventId.NEW_JOB for g in e.groups for i in g.id_list()}
     assert jobs == {str(1000 + key) for key in model.keys(Kind.JOB)}
@@ -148,12 +149,21 @@ def test_a_new_plan_s_first_chunk_goes_out_before_jobs_and_processes_are_grouped
 
     view = ModelView(model, 1000)
     rest = view.subscribe_chunks(7, write)
+    # a client asking in the same instant still shares the rendering, the first chunk too
+    other = ModelView(model, 1000).subscribe_chunks(7)
     assert steps == [Kind.MACHINE, Kind.QUEUE, Kind.NODE, "first chunk out", Kind.JOB, Kind.PROCESS], steps
     # grouped before returning: what happens to the model from now on is not in the snapshot
     # (the view tells it as changes), and the bytes are those of a plan made all at once
     model.update(model.keys(Kind.JOB)[0], {K.STATE: "RUNNING"})
     model.add(Kind.JOB, model.keys(Kind.QUEUE)[0], {K.NAME: "later", K.STATE: "QUEUING"})
-    assert len(early) == 1 and early[0] + b"".join(rest) == expected
+    taken = [next(other)]
+    rest_chunks = []
+    for chunk in rest:
+        rest_chunks.append(chunk)
+        taken.append(next(other))
+        assert taken[-1] is chunk  # the same bytes object: made once for both
+    assert taken[0] is early[0] and list(other) == []
+    assert len(early) == 1 and early[0] + b"".join(rest_chunks) == expected
     assert steps[-1] is Kind.PROCESS
 
 

@@ -631,8 +631,11 @@ class _Rendering:
                     gc.enable()
         chunk = chunks[i]
         reader.position = i + 1
-        if not self.keep and min(r.position for r in self.readers) > i:
-            chunks[i] = None  # every reader has it
+        # Every reader has it: let it go.  Not the first chunk, which is small: a client that
+        # took it at once (see ModelView.subscribe_chunks) did so before others asking in the
+        # same instant could join, and they still share the rest.
+        if i and not self.keep and min(r.position for r in self.readers) > i:
+            chunks[i] = None
             self.released = True
         return chunk
 
