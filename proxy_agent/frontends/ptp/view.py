@@ -55,7 +55,7 @@ __all__ = ["HELD_OUTPUT_LIMIT", "HELD_TOTAL_LIMIT", "STALL_SECONDS", "MAX_GROUPS
 WireEvent = Tuple[int, List[str]]
 
 #: Bytes per chunk of snapshot frames handed to a session's writer.
-SNAPSHOT_CHUNK_BYTES = 1 << 20
+SNAPSHOT_CHUNK_BYTES = 1 << 18
 #: Bytes of the first chunk: the chunks grow from this to SNAPSHOT_CHUNK_BYTES, so that the
 #: client has the first frames to decode while the agent is still making the rest.
 FIRST_CHUNK_BYTES = 32 << 10
