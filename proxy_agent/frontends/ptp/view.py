@@ -540,8 +540,8 @@ class SnapshotPlan:
             if len(parts) == 1 and parts[0].__class__ is bytes:
                 body = parts[0]  # ids written in already (a plan for this base id), or none
             else:
-                body = b"".join([part if part.__class__ is bytes else get(part) or _written(part, base, written)
-                                 for part in parts])
+                body = b"".join([part if part.__class__ is bytes else _id_piece(base + part) if part.__class__ is int
+                                 else get(part) or _written(part, base, written) for part in parts])
             head = heads.get(nargs << 16 | event_id)
             if head is None:
                 head = heads[nargs << 16 | event_id] = b" %04X:%08X:%08X" % (event_id, tid, nargs)
@@ -566,6 +566,12 @@ class SnapshotPlan:
 
 
 _PREFIXES = [b" %08X:" % n for n in range(32)]
+
+
+def _id_piece(element_id: int) -> bytes:
+    """An element id as one encoded argument."""
+    text = b"%d" % element_id
+    return _PREFIXES[len(text)] + text
 
 
 def _written(part: object, base: int, written: Dict[object, bytes]) -> bytes:
@@ -949,7 +955,7 @@ def _emit(grouped: list, renderers: Dict[Kind, "_Renderer"], base: Optional[int]
                         head = written.get(parent) or _written(parent, base, written)  # type: ignore[arg-type]
                     yield event_id, 4 + nargs, (b"".join([head, _ONE, ids, count, *row_parts]),)  # type: ignore[list-item]
                 elif process:
-                    yield event_id, 4 + nargs, (parent, _ONE + ids + count, *row_parts)  # type: ignore[operator]
+                    yield event_id, 4 + nargs, (parent, *_joined_parts([_ONE + ids + count, *row_parts]))  # type: ignore[operator]
                 else:
                     yield event_id, 4 + nargs, tuple(_joined_parts([parent, _ONE, ids, count, *row_parts]))
                 continue
