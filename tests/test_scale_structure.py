@@ -427,17 +427,23 @@ def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
             keeper.wait()
 
 
-async def test_a_quiet_model_is_planned_ahead_and_a_plan_of_an_older_version_is_never_served(monkeypatch, autojump_clock):
-    model = _cluster()
-    rules = view_module.NATIVE_RULES
+def _plans_built(monkeypatch, note) -> list:
+    """A list that gets ``note(model, base id)`` of every snapshot plan made from now on."""
     builds = []
     original = view_module._build_plan
 
     def counting(model_, rules_, base=None, defer=False):
-        builds.append(model_.version)
+        builds.append(note(model_, base))
         return original(model_, rules_, base, defer)
 
     monkeypatch.setattr(view_module, "_build_plan", counting)
+    return builds
+
+
+async def test_a_quiet_model_is_planned_ahead_and_a_plan_of_an_older_version_is_never_served(monkeypatch, autojump_clock):
+    model = _cluster()
+    rules = view_module.NATIVE_RULES
+    builds = _plans_built(monkeypatch, lambda model_, base: model_.version)
     wanted = True
     async with trio.open_nursery() as nursery:
         nursery.start_soon(view_module.prepare_snapshot, model, lambda: rules, lambda: wanted)
@@ -469,14 +475,7 @@ async def test_a_quiet_model_is_planned_ahead_and_a_plan_of_an_older_version_is_
 async def test_a_plan_made_ahead_for_a_client_s_base_id_has_its_ids_in_and_is_served_to_it(monkeypatch, autojump_clock):
     model = _cluster()
     rules = view_module.NATIVE_RULES
-    builds = []
-    original = view_module._build_plan
-
-    def counting(model_, rules_, base=None, defer=False):
-        builds.append(base)
-        return original(model_, rules_, base, defer)
-
-    monkeypatch.setattr(view_module, "_build_plan", counting)
+    builds = _plans_built(monkeypatch, lambda model_, base: base)
     async with trio.open_nursery() as nursery:
         nursery.start_soon(functools.partial(view_module.prepare_snapshot, model, lambda: rules, lambda: True,
                                              base=lambda: 1000))

@@ -18,6 +18,7 @@ life.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -25,7 +26,7 @@ import logging
 import os
 import sqlite3
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import attrs
 
@@ -327,6 +328,20 @@ class JobStore:
             self._db.execute("ROLLBACK")
             raise
 
+    @contextlib.contextmanager
+    def _transaction(self) -> Iterator[None]:
+        """What the block writes, committed as one transaction; rolled back if SQLite fails."""
+        self._db.execute("BEGIN")
+        try:
+            yield
+            self._db.execute("COMMIT")
+        except sqlite3.Error:
+            try:
+                self._db.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass  # the transaction is gone already: the first error is the one to tell
+            raise
+
     def close(self) -> None:
         try:
             self.flush()
@@ -356,18 +371,10 @@ class JobStore:
         if not self._submissions:
             return
         rows, self._submissions = list(self._submissions.values()), {}
-        self._db.execute("BEGIN")
-        try:
+        with self._transaction():
             self._db.executemany(
                 "INSERT OR REPLACE INTO jobs (key, backend, queue, name, client_ref, spec, state, submitted, extra)"
                 " VALUES (?, ?, ?, ?, ?, ?, 'SUBMITTING', ?, ?)", rows)
-            self._db.execute("COMMIT")
-        except sqlite3.Error:
-            try:
-                self._db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
         self.submission_commits += 1
 
     def record_native_id(self, key: int, native_id: str, extra: Optional[dict] = None) -> None:
@@ -418,8 +425,7 @@ class JobStore:
         if not offsets:
             return previous
         self.write_submissions()
-        self._db.execute("BEGIN")
-        try:
+        with self._transaction():
             for key, where in offsets.items():
                 row = self._db.execute("SELECT delivered FROM jobs WHERE key=?", (key,)).fetchone()
                 if row is None:
@@ -431,16 +437,11 @@ class JobStore:
                         before[name] = current.get(name, 0)
                         current[name] = offset
                 self._db.execute("UPDATE jobs SET delivered=? WHERE key=?", (json.dumps(current), key))
-            self._db.execute("COMMIT")
-        except sqlite3.Error:
-            self._db.execute("ROLLBACK")
-            raise
         return previous
 
     def restore_delivered(self, previous: Dict[int, Dict[str, int]]) -> None:
         """Put back offsets :meth:`record_delivered` replaced (the output never got there)."""
-        self._db.execute("BEGIN")
-        try:
+        with self._transaction():
             for key, where in previous.items():
                 row = self._db.execute("SELECT delivered FROM jobs WHERE key=?", (key,)).fetchone()
                 if row is None or not where:
@@ -448,10 +449,6 @@ class JobStore:
                 current = _offsets(row[0])
                 current.update(where)
                 self._db.execute("UPDATE jobs SET delivered=? WHERE key=?", (json.dumps(current), key))
-            self._db.execute("COMMIT")
-        except sqlite3.Error:
-            self._db.execute("ROLLBACK")
-            raise
 
     def flush(self) -> None:
         """Write what was noted, in one transaction; move the log into the database now and
@@ -467,19 +464,11 @@ class JobStore:
         alike: Dict[Tuple[str, ...], List[tuple]] = {}
         for key, change in pending.items():
             alike.setdefault(tuple(change), []).append((*change.values(), key))
-        try:
-            self._db.execute("BEGIN")
+        with self._transaction():
             for names, rows in alike.items():
                 # a job keeps the time it was first seen ended (a new agent reports it again)
                 columns = ", ".join("ended=coalesce(ended, ?)" if name == "ended" else f"{name}=?" for name in names)
                 self._db.executemany(f"UPDATE jobs SET {columns} WHERE key=?", rows)
-            self._db.execute("COMMIT")
-        except sqlite3.Error:
-            try:
-                self._db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
 
     # ------------------------------------------------------------------ reads
 
