@@ -88,33 +88,43 @@ def bench_model(nodes: int, jobs: int, process_share: float = 0.1, keep_bytes: b
         agent.close()
 
 
-_WRITER = "import sys; data = sys.stdin.buffer.read(); sys.stdout.buffer.write(data); sys.stdout.flush()"
+# (with the same 1 MB pipe the agent asks for)
+_WRITER = (
+    "import fcntl, sys; data = open(sys.argv[1], 'rb').read(); out = sys.stdout.buffer;"
+    " fcntl.fcntl(1, getattr(fcntl, 'F_SETPIPE_SZ', 1031), 1 << 20);"
+    " out.write(b'R'); out.flush(); sys.stdin.buffer.read(1); out.write(data); out.flush()"
+)
 
 
 def bench_floor(wire: bytes, start_tid: int) -> float:
     """The client receiving and decoding the same bytes from a process that only writes them."""
-    # The writer gets the bytes first and is told to start by its stdin's end, so that its
-    # start-up does not count; the clock runs from that moment to the last model event.
-    writer = subprocess.Popen([sys.executable, "-c", _WRITER], stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, bufsize=0)
-    try:
-        decoder = Decoder(max_frame_size=1 << 30)
-        t0 = time.perf_counter()
-        writer.stdin.write(wire)
-        writer.stdin.close()
-        last = t0
-        while True:
-            data = os.read(writer.stdout.fileno(), 1 << 20)
-            if not data:
-                break
-            decoder.feed(data)
-            for frame in decoder:
-                if isinstance(frame, Frame) and frame.tid == start_tid and \
-                        EventId.NEW_JOB <= frame.msg_id <= EventId.REMOVE_QUEUE:
-                    last = time.perf_counter()
-        return last - t0
-    finally:
-        writer.wait()
+    # The writer has the bytes in memory and says so before the clock starts; it starts
+    # writing when told to, so that neither its start-up nor the bytes' way to it counts.
+    with tempfile.NamedTemporaryFile(prefix="bench-model-") as saved:
+        saved.write(wire)
+        saved.flush()
+        writer = subprocess.Popen([sys.executable, "-c", _WRITER, saved.name], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, bufsize=0)
+        try:
+            if os.read(writer.stdout.fileno(), 1) != b"R":
+                raise RuntimeError("the writer did not start")
+            decoder = Decoder(max_frame_size=1 << 30)
+            t0 = time.perf_counter()
+            writer.stdin.write(b"G")
+            writer.stdin.close()
+            last = t0
+            while True:
+                data = os.read(writer.stdout.fileno(), 1 << 20)
+                if not data:
+                    break
+                decoder.feed(data)
+                for frame in decoder:
+                    if isinstance(frame, Frame) and frame.tid == start_tid and \
+                            EventId.NEW_JOB <= frame.msg_id <= EventId.REMOVE_QUEUE:
+                        last = time.perf_counter()
+            return last - t0
+        finally:
+            writer.wait()
 
 
 class _UnixClient:
