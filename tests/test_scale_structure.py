@@ -70,6 +70,87 @@ def test_elements_are_found_by_key_in_the_tables_of_each_kind():
     assert job not in model and model._elements.get(job) is None
 
 
+def test_an_element_takes_80_bytes_and_only_a_process_keeps_a_rank():
+    # objects are allocated in steps of 16 bytes: a seventh slot would make every element 96
+    model = _cluster(3)
+    job = model.keys(Kind.JOB)[0]
+    processes = model.add_many(Kind.PROCESS, job, [{K.STATE: "RUNNING"}] * 3)
+    assert sys.getsizeof(model.get(job)) <= 80
+    assert not hasattr(model.get(job), "__dict__")
+    assert [model.get(p).rank for p in processes] == [0, 1, 2]
+    assert model.get(job).rank == -1
+    assert model.processes(job) == list(processes)
+
+
+def _processes_alike(jobs: int) -> ServiceModel:
+    """Jobs whose processes have equal rows, each job's its own row object."""
+    model = ServiceModel()
+    machine = model.add(Kind.MACHINE, None, {K.NAME: "m", K.STATE: "UP"})
+    nodes = model.add_many(Kind.NODE, machine, [{K.NAME: f"n{i}", K.STATE: "UP", K.NUMBER: str(i)} for i in range(3)])
+    queue = model.add(Kind.QUEUE, None, {K.NAME: "q", K.STATE: "NORMAL"})
+    for i, job in enumerate(model.add_many(Kind.JOB, queue, [{K.NAME: f"run-{i}", K.STATE: "RUNNING"} for i in range(jobs)])):
+        model.add_many(Kind.PROCESS, job, [{K.STATE: "RUNNING", K.NODE: nodes[i % 3]}] * (1 + i % 2))
+    return model
+
+
+@pytest.mark.parametrize("base", [1000, None])
+def test_equal_process_rows_of_many_jobs_are_encoded_once(monkeypatch, base):
+    model = _processes_alike(400)
+    rows = {id(model.get(p).values) for p in model.keys(Kind.PROCESS)}
+    assert len(rows) == 400  # one row object per job, three distinct rows in all
+    encoded = []
+    original = view_module._Renderer._encoded
+
+    def counting(self, values, parts):
+        if self.kind is Kind.PROCESS:
+            encoded.append(values)
+        return original(self, values, parts)
+
+    monkeypatch.setattr(view_module._Renderer, "_encoded", counting)
+    plan = view_module.snapshot_plan(model, view_module.NATIVE_RULES, base)
+    events = _decoded(plan.frames(1000, 3))
+    assert len(encoded) == len(set(encoded)) == 3
+    procs = {}
+    for event in events:
+        if event.kind.value == "process":
+            (group,) = event.groups
+            procs[int(event.parent_id) - 1000] = (str(group.ids), dict(group.attributes)["processNodeId"])
+    nodes = model.keys(Kind.NODE)
+    assert procs == {job: ("0" if i % 2 == 0 else "0-1", str(1000 + nodes[i % 3]))
+                     for i, job in enumerate(model.keys(Kind.JOB))}
+
+
+def test_checked_values_of_a_dialect_are_encoded_without_the_general_encoder(monkeypatch):
+    # the default dialect checks INTEGER values and escapes text: short ASCII values still
+    # go straight to their bytes
+    from proxy_agent.frontends.ptp.session import render_rules
+
+    model = ServiceModel()
+    backend = SimBackend(model, SimOptions(nodes=0, jobs=0))
+    rules = render_rules(DEFAULT, backend.attributes())
+    assert rules.integer_ids and rules.text is not None
+    machine = model.add(Kind.MACHINE, None, {K.NAME: "m", K.STATE: "UP"})
+    names = [f"n{i}" for i in range(50)] + ["n\u00e9", "big"]
+    numbers = [str(i) for i in range(50)] + ["7", "99999999999"]
+    nodes = model.add_many(Kind.NODE, machine, [{K.NAME: n, K.STATE: "UP", K.NUMBER: c} for n, c in zip(names, numbers)])
+    calls = []
+    original = view_module.encode_args
+    monkeypatch.setattr(view_module, "encode_args", lambda args: calls.append(args) or original(args))
+    plan = view_module.snapshot_plan(model, rules, 1000)
+    frames = plan.frames(1000, 3)
+    assert calls == []
+    got = {}
+    for event in _decoded(frames):
+        for group in event.groups:
+            for element_id in group.id_list():
+                got[int(element_id) - 1000] = dict(group.attributes)
+    assert [got[n]["name"] for n in nodes] == [DEFAULT.escape(n) for n in names]
+    assert got[nodes[-2]]["name"] != names[-2] and got[nodes[-2]]["name"].isascii()
+    number = next(a for a in got[nodes[0]] if got[nodes[0]][a] == "0")
+    assert number in rules.integer_ids
+    assert [got[n].get(number) for n in nodes] == numbers[:-1] + [None]  # beyond a Java int: absent
+
+
 def test_two_clients_asking_at_once_share_one_encoding_streamed_chunk_by_chunk(monkeypatch):
     monkeypatch.setattr(view_module, "SNAPSHOT_CHUNK_BYTES", 1)  # a chunk per frame
     model = _cluster()
@@ -124,13 +205,14 @@ def test_a_plan_for_one_base_id_has_its_ids_written_in_and_its_first_chunks_are_
     assert 2 * first <= sizes[1] < 2 * first + 200
 
 
-def test_a_new_plan_s_first_chunk_goes_out_before_jobs_and_processes_are_grouped(monkeypatch):
+@pytest.mark.parametrize("taken_whole", [True, False])
+def test_a_new_plan_s_first_chunks_go_out_before_jobs_and_processes_are_grouped(monkeypatch, taken_whole):
     model = _cluster(3000)
     for job in model.keys(Kind.JOB)[:2000]:
         model.add_many(Kind.PROCESS, job, [{K.STATE: "QUEUING"}])
-    # enough nodes for a first chunk of their own
+    # enough nodes for a few chunks of their own
     model.add_many(Kind.NODE, model.keys(Kind.MACHINE)[0],
-                   [{K.NAME: f"node-{i}", K.STATE: "UP"} for i in range(3000)])
+                   [{K.NAME: f"node-{i}", K.STATE: "UP"} for i in range(6000)])
     expected = b"".join(ModelView(model, 1000).subscribe_chunks(7))
     view_module._PLANS.clear()
     steps = []
@@ -145,26 +227,35 @@ def test_a_new_plan_s_first_chunk_goes_out_before_jobs_and_processes_are_grouped
 
     def write(chunk):
         early.append(chunk)
-        steps.append("first chunk out")
+        steps.append("chunk out")
+        return taken_whole  # whether the connection took it all
 
     view = ModelView(model, 1000)
     rest = view.subscribe_chunks(7, write)
-    # a client asking in the same instant still shares the rendering, the first chunk too
+    # a client asking in the same instant still shares the rendering, the first chunks too
     other = ModelView(model, 1000).subscribe_chunks(7)
-    assert steps == [Kind.MACHINE, Kind.QUEUE, Kind.NODE, "first chunk out", Kind.JOB, Kind.PROCESS], steps
+    if taken_whole:
+        # the nodes' chunks go out while the connection takes them, then the chunk in which
+        # the jobs and processes get grouped; and no more
+        outs = steps.index(Kind.JOB) - 3
+        assert outs >= 2 and steps == [Kind.MACHINE, Kind.QUEUE, Kind.NODE, *["chunk out"] * outs,
+                                       Kind.JOB, Kind.PROCESS, "chunk out"], steps
+    else:
+        # a connection that is full takes no more: the rest is grouped at once
+        assert steps == [Kind.MACHINE, Kind.QUEUE, Kind.NODE, "chunk out", Kind.JOB, Kind.PROCESS], steps
     # grouped before returning: what happens to the model from now on is not in the snapshot
     # (the view tells it as changes), and the bytes are those of a plan made all at once
     model.update(model.keys(Kind.JOB)[0], {K.STATE: "RUNNING"})
     model.add(Kind.JOB, model.keys(Kind.QUEUE)[0], {K.NAME: "later", K.STATE: "QUEUING"})
-    taken = [next(other)]
+    taken = [next(other) for _ in early]
+    assert all(a is b for a, b in zip(taken, early))  # the same bytes objects: made once for both
     rest_chunks = []
     for chunk in rest:
         rest_chunks.append(chunk)
         taken.append(next(other))
-        assert taken[-1] is chunk  # the same bytes object: made once for both
-    assert taken[0] is early[0] and list(other) == []
-    assert len(early) == 1 and early[0] + b"".join(rest_chunks) == expected
-    assert steps[-1] is Kind.PROCESS
+        assert taken[-1] is chunk
+    assert list(other) == [] and rest_chunks
+    assert b"".join(early) + b"".join(rest_chunks) == expected
 
 
 def test_values_that_do_not_recur_are_written_exactly_and_a_node_has_one_marker(monkeypatch):

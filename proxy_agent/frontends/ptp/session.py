@@ -459,10 +459,11 @@ class PtpSession:
             self.view.set_reading(True)
         self._poke()
 
-    def _write_early(self, chunk: bytes) -> None:
-        """The initial model's first chunk, behind what was queued before it, written now
-        without waiting (the rest stays queued, in order): the client decodes it while the
-        agent groups the rest of the model."""
+    def _write_early(self, chunk: bytes) -> bool:
+        """One of the initial model's first chunks, behind what was queued before it, written
+        now without waiting (what the connection does not take stays queued, in order): the
+        client decodes it while the agent groups the rest of the model.  True if it was all
+        written."""
         queued = list(self._ahead)  # only bytes before the initial model
         self._ahead.clear()
         data = b"".join([*queued, chunk])  # type: ignore[list-item]
@@ -470,6 +471,7 @@ class PtpSession:
         if sent < len(data):
             self._ahead.append(data[sent:] if sent else data)
         self._poke()
+        return sent == len(data)
 
     def _notice(self, level: str, text: str) -> None:
         self.notify(_LEVELS.get(level, MessageLevel.INFO), ErrorCode.SCHEDULER, text)

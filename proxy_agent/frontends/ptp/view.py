@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import sys
 import weakref
 from array import array
 from itertools import compress, groupby, islice, repeat
@@ -85,6 +86,7 @@ _REMOVE_ORDER = tuple(reversed(CREATE_ORDER))
 _CHANGE_ORDER = (Kind.MACHINE, Kind.QUEUE, Kind.NODE, Kind.PROCESS, Kind.JOB)
 
 _NEW = 1  # pending record: the client has not seen this element yet
+_NEW_PROCESS = int(ElementKind.PROCESS.new_event)
 
 
 class RenderRules:
@@ -140,6 +142,25 @@ class _IdPrefix:
         self.other = other
 
 
+class _Checked:
+    """A text attribute whose text passes a check first: ``prefix`` + ``check(text)``, or
+    nothing when the check returns None.  Values that are not one text go to ``other``."""
+
+    __slots__ = ("prefix", "check", "other")
+
+    def __init__(self, prefix: str, check: Callable[[str], Optional[str]], other) -> None:
+        self.prefix = prefix
+        self.check = check
+        self.other = other
+
+    def __call__(self, value) -> list:
+        """The arguments of one value."""
+        if value.__class__ is str:
+            text = self.check(value)
+            return [] if text is None else [self.prefix + text]
+        return self.other(value)
+
+
 class _Renderer:
     """Renders value rows of one element kind into ``key=value`` arguments.
 
@@ -147,7 +168,7 @@ class _Renderer:
     by several clients) they stay :class:`_Ref` markers.
     """
 
-    __slots__ = ("kind", "schema", "rules", "base", "plan", "version", "_caches", "_rows")
+    __slots__ = ("kind", "schema", "rules", "base", "plan", "version", "_caches", "_rows", "_whole", "_whole_hits")
 
     def __init__(self, kind: Kind, schema, rules: RenderRules, base: Optional[int]) -> None:
         self.kind = kind
@@ -158,6 +179,8 @@ class _Renderer:
         self.version = -1
         self._caches = []
         self._rows = 0
+        self._whole: Optional[dict] = None
+        self._whole_hits = 0
 
     def _refresh(self) -> None:
         keys = self.schema.keys
@@ -167,6 +190,10 @@ class _Renderer:
         self._caches: List[Optional[dict]] = [{} for _ in keys]
         #: rows encoded since (to tell the slots whose values hardly recur)
         self._rows = 0
+        #: whole rows rendered: row -> (argument count, pieces); None once rows hardly recur.
+        #: Only processes: other kinds' equal rows are grouped into one event already.
+        self._whole = {} if self.kind is Kind.PROCESS else None
+        self._whole_hits = 0
 
     def _entry(self, name: str):
         kind, rules = self.kind, self.rules
@@ -200,29 +227,21 @@ class _Renderer:
         arrays = rules.arrays
         check = rules.integer if ptp_id in rules.integer_ids else None
         if check is not None:
-
-            def integer(value, prefix=prefix, check=check):
-                if value.__class__ is not str:
-                    return []
-                text = check(value)
-                if text is None:
-                    return []  # beyond what this client can hold: absent, never a wrong number
-                return [prefix + text]
-
-            return integer
+            # not one text: absent (never a wrong number)
+            return _Checked(prefix, check, lambda value: [])
         if escape is None and arrays:
             return prefix  # the common case: prefix + text
 
-        def general(value, prefix=prefix, escape=escape, arrays=arrays):
-            if value.__class__ is str:
-                return [prefix + (escape(value) if escape is not None else value)]
+        def others(value, prefix=prefix, escape=escape, arrays=arrays):
             if not arrays:
                 return []
             if escape is None:
                 return [prefix + item for item in value]
             return [prefix + escape(item) for item in value]
 
-        return general
+        if escape is None:
+            return _Checked(prefix, str, others)
+        return _Checked(prefix, escape, others)
 
     def cleared(self, slots: Iterable[int]) -> List[str]:
         """``key=`` arguments for attributes that no longer have a value: without them a
@@ -242,16 +261,35 @@ class _Renderer:
                     out.append(ptp_id + "=")
         return out
 
-    def encoded(self, values: Sequence, parts: list) -> int:
+    def encoded(self, values: tuple, parts: list) -> int:
         """Append a value row's arguments to ``parts`` as encoded bytes (and :class:`_Ref`
         markers); returns how many arguments they are.
 
-        Most values recur (states, users, queues, node references): what a value renders to is
-        remembered per slot, so a big snapshot encodes each distinct value once.  A slot whose
-        values hardly recur (names, ids) stops being remembered.
+        Equal rows recur among elements of different parents (the processes of many jobs):
+        what a whole row renders to is remembered, until rows turn out to hardly recur.
+        Most values recur too (states, users, queues, node references): what a value renders
+        to is remembered per slot, so a big snapshot encodes each distinct value once.  A slot
+        whose values hardly recur (names, ids) stops being remembered.
         """
         if self.version != self.schema.version:
             self._refresh()
+        whole = self._whole
+        if whole is None:
+            return self._encoded(values, parts)
+        hit = whole.get(values)
+        if hit is not None:
+            self._whole_hits += 1
+            parts += hit[1]
+            return hit[0]
+        start = len(parts)
+        count = self._encoded(values, parts)
+        # with a base every piece is bytes (ids written in): one piece
+        whole[values] = (count, (b"".join(parts[start:]),) if self.base is not None else tuple(parts[start:]))
+        if len(whole) > _CACHE_TRIAL and self._whole_hits * 2 < len(whole):
+            self._whole = None  # rows hardly recur
+        return count
+
+    def _encoded(self, values: tuple, parts: list) -> int:
         caches = self._caches
         plan = self.plan
         if len(caches) != len(plan):
@@ -287,6 +325,20 @@ class _Renderer:
                 else:
                     args = [entry + item for item in value]  # type: ignore[operator]
                     hit = (len(args), (encode_args(args),) if args else ())
+            elif entry.__class__ is _Checked:
+                if value.__class__ is str:
+                    text = entry.check(value)  # type: ignore[attr-defined]
+                    if text is None:
+                        hit = (0, ())
+                    else:
+                        arg = entry.prefix + text  # type: ignore[attr-defined]
+                        if len(arg) < _SHORT and arg.isascii():
+                            hit = (_ARG_PREFIXES[len(arg)] + arg).encode()
+                        else:
+                            hit = encode_args((arg,))
+                else:
+                    args = entry.other(value)  # type: ignore[attr-defined]
+                    hit = (len(args), tuple(_encode_parts(args)))
             elif entry.__class__ is _IdPrefix:
                 if value.__class__ is int:
                     arg = entry.prefix + str(entry.base + value)  # type: ignore[attr-defined]
@@ -444,10 +496,12 @@ class SnapshotPlan:
     """The whole model as NEW events whose ids are not yet a client's (see module docs)."""
 
     def __init__(self, version: int, events: Iterable[Tuple[int, int, tuple]], base: Optional[int] = None,
-                 settle: Callable[[], None] = lambda: None) -> None:
+                 settle: Callable[[], None] = lambda: None, deferred: Sequence[Kind] = ()) -> None:
         self.version = version
         #: groups what :func:`_build_plan` was told to defer (nothing otherwise)
         self.settle = settle
+        #: the kinds not grouped yet (emptied by :attr:`settle`)
+        self._deferred = deferred
         #: the base id whose ids the events hold already; None: a plan for any base id
         self.base = base
         #: (event id, argument count, parts), made as far as readers have got
@@ -462,13 +516,19 @@ class SnapshotPlan:
             return False
         events = self._events
         before = len(events)
-        # few at first (the first events are the biggest: nodes, jobs), so that the first
-        # chunk goes out as soon as it is made
-        events.extend(islice(source, 256 if before >= 64 else 1))
+        # One at a time while they are those of machines, nodes, queues and jobs: few, but
+        # each of up to MAX_GROUPS_PER_EVENT groups (megabytes, for a big cluster's jobs), so
+        # that each goes out as soon as it is made.  Processes have an event per job, small.
+        events.extend(islice(source, 256 if before and events[-1][0] == _NEW_PROCESS else 1))
         if len(events) == before:
             self._source = None
             return False
         return True
+
+    @property
+    def settled(self) -> bool:
+        """Every kind is grouped: the snapshot's content is fixed."""
+        return not self._deferred
 
     @property
     def prepared(self) -> bool:
@@ -545,9 +605,9 @@ class SnapshotPlan:
             head = heads.get(nargs << 16 | event_id)
             if head is None:
                 head = heads[nargs << 16 | event_id] = b" %04X:%08X:%08X" % (event_id, tid, nargs)
-            frame = b"%08X%s%s" % (len(body) + len(head), head, body)
-            current.append(frame)
-            size += len(frame)
+            length = len(body) + len(head)
+            current += (b"%08X" % length, head, body)  # copied once, into the chunk
+            size += 8 + length
             if size >= limit:
                 yield b"".join(current)
                 current, size = [], 0
@@ -601,7 +661,7 @@ class _Rendering:
     arriving later gets a rendering of its own), so that a big snapshot is never held whole.
     """
 
-    __slots__ = ("chunks", "source", "done", "readers", "keep", "released")
+    __slots__ = ("chunks", "source", "done", "readers", "keep", "released", "head")
 
     def __init__(self, source: Iterator[bytes]) -> None:
         self.chunks: List[Optional[bytes]] = []
@@ -611,6 +671,8 @@ class _Rendering:
         self.readers: List[_Reader] = []
         self.keep = False
         self.released = False
+        #: the first chunks, kept for good (see take)
+        self.head = 1
 
     def reader(self, keep: bool) -> "_Reader":
         if keep:
@@ -637,10 +699,10 @@ class _Rendering:
                     gc.enable()
         chunk = chunks[i]
         reader.position = i + 1
-        # Every reader has it: let it go.  Not the first chunk, which is small: a client that
-        # took it at once (see ModelView.subscribe_chunks) did so before others asking in the
-        # same instant could join, and they still share the rest.
-        if i and not self.keep and min(r.position for r in self.readers) > i:
+        # Every reader has it: let it go.  Not the first chunks, which are few: a client that
+        # took them at once (see ModelView.subscribe_chunks) did so before others asking in the
+        # same instant could join, and they still share them.
+        if i >= self.head and not self.keep and min(r.position for r in self.readers) > i:
             chunks[i] = None
             self.released = True
         return chunk
@@ -817,7 +879,7 @@ def _build_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] = N
                 gc.enable()
 
     renderers = {kind: _Renderer(kind, model.schema(kind), rules, base) for kind in CREATE_ORDER}
-    return SnapshotPlan(model.version, _emit(grouped, renderers, base, settle), base, settle)
+    return SnapshotPlan(model.version, _emit(grouped, renderers, base, settle), base, settle, later)
 
 
 def _grouped_kind(model: ServiceModel, kind: Kind, ascending: bool) -> Dict[int, Union[list, Dict[int, list]]]:
@@ -933,8 +995,8 @@ def _emit(grouped: list, renderers: Dict[Kind, "_Renderer"], base: Optional[int]
                     if process:
                         ids = _encoded_number(member)
                     elif direct:
-                        text = str(base + member)  # type: ignore[operator]
-                        ids = _PREFIXES[len(text)] + text.encode()
+                        text = b"%d" % (base + member)  # type: ignore[operator]
+                        ids = _PREFIXES[len(text)] + text
                     else:
                         ids = member
                 else:
@@ -949,8 +1011,8 @@ def _emit(grouped: list, renderers: Dict[Kind, "_Renderer"], base: Optional[int]
                 count = _SMALL_NUMBERS[nargs] if nargs < 256 else _encoded_number(nargs)
                 if direct:
                     if process:  # a job has one such event: its id is not kept
-                        text = str(base + parent)  # type: ignore[operator]
-                        head = _PREFIXES[len(text)] + text.encode()
+                        text = b"%d" % (base + parent)  # type: ignore[operator]
+                        head = _PREFIXES[len(text)] + text
                     else:
                         head = written.get(parent) or _written(parent, base, written)  # type: ignore[arg-type]
                     yield event_id, 4 + nargs, (b"".join([head, _ONE, ids, count, *row_parts]),)  # type: ignore[list-item]
@@ -1118,17 +1180,24 @@ class ModelView(ChangeSink):
         """:meth:`subscribe_plan` with the snapshot's frames for ``tid`` rendered chunk by chunk
         as they are taken (the snapshot is of this instant whenever they are taken).
 
-        ``early``: takes the first chunk at once, before the rest of a new plan is grouped, so
-        that the client decodes it meanwhile (it must send it without letting anything else
-        run); the chunks returned are the rest."""
+        ``early``: takes the first chunks at once, before the rest of a new plan is grouped, so
+        that the client decodes them meanwhile (it must send them without letting anything
+        else run, and say whether the connection took them whole): the machines, queues and
+        nodes, up to the chunk in which the jobs and processes get grouped, for as long as
+        the connection takes them (of a plan grouped already, the first chunk).  The chunks
+        returned are the rest."""
         plan = self.subscribe_plan(defer=early is not None)
         chunks = plan.chunks(self.base, tid)
         if early is not None:
+            rendering = chunks.rendering  # type: ignore[attr-defined]
+            rendering.head = sys.maxsize  # what is taken now stays, for others asking meanwhile
             try:
-                first = next(chunks, None)
-                if first is not None:
-                    early(first)
+                while True:
+                    chunk = next(chunks, None)
+                    if chunk is None or not early(chunk) or plan.settled:
+                        break
             finally:
+                rendering.head = max(1, chunks.position)  # type: ignore[attr-defined]
                 plan.settle()  # the snapshot is of this instant: grouped before anything else runs
         return chunks
 
