@@ -1045,8 +1045,8 @@ def _emit(grouped: list, renderers: Dict[Kind, "_Renderer"], base: Optional[int]
                         if process:
                             parts.append(_encoded_number(member))
                         elif direct:
-                            text = str(base + member)  # type: ignore[operator]
-                            parts.append(_PREFIXES[len(text)] + text.encode())
+                            text = b"%d" % (base + member)  # type: ignore[operator]
+                            parts.append(_PREFIXES[len(text)] + text)
                         else:
                             parts.append(member)
                     else:
