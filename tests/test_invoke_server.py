@@ -491,8 +491,10 @@ async def test_reply_pipe_closed_by_the_client_ends_the_server(tmp_path):
 async def test_notify_pipe_closed_by_the_client_ends_the_server(tmp_path):
     args, pidfile = sleeper(tmp_path, "mute")
     async with invoke_server() as client:
-        await client.created_job(1, attributes("/bin/sh", args, workdir=tmp_path))
+        job = await client.created_job(1, attributes("/bin/sh", args, workdir=tmp_path))
         pid = await wait_for_file(pidfile)
+        # the job's last notify before the pipe closes (else that one could find it broken first)
+        await client.notifies_until(lambda l: l == f"STATUS_NOTIFY {job} ACTIVE started")
         await client.proc.stderr.aclose()
         # The CREATE_NOTIFY of the next job finds the pipe broken.
         await client.send(encode_job_create(2, attributes("/bin/true", ["x"], workdir=tmp_path)))

@@ -387,35 +387,50 @@ class _Renderer:
 
 class _Ranges:
     """Element ids of a group in a shared snapshot: ascending service keys, written as a range
-    set once a client's base id is known.  Kept as the keys themselves, or, where most keys
-    are adjacent, as a flat array of (first, last) runs: a million jobs' groups stay small."""
+    set once a client's base id is known.  Which keys stand alone and which begin or end a run
+    does not depend on the base id: that is worked out once, as a format and the keys it takes
+    (in a flat array, read in order), so that a client costs one addition and one formatting
+    per number.  Runs keep only their ends: a million jobs' groups stay small."""
 
-    __slots__ = ("keys", "runs")
+    __slots__ = ("numbers", "form")
 
     def __init__(self, keys: List[int]) -> None:
-        self.keys: Optional[List[int]] = keys
-        self.runs: Optional[array] = None
-        if len(keys) > 2 and 2 * sum(map(eq, map(sub, keys[1:], keys), repeat(1))) > len(keys):
-            runs = array("q")
-            first = last = keys[0]
-            for key in keys[1:]:
-                if key == last + 1:
-                    last = key
-                else:
-                    runs.append(first)
-                    runs.append(last)
-                    first = last = key
-            runs.append(first)
-            runs.append(last)
-            self.runs = runs
-            self.keys = None
+        n = len(keys)
+        if n == 1:
+            self.numbers, self.form = array("q", keys), b"%d"
+            return
+        if keys[-1] - keys[0] == n - 1:
+            self.numbers, self.form = array("q", (keys[0], keys[-1])), b"%d-%d"
+            return
+        if 1 not in map(sub, keys[1:], keys):
+            self.numbers, self.form = array("q", keys), _separated(n)
+            return
+        # i where keys[i + 1] == keys[i] + 1 (as in _ids_bytes)
+        adjacent = list(compress(range(n - 1), map(eq, map(sub, keys[1:], keys), repeat(1))))
+        numbers = array("q")
+        forms: List[bytes] = []
+        done = 0
+        i = 0
+        while i < len(adjacent):
+            first = last = adjacent[i]
+            i += 1
+            while i < len(adjacent) and adjacent[i] == last + 1:
+                last += 1
+                i += 1
+            if done < first:
+                forms.append(_separated(first - done))
+                numbers.extend(keys[done:first])
+            forms.append(b"%d-%d")
+            numbers.append(keys[first])
+            numbers.append(keys[last + 1])
+            done = last + 2
+        if done < n:
+            forms.append(_separated(n - done))
+            numbers.extend(keys[done:])
+        self.numbers, self.form = numbers, b",".join(forms)
 
     def data(self, base: int) -> bytes:
-        runs = self.runs
-        if runs is None:
-            return _ids_bytes(self.keys, base)  # type: ignore[arg-type]
-        it = iter(runs)
-        return b",".join([b"%d" % (a + base) if a == b else b"%d-%d" % (a + base, b + base) for a, b in zip(it, it)])
+        return self.form % tuple(map(add, self.numbers, repeat(base)))
 
     def text(self, base: int) -> str:
         return self.data(base).decode()
