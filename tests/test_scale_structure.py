@@ -120,6 +120,21 @@ def test_equal_process_rows_of_many_jobs_are_encoded_once(monkeypatch, base):
                      for i, job in enumerate(model.keys(Kind.JOB))}
 
 
+def test_a_plan_for_any_base_id_works_out_each_group_s_range_set_once(monkeypatch):
+    model = _cluster(300)  # five rows, each a group of 60 keys: no two adjacent
+    queue = model.keys(Kind.QUEUE)[0]
+    model.add_many(Kind.JOB, queue, [{K.NAME: "run", K.STATE: "RUNNING", K.QUEUE: queue}] * 50)  # one run
+    expected = {base: _decoded(ModelView(model, base).subscribe_chunks(3)) for base in (1000, 5_000_000)}
+    plan = view_module.snapshot_plan(model, view_module.NATIVE_RULES)
+    groups = [part for _, _, parts in plan.events for part in parts if isinstance(part, view_module._Ranges)]
+    assert len(groups) == 6 and sorted(len(g.numbers) for g in groups) == [2, 60, 60, 60, 60, 60]
+    # a client's rendering only adds its base id and formats: no range set is worked out anew
+    monkeypatch.setattr(view_module, "_ids_bytes", None)
+    monkeypatch.setattr(view_module, "compress", None)
+    for base, events in expected.items():
+        assert _decoded(plan.frames(base, 3)) == events
+
+
 def test_checked_values_of_a_dialect_are_encoded_without_the_general_encoder(monkeypatch):
     # the default dialect checks INTEGER values and escapes text: short ASCII values still
     # go straight to their bytes
