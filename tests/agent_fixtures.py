@@ -61,6 +61,30 @@ def subprocess_env(**extra: str) -> dict:
     return env
 
 
+def start_up_probe(tmp_path: Path, before: Sequence[str], after: Sequence[str], stdin: bytes = b""):
+    """Run a stdio agent's whole start-up in a child Python, to the end of ``stdin``: the lines
+    ``before`` run first, the agent next, then the lines ``after``, which write what they found
+    to the file named ``OUT``.  Returns (the finished process, with its output as bytes, and
+    the text written to OUT).  The file is used because the agent closes its stdout as it ends."""
+    import subprocess
+
+    out = tmp_path / "loaded"
+    probe = "\n".join([
+        "import runpy, sys",
+        *before,
+        "sys.argv = ['proxy-agent', '--stdio']",
+        "try:",
+        "    runpy.run_module('proxy_agent', run_name='__main__')",
+        "except SystemExit:",
+        "    pass",
+        *after,
+    ]).replace("OUT", repr(str(out)))
+    env = subprocess_env(XDG_STATE_HOME=str(tmp_path))
+    done = subprocess.run([sys.executable, "-c", probe], input=stdin, capture_output=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    return done, out.read_text()
+
+
 def free_port() -> int:
     """A TCP port that was free a moment ago (for agents that need a fixed port)."""
     with socket.socket() as sock:

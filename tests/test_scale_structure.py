@@ -21,7 +21,7 @@ from proxy_agent.protocol.wire import Decoder
 from proxy_agent.schedulers.sim import SimBackend, SimOptions
 from proxy_agent.service.model import K, Kind, ServiceModel
 
-from agent_fixtures import subprocess_env
+from agent_fixtures import start_up_probe, subprocess_env
 
 
 def _cluster(jobs: int = 300) -> ServiceModel:
@@ -405,53 +405,33 @@ def test_a_stdio_agent_gives_the_pipe_to_its_client_room_for_a_big_initial_model
 
 def test_start_up_leaves_out_what_the_first_frames_do_not_need(tmp_path):
     # the whole start-up of a stdio agent, to the end of its input: what did it load?
-    probe = "\n".join([
-        "import inspect, runpy, sys",
+    _, loaded = start_up_probe(tmp_path, before=[
+        "import inspect",
         "built_in_signatures = []",
         "real = inspect._signature_fromstr",
         "def spy(cls, obj, text, *rest):",
         "    built_in_signatures.append(text)",
         "    return real(cls, obj, text, *rest)",
         "inspect._signature_fromstr = spy",
-        "sys.argv = ['proxy-agent', '--stdio']",
-        "try:",
-        "    runpy.run_module('proxy_agent', run_name='__main__')",
-        "except SystemExit:",
-        "    pass",
+    ], after=[
         "found = sorted(m for m in ('fractions', 'configparser', 'decimal') if m in sys.modules)",
         "open(OUT, 'w').write(repr((found, built_in_signatures)))",
-    ]).replace("OUT", repr(str(tmp_path / "loaded")))  # the agent closes its stdout as it ends
-    env = subprocess_env()
-    env["XDG_STATE_HOME"] = str(tmp_path)
-    done = subprocess.run([sys.executable, "-c", probe], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          env=env, timeout=60)
-    assert done.returncode == 0, done.stderr
+    ])
     # the broker's number and configuration modules wait for a ranking or a configuration; no
     # attrs converter is a built-in whose signature would make Python compile its tokenizer
-    assert (tmp_path / "loaded").read_text() == "([], [])"
+    assert loaded == "([], [])"
 
 
 def test_start_up_leaves_the_multi_part_runtime_for_the_first_multi_part_job(tmp_path):
     # an agent that serves a session to its end without a multi-part job never loads the
     # description, coordination or runtime server modules, and opens no runtime socket
-    probe = "\n".join([
-        "import runpy, sys",
-        "sys.argv = ['proxy-agent', '--stdio']",
-        "try:",
-        "    runpy.run_module('proxy_agent', run_name='__main__')",
-        "except SystemExit:",
-        "    pass",
+    _, loaded = start_up_probe(tmp_path, before=[], after=[
         "names = ('description', 'state', 'server', 'rendezvous')",
         "found = sorted(m for m in ['proxy_agent.service.coalloc.' + n for n in names] + ['proxy_agent.runtime']",
         "               if m in sys.modules)",
         "open(OUT, 'w').write(repr(('proxy_agent.service.coalloc.manager' in sys.modules, found)))",
-    ]).replace("OUT", repr(str(tmp_path / "loaded")))
-    env = subprocess_env()
-    env["XDG_STATE_HOME"] = str(tmp_path)
-    done = subprocess.run([sys.executable, "-c", probe], stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          env=env, timeout=60)
-    assert done.returncode == 0, done.stderr
-    assert (tmp_path / "loaded").read_text() == "(True, [])"
+    ])
+    assert loaded == "(True, [])"
     assert not list(tmp_path.rglob("runtime.sock"))
 
 

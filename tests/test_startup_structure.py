@@ -14,7 +14,7 @@ from proxy_agent.__main__ import _SimpleLine, _requested_schedulers, build_parse
 from proxy_agent.protocol.messages import CommandId
 from proxy_agent.protocol.wire import Decoder, encode_frame
 
-from agent_fixtures import subprocess_env
+from agent_fixtures import start_up_probe, subprocess_env
 
 #: Modules an agent serving one stdio client that only sends INIT never loads.
 WAITING = (
@@ -29,26 +29,16 @@ WAITING = (
 
 
 def test_an_agent_answers_init_without_the_modules_that_wait(tmp_path):
-    probe = "\n".join([
-        "import runpy, sys",
-        "sys.argv = ['proxy-agent', '--stdio']",
-        "try:",
-        "    runpy.run_module('proxy_agent', run_name='__main__')",
-        "except SystemExit:",
-        "    pass",
+    init = encode_frame(int(CommandId.INIT), 1, ["version=2.0", "baseId=100"])
+    done, loaded = start_up_probe(tmp_path, before=[], after=[
         f"found = sorted(m for m in {WAITING!r} if m in sys.modules)",
         "here = 'proxy_agent.service.brokering' in sys.modules and 'proxy_agent.schedulers.local' in sys.modules",
         "open(OUT, 'w').write(repr((here, found)))",
-    ]).replace("OUT", repr(str(tmp_path / "loaded")))
-    env = subprocess_env()
-    env["XDG_STATE_HOME"] = str(tmp_path)
-    init = encode_frame(int(CommandId.INIT), 1, ["version=2.0", "baseId=100"])
-    done = subprocess.run([sys.executable, "-c", probe], input=init, capture_output=True, env=env, timeout=60)
-    assert done.returncode == 0, done.stderr
+    ], stdin=init)
     decoder = Decoder()
     decoder.feed(done.stdout)
     assert [(frame.msg_id, frame.tid) for frame in decoder] == [(0, 1)]  # the OK for INIT
-    assert (tmp_path / "loaded").read_text() == "(True, [])"
+    assert loaded == "(True, [])"
 
 
 SIMPLE = [

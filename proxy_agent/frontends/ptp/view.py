@@ -395,39 +395,8 @@ class _Ranges:
     __slots__ = ("numbers", "form")
 
     def __init__(self, keys: List[int]) -> None:
-        n = len(keys)
-        if n == 1:
-            self.numbers, self.form = array("q", keys), b"%d"
-            return
-        if keys[-1] - keys[0] == n - 1:
-            self.numbers, self.form = array("q", (keys[0], keys[-1])), b"%d-%d"
-            return
-        if 1 not in map(sub, keys[1:], keys):
-            self.numbers, self.form = array("q", keys), _separated(n)
-            return
-        # i where keys[i + 1] == keys[i] + 1 (as in _ids_bytes)
-        adjacent = list(compress(range(n - 1), map(eq, map(sub, keys[1:], keys), repeat(1))))
-        numbers = array("q")
-        forms: List[bytes] = []
-        done = 0
-        i = 0
-        while i < len(adjacent):
-            first = last = adjacent[i]
-            i += 1
-            while i < len(adjacent) and adjacent[i] == last + 1:
-                last += 1
-                i += 1
-            if done < first:
-                forms.append(_separated(first - done))
-                numbers.extend(keys[done:first])
-            forms.append(b"%d-%d")
-            numbers.append(keys[first])
-            numbers.append(keys[last + 1])
-            done = last + 2
-        if done < n:
-            forms.append(_separated(n - done))
-            numbers.extend(keys[done:])
-        self.numbers, self.form = numbers, b",".join(forms)
+        form, numbers = _range_layout(keys)
+        self.numbers, self.form = array("q", numbers), form
 
     def data(self, base: int) -> bytes:
         return self.form % tuple(map(add, self.numbers, repeat(base)))
@@ -437,21 +406,30 @@ class _Ranges:
 
 
 def _ids_bytes(keys: List[int], base: int) -> bytes:
-    """The ids of ascending service keys for the client with ``base``, as range-set text:
-    runs of adjacent keys as ``first-last``, the rest one by one.  Most groups have no two
-    keys adjacent, or only a few runs among many keys: the keys between runs are written in
-    one formatting each, only the runs one by one."""
+    """The ids of ascending service keys for the client with ``base``, as range-set text
+    (see :func:`_range_layout`)."""
+    form, numbers = _range_layout(keys)
+    return form % tuple(map(add, numbers, repeat(base)))
+
+
+def _range_layout(keys: List[int]) -> Tuple[bytes, List[int]]:
+    """How ascending keys are written as a range set, whatever the base id: a format and the
+    keys it takes (to which the base id is added).  Runs of adjacent keys are ``first-last``,
+    the rest one by one.  Most groups have no two keys adjacent, or only a few runs among
+    many keys: the keys between runs take one stretch of the format each, found without a
+    loop per key."""
     n = len(keys)
     if n == 1:
-        return b"%d" % (keys[0] + base)
+        return b"%d", keys
     if keys[-1] - keys[0] == n - 1:
-        return b"%d-%d" % (keys[0] + base, keys[-1] + base)
+        return b"%d-%d", [keys[0], keys[-1]]
     if 1 not in map(sub, keys[1:], keys):
-        return _separated(n) % tuple(map(add, keys, repeat(base)))
+        return _separated(n), keys
     # i where keys[i + 1] == keys[i] + 1
     adjacent = list(compress(range(n - 1), map(eq, map(sub, keys[1:], keys), repeat(1))))
-    pieces: List[bytes] = []
-    done = 0  # keys before this one are written
+    forms: List[bytes] = []
+    numbers: List[int] = []
+    done = 0  # keys before this one are placed
     i = 0
     while i < len(adjacent):
         first = last = adjacent[i]
@@ -460,12 +438,15 @@ def _ids_bytes(keys: List[int], base: int) -> bytes:
             last += 1
             i += 1
         if done < first:
-            pieces.append(_separated(first - done) % tuple(map(add, keys[done:first], repeat(base))))
-        pieces.append(b"%d-%d" % (keys[first] + base, keys[last + 1] + base))
+            forms.append(_separated(first - done))
+            numbers += keys[done:first]
+        forms.append(b"%d-%d")
+        numbers += (keys[first], keys[last + 1])
         done = last + 2
     if done < n:
-        pieces.append(_separated(n - done) % tuple(map(add, keys[done:], repeat(base))))
-    return b",".join(pieces)
+        forms.append(_separated(n - done))
+        numbers += keys[done:]
+    return b",".join(forms), numbers
 
 
 def _separated(count: int) -> bytes:
