@@ -130,7 +130,7 @@ def test_a_plan_for_any_base_id_works_out_each_group_s_range_set_once(monkeypatc
     assert len(groups) == 6 and sorted(len(g.numbers) for g in groups) == [2, 60, 60, 60, 60, 60]
     # a client's rendering only adds its base id and formats: no range set is worked out anew
     monkeypatch.setattr(view_module, "_ids_bytes", None)
-    monkeypatch.setattr(view_module, "compress", None)
+    monkeypatch.setattr(view_module, "_range_layout", None)
     for base, events in expected.items():
         assert _decoded(plan.frames(base, 3)) == events
 

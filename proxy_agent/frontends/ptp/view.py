@@ -37,8 +37,8 @@ import logging
 import sys
 import weakref
 from array import array
-from itertools import compress, groupby, islice, repeat
-from operator import add, eq, sub
+from itertools import groupby, islice, repeat
+from operator import add, sub
 from collections import deque
 from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
@@ -415,34 +415,37 @@ def _ids_bytes(keys: List[int], base: int) -> bytes:
 def _range_layout(keys: List[int]) -> Tuple[bytes, List[int]]:
     """How ascending keys are written as a range set, whatever the base id: a format and the
     keys it takes (to which the base id is added).  Runs of adjacent keys are ``first-last``,
-    the rest one by one.  Most groups have no two keys adjacent, or only a few runs among
-    many keys: the keys between runs take one stretch of the format each, found without a
-    loop per key."""
+    the rest one by one.  Most groups have no two keys adjacent, or a few runs among many
+    keys: the gaps between keys are worked out once, and the runs found by searching them
+    for a gap of one (in C), so that the keys between runs cost no loop of their own."""
     n = len(keys)
     if n == 1:
         return b"%d", keys
     if keys[-1] - keys[0] == n - 1:
         return b"%d-%d", [keys[0], keys[-1]]
-    if 1 not in map(sub, keys[1:], keys):
+    gaps = list(map(sub, keys[1:], keys))  # gaps[i] = keys[i + 1] - keys[i]
+    find = gaps.index
+    try:
+        first = find(1)
+    except ValueError:
         return _separated(n), keys
-    # i where keys[i + 1] == keys[i] + 1
-    adjacent = list(compress(range(n - 1), map(eq, map(sub, keys[1:], keys), repeat(1))))
     forms: List[bytes] = []
     numbers: List[int] = []
     done = 0  # keys before this one are placed
-    i = 0
-    while i < len(adjacent):
-        first = last = adjacent[i]
-        i += 1
-        while i < len(adjacent) and adjacent[i] == last + 1:
+    while True:
+        last = first  # the run is keys[first] .. keys[last + 1]
+        while last + 1 < n - 1 and gaps[last + 1] == 1:
             last += 1
-            i += 1
         if done < first:
             forms.append(_separated(first - done))
             numbers += keys[done:first]
         forms.append(b"%d-%d")
         numbers += (keys[first], keys[last + 1])
         done = last + 2
+        try:
+            first = find(1, done)
+        except ValueError:
+            break
     if done < n:
         forms.append(_separated(n - done))
         numbers += keys[done:]
