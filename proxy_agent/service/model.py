@@ -217,12 +217,7 @@ class ProcessElement(Element):
     __slots__ = ("rank",)
 
     def __init__(self, key: int, kind: Kind, parent: int, values: tuple, owner: str, rank: int) -> None:
-        self.key = key
-        self.kind = kind
-        self.parent = parent
-        self.values = values
-        self.children = None
-        self.owner = owner
+        super().__init__(key, kind, parent, values, owner)
         self.rank = rank
 
 

@@ -401,9 +401,6 @@ class _Ranges:
     def data(self, base: int) -> bytes:
         return self.form % tuple(map(add, self.numbers, repeat(base)))
 
-    def text(self, base: int) -> str:
-        return self.data(base).decode()
-
 
 def _ids_bytes(keys: List[int], base: int) -> bytes:
     """The ids of ascending service keys for the client with ``base``, as range-set text
