@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Sequence
 import trio
 
 from . import __version__
+from .cli import entry_point
 from .frontends.ptp import PtpConfig
 from .schedulers.base import BACKENDS, backend_class
 from .server import ServerLimits, Sessions, serve_listeners, serve_stream
@@ -31,6 +32,7 @@ from .transport import (
     open_stdio,
     open_tcp_listeners,
     open_unix_listener,
+    os_error_reason,
     parse_host_port,
 )
 
@@ -494,7 +496,7 @@ async def _open_transport(args: argparse.Namespace, config: PtpConfig):
 
 
 def _reason(exc: OSError) -> str:
-    return exc.strerror or str(exc)
+    return os_error_reason(exc)
 
 
 async def amain(args: argparse.Namespace, service: JobService, state: "StateDir") -> int:
@@ -546,8 +548,24 @@ async def amain(args: argparse.Namespace, service: JobService, state: "StateDir"
     return 0
 
 
+#: What an agent started at a terminal says (a person typed ``proxy-agent``).
+_ON_A_TERMINAL = ("stdin is a terminal: this agent speaks the PTP proxy protocol on stdin/stdout for an IDE or a "
+                  "console (to drive it by hand, run proxy-console, which starts one")
+
+
+def _stdio_on_a_terminal(args: argparse.Namespace) -> bool:
+    """The protocol would run on stdin/stdout, and stdin is a terminal."""
+    if args.connect or args.proxy or args.listen or args.unix:
+        return False
+    try:
+        return os.isatty(0)
+    except OSError:
+        return False
+
+
+@entry_point
 def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in ("jobs", "forget"):
         from .joblist import main as joblist_main
 
@@ -563,6 +581,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ValueError(f"--auth-timeout must be between 0 and 3600 seconds, got {args.auth_timeout:g}")
         if (args.host or args.port) and not args.proxy:
             raise ValueError("--host and --port go with --proxy=tcp")
+        if _stdio_on_a_terminal(args):
+            if not args.stdio:
+                print(f"proxy-agent: {_ON_A_TERMINAL}, or give --stdio to speak it on this terminal anyway)",
+                      file=sys.stderr)
+                return 2
+            print(f"proxy-agent: {_ON_A_TERMINAL})", file=sys.stderr)
         _setup_logging(args)
         state = StateDir(os.path.abspath(args.state_dir or default_state_dir()))
         try:

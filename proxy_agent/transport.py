@@ -26,7 +26,27 @@ __all__ = [
     "open_unix_listener",
     "parse_host_port",
     "load_or_create_token",
+    "os_error_reason",
 ]
+
+
+def os_error_reason(exc: OSError) -> str:
+    """The most specific reason in an OSError chain: trio's "all attempts to connect to H:P
+    failed" hides each address's own error (Connection refused, No route to host) in its cause."""
+    seen: BaseException = exc
+    for _ in range(5):
+        inner = getattr(seen.__cause__, "exceptions", None)  # a group of per-address attempts
+        if inner:
+            seen = inner[-1]
+        elif isinstance(seen.__cause__, OSError):
+            seen = seen.__cause__
+        else:
+            break
+    if isinstance(seen, OSError) and isinstance(seen.errno, int) and seen.errno > 0:
+        return os.strerror(seen.errno)  # trio's strerror also repeats the address (gaierror's are negative)
+    if isinstance(seen, OSError) and seen.strerror:
+        return seen.strerror
+    return str(seen)
 
 
 #: What the agent asks of a pipe to its client: room for a megabyte (Linux's default

@@ -43,6 +43,7 @@ from ..protocol.messages import (
 from ..protocol.dialect import DEFAULT, NATIVE
 from ..protocol.first_bytes import QUOTE_LIMIT, QUOTE_WAIT, first_line, shown_bytes
 from ..protocol.wire import DEFAULT_MAX_FRAME_SIZE
+from ..transport import os_error_reason as _os_reason
 from .errors import (
     AgentExited,
     ClientError,
@@ -216,22 +217,6 @@ class _Waiter:
         self.event = trio.Event()
         self.result: Any = None
         self.error: Optional[BaseException] = None
-
-
-def _os_reason(exc: OSError) -> str:
-    """The most specific reason in an OSError chain (trio wraps per-address failures)."""
-    seen: BaseException = exc
-    for _ in range(5):
-        inner = getattr(seen.__cause__, "exceptions", None)  # a group of per-address attempts
-        if inner:
-            seen = inner[-1]
-        elif isinstance(seen.__cause__, OSError):
-            seen = seen.__cause__
-        else:
-            break
-    if isinstance(seen, OSError) and seen.strerror:
-        return seen.strerror
-    return str(seen)
 
 
 def _attr_text(value: Any) -> str:

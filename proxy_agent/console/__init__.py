@@ -30,6 +30,7 @@ from typing import Callable, List, NoReturn, Optional, Sequence, TextIO, Tuple
 import trio
 
 from .. import __version__
+from ..cli import entry_point
 from ..client import (
     AgentClient,
     AgentExited,
@@ -522,6 +523,7 @@ async def amain(args: argparse.Namespace, spawn_argv: Optional[List[str]]) -> in
             log.close()
 
 
+@entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
     if words[:1] == ["deploy"]:

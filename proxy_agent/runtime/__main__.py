@@ -33,6 +33,7 @@ import json
 import sys
 from typing import List, Optional, Sequence
 
+from ..cli import entry_point
 from . import CoallocError, FormatError, Runtime, decode, flatten
 
 EXIT_OK = 0
@@ -180,10 +181,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return EXIT_OK
 
 
-def console_main(argv: Optional[List[str]] = None) -> None:
+@entry_point
+def console_main(argv: Optional[List[str]] = None) -> int:
     """The ``proxy-runtime`` entry point."""
-    sys.exit(main(argv))
+    return main(argv)
 
 
 if __name__ == "__main__":
-    console_main()
+    sys.exit(console_main())

@@ -25,6 +25,7 @@ from typing import List, Optional
 
 import trio
 
+from ...cli import entry_point
 from ...schedulers.base import BACKENDS
 from ...service.store import default_state_dir
 from .agent import AgentJobs, AgentSettings
@@ -186,6 +187,7 @@ async def serve(args: Optional[argparse.Namespace], refusal: Optional[str]) -> s
     return why
 
 
+@entry_point
 def main(argv: Optional[List[str]] = None) -> int:
     refusal = None
     args: Optional[argparse.Namespace]
