@@ -72,8 +72,9 @@ class WaitFailed(ClientError):
     """What was awaited can no longer happen (e.g. the job completed without reaching that state)."""
 
 
-class WaitTimeout(ClientError, trio.TooSlowError):
-    """A wait or a command's reply did not come in time."""
+class WaitTimeout(ClientError, trio.TooSlowError, TimeoutError):
+    """A wait or a command's reply did not come in time.  Also a :class:`TimeoutError` (as
+    plain Python and asyncio code catch timeouts) and a :class:`trio.TooSlowError`."""
 
 
 class UnknownElementError(ClientError, LookupError):

@@ -44,7 +44,7 @@ import trio
 
 from .connection import AgentClient
 from .diagnose import garbage_before_first_frame
-from .errors import ClientError, ConnectError, ProtocolViolationError, WaitTimeout
+from .errors import AgentExited, ClientError, ConnectError, ConnectionClosed, ProtocolViolationError, WaitTimeout
 from .state import Element
 
 __all__ = ["Agent", "Job", "WaitTimeout"]
@@ -171,8 +171,11 @@ class Agent:
         token: Optional[str] = None,
         base_id: int = 1000,
         start_timeout: float = START_TIMEOUT,
+        explain_exit: Optional[Callable[[AgentExited], Optional[str]]] = None,
     ) -> None:
         self._opener = opener
+        #: what an agent that ended during start-up means, when the way it was started says more
+        self._explain_exit = explain_exit
         self._quit_on_close = quit_on_close
         self._token = token
         self._base_id = base_id
@@ -211,7 +214,8 @@ class Agent:
         port: Optional[int] = None, ssh_options: Sequence[str] = (), **options: Any,
     ) -> "Agent":
         """Start the agent on another host through ssh, as ``proxy-console --ssh`` does."""
-        from ..console.remote import SshTarget, default_remote_command, environ_without_token, remote_command
+        from ..console.remote import (SshTarget, default_remote_command, environ_without_token, remote_command,
+                                      ssh_exit_reason)
 
         try:
             target = SshTarget(destination, config=ssh_config, port=port, options=tuple(ssh_options), batch=True)
@@ -219,7 +223,9 @@ class Agent:
             raise ConnectError(str(exc)) from None
         command = remote_command(remote_agent, ["--stdio"]) if remote_agent else default_remote_command(["--stdio"])
         argv = target.ssh(command)
-        return cls(lambda: AgentClient.spawn(argv, env=environ_without_token()), quit_on_close=True, **options)
+        return cls(lambda: AgentClient.spawn(argv, env=environ_without_token()), quit_on_close=True,
+                   explain_exit=lambda exc: ssh_exit_reason(target.destination, exc.returncode, exc.stderr_tail),
+                   **options)
 
     @classmethod
     def connect_tcp(cls, host: str, port: int, *, token: Optional[str] = None, **options: Any) -> "Agent":
@@ -253,6 +259,11 @@ class Agent:
         async with client:
             try:
                 await self._start(client)
+            except ConnectionClosed as exc:
+                # The session ended before it started: the agent could not be started or reached.
+                self._startup_error = ConnectError(self._why_ended(exc))
+                self._startup_error.__cause__ = exc
+                return
             except ClientError as exc:
                 self._startup_error = exc
                 return
@@ -282,6 +293,14 @@ class Agent:
                 if explained:
                     raise ConnectError(explained) from exc
             raise
+
+    def _why_ended(self, exc: ConnectionClosed) -> str:
+        explained = self._explain_exit(exc) if self._explain_exit and isinstance(exc, AgentExited) else None
+        if explained:
+            return explained
+        first, _, rest = str(exc).partition("; its last output:")
+        tail = [line.strip() for line in rest.splitlines() if line.strip()]
+        return f"{first}: {tail[-1]}" if tail else first
 
     def _client_now(self) -> AgentClient:
         if self._client is None:

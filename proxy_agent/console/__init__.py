@@ -44,7 +44,7 @@ from ..client import (
 )
 from .commands import COMMANDS, CommandError, Console, split_commands
 from .diagnose import garbage_before_first_frame
-from .remote import SshTarget, default_remote_command, describe_ssh_failure, environ_without_token, own_agent_argv, remote_command
+from .remote import SshTarget, default_remote_command, environ_without_token, own_agent_argv, remote_command, ssh_exit_reason
 from .terminal import Output, StreamReader, TerminalReader
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_SESSION", "EXIT_PROTOCOL"]
@@ -441,14 +441,7 @@ def _ssh_exit_reason(args: argparse.Namespace, exc: AgentExited) -> Optional[str
     """What an ssh exit status means, in one line (None: not ssh, or nothing to add)."""
     if not args.ssh:
         return None
-    if exc.returncode == 255:
-        return describe_ssh_failure(args.ssh, exc.stderr_tail)
-    if exc.returncode == 127:
-        return (
-            f"no agent found on {args.ssh}: copy it there with 'proxy-console deploy {args.ssh}' "
-            "or name it with --remote-agent PATH"
-        )
-    return None
+    return ssh_exit_reason(args.ssh, exc.returncode, exc.stderr_tail)
 
 
 async def amain(args: argparse.Namespace, spawn_argv: Optional[List[str]]) -> int:

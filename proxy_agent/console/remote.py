@@ -153,6 +153,17 @@ def describe_ssh_failure(destination: str, stderr_tail: str) -> str:
     return f"ssh to {destination} failed: {reason}"
 
 
+def ssh_exit_reason(destination: str, returncode: Optional[int], stderr_tail: str) -> Optional[str]:
+    """What the exit status of ``ssh HOST AGENT`` means, in one line (None: nothing ssh's
+    own: the agent itself ended)."""
+    if returncode == 255:
+        return describe_ssh_failure(destination, stderr_tail)
+    if returncode == 127:
+        return (f"no agent found on {destination}: copy it there with 'proxy-console deploy {destination}' "
+                "or name it with --remote-agent PATH")
+    return None
+
+
 def environ_without_token() -> dict:
     """The environment for ssh and scp: the agent token never leaves with them."""
     env = dict(os.environ)
