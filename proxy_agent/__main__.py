@@ -121,6 +121,12 @@ def _add_options(parser: Any, backends: Optional[Sequence[str]]) -> None:
         help="where jobs are kept so that they outlive the agent (default: $XDG_STATE_HOME/proxy-agent, "
         "that is ~/.local/state/proxy-agent); one agent per directory",
     )
+    parser.add_argument("--keep-ended", metavar="DURATION", type=_keep_ended, default="14d",
+                        help="forget jobs this long after they ended, with their kept output (30m, 36h, 14d, 2w; "
+                        "a bare number is days; never: keep them until `proxy-agent forget`)")
+    parser.add_argument("--show-ended", metavar="DURATION", type=_show_ended, default="24h",
+                        help="show clients the jobs that ended this long ago at most (30m, 24h, 7d; a bare number "
+                        "is hours; all: every job the store keeps); older ones stay in `proxy-agent jobs`")
     parser.add_argument("--token-file", metavar="PATH",
                         help="where --listen writes its generated token (mode 0600; default ~/.proxy-agent/token)")
     parser.add_argument("--auth-timeout", type=float, default=10.0, metavar="SECONDS",
@@ -147,6 +153,38 @@ def _add_options(parser: Any, backends: Optional[Sequence[str]]) -> None:
     for name in BACKENDS:
         if backends is None or name in backends:
             backend_class(name).add_arguments(parser)
+
+
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 7 * 86400.0}
+
+
+def duration_seconds(text: str, bare_unit: str, forever: str) -> Optional[float]:
+    """``90m``, ``36h``, ``14d``, ``2w`` (a bare number counts in ``bare_unit``) as seconds;
+    the word ``forever`` as None (no limit).  ValueError for anything else."""
+    raw = text.strip().lower()
+    if raw == forever:
+        return None
+    unit = raw[-1:] if raw[-1:] in _DURATION_UNITS else bare_unit
+    number = raw[:-1] if raw[-1:] in _DURATION_UNITS else raw
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a duration such as 90m, 36h, 14d or {forever}") from None
+    if not 0 < value < float("inf"):
+        raise ValueError(f"{text!r}: a duration must be more than 0 ({forever} for no limit)")
+    return value * _DURATION_UNITS[unit]
+
+
+def _keep_ended(text: str) -> Optional[float]:
+    return duration_seconds(text, "d", "never")
+
+
+def _show_ended(text: str) -> Optional[float]:
+    return duration_seconds(text, "h", "all")
+
+
+# argparse names the type in its message: "invalid duration value: '3x'"
+_keep_ended.__name__ = _show_ended.__name__ = "duration"
 
 
 def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
@@ -359,7 +397,7 @@ def _setup_logging(args: argparse.Namespace) -> None:
 
 def build_service(args: argparse.Namespace, names: Sequence[str], state: "StateDir") -> JobService:
     """The service with its backends, options checked (ValueError naming a bad one)."""
-    service = JobService(store=state.store)
+    service = JobService(store=state.store, keep_ended=args.keep_ended, show_ended=args.show_ended)
     for name in names:
         cls = backend_class(name)
         options = cls.options_from_args(args)
@@ -566,7 +604,7 @@ def _stdio_on_a_terminal(args: argparse.Namespace) -> bool:
 @entry_point
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("jobs", "forget"):
+    if argv and argv[0] in ("jobs", "forget", "output"):
         from .joblist import main as joblist_main
 
         return joblist_main(argv)

@@ -96,8 +96,8 @@ async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
             table = _run("jobs", "--state-dir", state)
             assert table.returncode == 0, table.stderr
             header, *rows = table.stdout.splitlines()
-            assert header.split() == ["ID", "NAME", "SCHEDULER", "QUEUE", "NATIVE", "ID", "STATE", "SUBMITTED",
-                                      "ENDED"]
+            assert header.split() == ["ID", "NAME", "SCHEDULER", "QUEUE", "NATIVE", "ID", "STATE", "EXIT",
+                                      "SUBMITTED", "ENDED"]
             by_name = {json.loads(line)["name"]: json.loads(line)
                        for line in _run("jobs", "--state-dir", state, "--json").stdout.splitlines()}
             assert set(by_name) == {"quick", "failing", "slow"} and len(rows) == 3
@@ -121,7 +121,7 @@ async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
             assert journal[int(ids["quick"])].get("forgotten") and journal[int(ids["failing"])].get("forgotten")
             assert "started" in journal[int(ids["slow"])]  # running: still the keeper's
             bad = _run("forget", "--state-dir", state, "--ended-before", "someday")
-            assert bad.returncode == 2 and "is not a date" in bad.stderr and "Traceback" not in bad.stderr
+            assert bad.returncode == 2 and "is not a time like" in bad.stderr and "Traceback" not in bad.stderr
             await client.terminate(slow)
             await client.wait_job_state(slow, "COMPLETED", 20)
             await client.quit()

@@ -842,7 +842,10 @@ def _compact_journal(path: str) -> Dict[int, dict]:
     if len(data) < size:
         temporary = path + ".new"
         try:
-            with open(temporary, "wb") as out:
+            # the journal's own mode (0600), whatever the umask: it names the user's jobs
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            os.fchmod(fd, 0o600)  # a copy left by an older keeper may have another mode
+            with os.fdopen(fd, "wb") as out:
                 out.write(data)
             os.replace(temporary, path)
         except OSError:

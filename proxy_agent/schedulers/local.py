@@ -492,6 +492,8 @@ class LocalBackend(Backend):
             with self.model.batch():
                 for index, pid in enumerate(pids):
                     self.model.update(job.process_keys[index], {K.PID: str(pid)})
+                if pids:
+                    self.model.update(job.key, {K.NATIVE_ID: str(pids[0])})
             codes = info.get("codes", [])
             if info.get("done"):
                 job.done = True
@@ -542,6 +544,9 @@ class LocalBackend(Backend):
             model = self.model
             for index, pid in enumerate(record.pids):
                 model.update(record.process_keys[index], {K.PID: str(pid)})
+            if record.pids:
+                # the job's own id on this host: its process group, led by process 0
+                model.update(record.key, {K.NATIVE_ID: str(record.pids[0])})
 
     def _notice(self, message: dict) -> None:
         op = message.get("op")
@@ -731,6 +736,7 @@ class LocalBackend(Backend):
                 if len(failed) > 1:
                     why += f" ({len(failed)} processes failed)"
                 attrs_[K.MESSAGE] = why
+                attrs_.update(_job_end_status(record.codes))
             else:
                 attrs_ = state_attrs(STATE_TABLE, "EXITED")
                 attrs_[K.EXIT_CODE] = "0"
@@ -883,6 +889,16 @@ class LocalBackend(Backend):
 
 #: JSON as the keeper reads it (compact)
 _dumps = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def _job_end_status(codes: List[Optional[int]]) -> Dict[str, str]:
+    """How a job whose processes failed ended, as one process's would read: the highest exit
+    status among them, else the signal that ended the first one killed (as ``srun`` reports)."""
+    exited = [code for code in codes if code is not None and code > 0]
+    if exited:
+        return {K.EXIT_CODE: str(max(exited))}
+    killed = [code for code in codes if code is not None and code < 0]
+    return {K.SIGNAL: signal_name(-killed[0])} if killed else {}
 
 
 def _environment_size(env: Dict[str, str]) -> int:

@@ -332,6 +332,8 @@ class ServiceModel:
         self._readers: List[ChangeSink] = []
         #: sinks that are part of the model (see :meth:`observe`)
         self._observers: List[ChangeSink] = []
+        #: sinks that hear every line of output (see :meth:`record_output`)
+        self._output_recorders: List[ChangeSink] = []
         self._quiet = 0
         self._missed = False
         self._batch = _Batch(self)
@@ -430,6 +432,12 @@ class ServiceModel:
         while nobody else listens), and it is flushed before the subscribers, so that what it
         changes in its :meth:`ChangeSink.flush` (figures it derives) joins the same batch."""
         self._observers.append(sink)
+
+    def record_output(self, sink: ChangeSink) -> None:
+        """Hand every line of output to ``sink`` too, as it is written and before any
+        subscriber has it, whether or not anyone listens (the service keeps each job's
+        output this way).  It does not count as a subscriber."""
+        self._output_recorders.append(sink)
 
     def unsubscribe(self, sink: ChangeSink) -> None:
         try:
@@ -697,6 +705,8 @@ class ServiceModel:
         ``stderr``).  ``offset``: where the text ends in the file the backend keeps the
         output in, when it does (so that delivery can be recorded and resumed)."""
         element = self.find(process, Kind.PROCESS)
+        for recorder in self._output_recorders:
+            recorder.output(element, stream, text, offset)
         readers = self._readers
         if readers:
             for sink in readers:

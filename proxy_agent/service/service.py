@@ -17,8 +17,10 @@ chosen) goes where a broker says (:mod:`.broker`).
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
-from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import trio
 
@@ -27,6 +29,7 @@ from .attributes import AttrInfo
 from .brokering import ATTRIBUTES as BROKER_ATTRIBUTES
 from .brokering import Brokering, Placement
 from .coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
+from .history import OutputHistory
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement
 from .store import JobStore, StoredJob
@@ -45,6 +48,16 @@ _CLOSE_BOUND = 1.8
 _STORE_FLUSH = 0.5
 #: The key of a job record's extra that holds the broker's decision (job attributes).
 _BROKER_EXTRA = "broker"
+#: How long after their end jobs are forgotten (store entry, kept output, files), unless
+#: ``--keep-ended`` says otherwise.
+KEEP_ENDED = 14 * 86400.0
+#: How long after their end jobs stay in the model clients see, unless ``--show-ended``
+#: says otherwise (they stay in the store, and in ``proxy-agent jobs``, until forgotten).
+SHOW_ENDED = 24 * 3600.0
+#: Seconds between two looks for ended jobs to take out of the model.
+_SHOWN_CHECK = 60.0
+#: Seconds between two looks for ended jobs to forget.
+_FORGET_CHECK = 3600.0
 
 
 class _StoreRecorder(ChangeSink):
@@ -58,6 +71,12 @@ class _StoreRecorder(ChangeSink):
     def changed(self, element: Element, slots) -> None:
         if element.kind is Kind.JOB and element.key in self.service.stored:
             self._note(element)
+
+    def output(self, element: Element, stream: str, text: str, offset: Optional[int] = None) -> None:
+        """Every line of a stored job is kept (see :mod:`.history`)."""
+        history = self.service.history
+        if history is not None and element.parent in self.service.stored:
+            history.record(element.parent, element.rank, stream, text, offset)
 
     def note(self, key: int) -> None:
         """Note the state of a stored job as the model has it now."""
@@ -83,14 +102,18 @@ class _StoreRecorder(ChangeSink):
         if not isinstance(state, str):
             return
         final = state in _FINAL_STATES
+        if final:
+            self.service._job_ended(element.key)
         message = value(K.MESSAGE)
         native = value(K.NATIVE_STATE)
         exit_code = value(K.EXIT_CODE) if final else ""
         signal = value(K.SIGNAL) if final else ""
+        native_id = value(K.NATIVE_ID)
         store.note_state(element.key, state, native if isinstance(native, str) else "",
                          message if isinstance(message, str) else None, final,
                          exit_code if isinstance(exit_code, str) else "",
-                         signal if isinstance(signal, str) else "")
+                         signal if isinstance(signal, str) else "",
+                         native_id if isinstance(native_id, str) else "")
 
 
 #: the states a job ends in
@@ -100,10 +123,20 @@ _FINAL_STATES = frozenset(state.value for state in JobState if state.final)
 class JobService:
     """Owns the model and the backends (see the module documentation)."""
 
-    def __init__(self, model: Optional[ServiceModel] = None, store: Optional[JobStore] = None) -> None:
+    def __init__(self, model: Optional[ServiceModel] = None, store: Optional[JobStore] = None, *,
+                 keep_ended: Optional[float] = KEEP_ENDED, show_ended: Optional[float] = SHOW_ENDED) -> None:
         self.model = model if model is not None else ServiceModel()
         #: the job store (None: jobs do not outlive the agent)
         self.store = store
+        #: the state directory the store is in (None without a store)
+        self.state_dir = os.path.dirname(os.path.abspath(store.path)) if store is not None else None
+        #: every stored job's output, kept in the state directory until the job is forgotten
+        self.history = OutputHistory(self.state_dir) if self.state_dir is not None else None
+        #: seconds after their end that jobs are forgotten / shown to clients (None: for ever)
+        self.keep_ended = keep_ended
+        self.show_ended = show_ended
+        #: stored jobs that have ended: key -> when (for taking them out of the model)
+        self._ended_at: Dict[int, float] = {}
         #: keys of the jobs the store holds
         self.stored: Set[int] = set()
         self._stored_records: List[StoredJob] = []
@@ -116,6 +149,7 @@ class JobService:
         self._recorder = _StoreRecorder(self)
         if store is not None:
             self.model.observe(self._recorder)
+            self.model.record_output(self._recorder)
         self.backends: List[Backend] = []
         self._by_name: Dict[str, Backend] = {}
         #: backends that could not start: name -> why
@@ -203,6 +237,7 @@ class JobService:
                     nursery.start_soon(self._run_backend, backend, one_done)
                 if self.store is not None:
                     nursery.start_soon(self._flush_store)
+                    nursery.start_soon(self._tidy)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -243,7 +278,9 @@ class JobService:
 
     def _adopt(self, backend: Backend) -> None:
         """Give a backend that has just started the stored jobs an earlier agent submitted to it."""
-        records = [r for r in self._stored_records if r.backend == backend.name and r.key not in self.stored]
+        shown_since = None if self.show_ended is None else time.time() - self.show_ended
+        records = [r for r in self._stored_records if r.backend == backend.name and r.key not in self.stored
+                   and (r.ended is None or shown_since is None or r.ended >= shown_since)]
         if not records:
             return
         try:
@@ -256,7 +293,13 @@ class JobService:
         self._left_behind([r for r in records if r.key not in taken], backend.name)
         by_key = {r.key: r for r in records}
         for key in adopted:
-            chosen = by_key[key].extras.get(_BROKER_EXTRA) if key in by_key else None
+            record = by_key.get(key)
+            if record is not None and self.history is not None:
+                # the backend reads the job's files again from where delivery stopped
+                self.history.expect_rereading(key, record.delivered_offsets)
+            if record is not None and record.ended is not None:
+                self._ended_at.setdefault(key, record.ended)
+            chosen = record.extras.get(_BROKER_EXTRA) if record is not None else None
             if isinstance(chosen, dict) and key in self.model:
                 self.model.update(key, {str(k): str(v) for k, v in chosen.items()})
             # what the backend learnt while adopting it (it may have ended meanwhile)
@@ -287,6 +330,8 @@ class JobService:
         store = self.store
         if store is None:
             return
+        if self.history is not None:
+            self.history.flush()
         try:
             store.flush()
         except sqlite3.Error as exc:
@@ -296,6 +341,76 @@ class JobService:
         log.error("the job store failed: %s", exc)
         self.store = None
         self.tell_every_client("WARNING", f"the job store failed ({exc}); jobs will not survive a restart of the agent")
+
+    # ------------------------------------------------------------------ ended jobs
+
+    def _job_ended(self, key: int) -> None:
+        """A stored job reached its final state (said again by a later change: kept once)."""
+        if key not in self._ended_at:
+            self._ended_at[key] = time.time()
+            if self.history is not None:
+                self.history.ended(key)
+
+    async def _tidy(self) -> None:
+        """Now and then: ended jobs leave the model after ``show_ended`` and are forgotten
+        after ``keep_ended``."""
+        await self.ready.wait()
+        next_forget = 0.0
+        while True:
+            now = time.time()
+            self.hide_ended(now)
+            if now >= next_forget:
+                self.forget_ended(now)
+                next_forget = now + _FORGET_CHECK
+            await trio.sleep(_SHOWN_CHECK)
+
+    def hide_ended(self, now: Optional[float] = None) -> List[int]:
+        """Take the stored jobs that ended more than ``show_ended`` ago out of the model;
+        returns their keys.  (Their backends are done with them: batch and simulated jobs
+        leave the model by themselves long before; parts of multi-part jobs are left to
+        their manager.)"""
+        if self.show_ended is None:
+            return []
+        cutoff = (time.time() if now is None else now) - self.show_ended
+        old = [key for key, when in self._ended_at.items() if when < cutoff]
+        hidden = []
+        model = self.model
+        with model.batch():
+            for key in old:
+                del self._ended_at[key]
+                element = model._elements.get(key)
+                if element is None or element.kind is not Kind.JOB:
+                    continue
+                if model.attr(key, K.STATE) in _FINAL_STATES and model.attr(key, K.COALLOC_JOB) is None:
+                    model.remove(key)
+                    hidden.append(key)
+        if hidden:
+            log.info("%d jobs that ended more than %s ago left the model (they stay in the job list)", len(hidden),
+                     _duration_text(self.show_ended))
+        return hidden
+
+    def forget_ended(self, now: Optional[float] = None) -> List[int]:
+        """Forget the stored jobs that ended more than ``keep_ended`` ago; returns their keys."""
+        store = self.store
+        if self.keep_ended is None or store is None or self.state_dir is None:
+            return []
+        from .statedir import forget_stored
+
+        cutoff = (time.time() if now is None else now) - self.keep_ended
+        try:
+            store.flush()
+            forgotten = forget_stored(store, self.state_dir, ended_before=cutoff)["forgotten"]
+        except sqlite3.Error as exc:
+            self._store_failed(exc)
+            return []
+        for key in forgotten:
+            self.stored.discard(key)
+            self._ended_at.pop(key, None)
+            if self.history is not None:
+                self.history.forget(key)
+        if forgotten:
+            log.info("forgot %d jobs that ended more than %s ago", len(forgotten), _duration_text(self.keep_ended))
+        return forgotten
 
     def delivered(self, offsets: Dict[Tuple[int, str], int]) -> Optional[Dict[int, Dict[str, int]]]:
         """Output is about to reach a client: (process key, stream) -> where it ends in the
@@ -343,6 +458,8 @@ class JobService:
                 for backend in self.backends:
                     nursery.start_soon(self._close_backend, backend)
         self._write_store()
+        if self.history is not None:
+            self.history.close()
 
     @staticmethod
     async def _close_backend(backend: Backend) -> None:
@@ -559,6 +676,14 @@ class _AdoptingStatus:
     def started(self, value=None) -> None:
         self.service._adopt(self.backend)
         self.inner.started(value)
+
+
+def _duration_text(seconds: float) -> str:
+    if seconds >= 86400 and seconds % 86400 == 0:
+        return f"{seconds / 86400:g} days"
+    if seconds >= 3600:
+        return f"{seconds / 3600:g} hours"
+    return f"{seconds:g} s"
 
 
 def describe(exc: BaseException) -> str:

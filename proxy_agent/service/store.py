@@ -397,12 +397,15 @@ class JobStore:
         self._db.execute("DELETE FROM jobs WHERE key=?", (key,))
 
     def note_state(self, key: int, state: str, native_state: str, message: Optional[str], final: bool,
-                   exit_code: str = "", signal: str = "") -> None:
+                   exit_code: str = "", signal: str = "", native_id: str = "") -> None:
         """A state change; written with the next :meth:`flush` (the scheduler knows it too).
-        ``exit_code`` and ``signal`` say how an ended job ended."""
+        ``exit_code`` and ``signal`` say how an ended job ended; ``native_id``, when given, is
+        the scheduler's id of the job (one that has it only once it runs)."""
         change = self._pending.setdefault(key, {})
         change["state"] = state
         change["native_state"] = native_state
+        if native_id:
+            change["native_id"] = native_id
         if message is not None:
             change["message"] = message
         if final:
