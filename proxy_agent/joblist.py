@@ -308,8 +308,8 @@ def _output(args: argparse.Namespace) -> int:
     while True:
         try:
             found = job_output(args.state_dir, key, rank=args.rank, streams=(stream,), skip=seen)
-        except StoreError as exc:
-            print(f"proxy-agent output: {exc.message}", file=sys.stderr)
+        except LookupError as exc:
+            print(f"proxy-agent output: {exc.args[0]}", file=sys.stderr)
             return 1
         for part in found["streams"]:
             where = (part["rank"], part["stream"])

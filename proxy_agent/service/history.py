@@ -140,23 +140,28 @@ def read_job_output(state_dir: str, key: int, *, rank: Optional[int] = None, str
     except OSError:
         return JobOutput(key)
     dropped = _read_dropped(directory)
+    # every stream with a file, and those whose every line was past the bound
+    present = {(int(number), _STREAM_OF[suffix]) for number, dot, suffix in (n.partition(".") for n in names)
+               if dot and number.isdigit() and suffix in _STREAM_OF}
+    for name in dropped:
+        number, _, stream = name.partition(".")
+        if number.isdigit() and stream in SUFFIX:
+            present.add((int(number), stream))
     found = []
-    for name in names:
-        number, dot, suffix = name.partition(".")
-        if not dot or not number.isdigit() or suffix not in _STREAM_OF:
-            continue
-        stream = _STREAM_OF[suffix]
-        if stream not in wanted or (rank is not None and int(number) != rank):
+    for number, stream in present:
+        if stream not in wanted or (rank is not None and number != rank):
             continue
         try:
-            with open(os.path.join(directory, name), "rb") as handle:
+            with open(os.path.join(directory, _file_name(number, stream)), "rb") as handle:
                 data = handle.read()
+        except FileNotFoundError:
+            data = b""
         except OSError:
             continue
         lines = _split_lines(data)
-        first = min((skip or {}).get((int(number), stream), 0), len(lines))
-        found.append(StreamOutput(int(number), stream, tuple(lines[first:]), first,
-                                  dropped.get(f"{int(number)}.{stream}", (0, 0))[0]))
+        first = min((skip or {}).get((number, stream), 0), len(lines))
+        found.append(StreamOutput(number, stream, tuple(lines[first:]), first,
+                                  dropped.get(f"{number}.{stream}", (0, 0))[0]))
     found.sort(key=lambda part: (part.rank, part.stream != "stdout"))
     return JobOutput(key, tuple(found))
 

@@ -283,20 +283,26 @@ class JobService:
                    and (r.ended is None or shown_since is None or r.ended >= shown_since)]
         if not records:
             return
+        # What the backend learns while it adopts (output read again, an end) is recorded as
+        # for any stored job; those it does not take are dropped again below.
+        candidates = {r.key for r in records}
+        self.stored.update(candidates)
+        if self.history is not None:
+            for record in records:
+                # the backend reads the job's files again from where delivery stopped
+                self.history.expect_rereading(record.key, record.delivered_offsets)
         try:
             adopted = backend.adopt(records)
         except Exception:  # noqa: BLE001 - a job that cannot be adopted must not stop the backend
             log.exception("the %s scheduler could not adopt its stored jobs", backend.name)
+            self.stored.difference_update(candidates)
             return
-        self.stored.update(adopted)
         taken = set(adopted)
+        self.stored.difference_update(candidates - taken)
         self._left_behind([r for r in records if r.key not in taken], backend.name)
         by_key = {r.key: r for r in records}
         for key in adopted:
             record = by_key.get(key)
-            if record is not None and self.history is not None:
-                # the backend reads the job's files again from where delivery stopped
-                self.history.expect_rereading(key, record.delivered_offsets)
             if record is not None and record.ended is not None:
                 self._ended_at.setdefault(key, record.ended)
             chosen = record.extras.get(_BROKER_EXTRA) if record is not None else None

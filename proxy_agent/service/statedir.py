@@ -136,7 +136,7 @@ def job_output(state_dir: str, key: int, *, rank: Optional[int] = None,
                skip: Optional[Dict[Tuple[int, str], int]] = None) -> Dict[str, Any]:
     """A job's kept output, and whether more may come: ``{"id", "ended" (the job has ended:
     nothing more comes), "streams": [{"rank", "stream", "first", "lines", "dropped"}]}``.
-    :class:`StoreError` when the store does not know the job.  ``skip``: lines a reader has
+    :class:`LookupError` when the store does not know the job.  ``skip``: lines a reader has
     already, per (rank, stream); only the lines after them are read out."""
     store = open_existing_store(state_dir)
     try:
@@ -144,7 +144,7 @@ def job_output(state_dir: str, key: int, *, rank: Optional[int] = None,
     finally:
         store.close()
     if job is None:
-        raise StoreError(f"no job {key} in the list")
+        raise LookupError(f"no job {key} in the list")
     kept = history.read_job_output(state_dir, key, rank=rank, streams=streams, skip=skip)
     return {
         "id": key,

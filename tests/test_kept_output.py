@@ -1,0 +1,245 @@
+"""Every line a job writes is kept in the state directory until the job is forgotten: in order,
+up to a bound per job with the count of what was not kept, once even when a later agent reads
+a job's files again, and readable whether or not a client saw it live."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import trio
+
+from adoption_support import spawn_agent, start
+from agent_fixtures import agent_argv, subprocess_env
+from proxy_agent.client import AgentClient
+from proxy_agent.service import history
+from proxy_agent.service.history import OutputHistory, read_job_output
+
+
+def _lines(prefix: str, first: int, last: int):
+    return [f"{prefix} {i}" for i in range(first, last + 1)]
+
+
+def _source(lines) -> bytes:
+    return "".join(line + "\n" for line in lines).encode()
+
+
+def _feed(kept: OutputHistory, key: int, lines, start: int, chunks) -> None:
+    """Hand ``lines`` to ``kept`` as a backend reading its file from offset ``start`` would:
+    in blocks of whole lines, each with the offset where it ends."""
+    offset = start
+    at = 0
+    for size in chunks:
+        block = lines[at:at + size]
+        if not block:
+            break
+        at += size
+        offset += len(_source(block))
+        kept.record(key, 0, "stdout", "\n".join(block), offset)
+
+
+def test_lines_are_kept_per_process_and_stream_in_order(tmp_path):
+    kept = OutputHistory(str(tmp_path))
+    kept.record(7, 0, "stdout", "a 1\na 2", None)
+    kept.record(7, 1, "stdout", "b 1", None)
+    kept.record(7, 0, "stderr", "oops", None)
+    kept.record(7, 0, "stdout", "a 3", None)
+    kept.close()
+    found = read_job_output(str(tmp_path), 7)
+    assert [(p.rank, p.stream, p.lines) for p in found.streams] == [
+        (0, "stdout", ("a 1", "a 2", "a 3")), (0, "stderr", ("oops",)), (1, "stdout", ("b 1",))]
+    assert found.text("stdout") == "a 1\na 2\na 3\nb 1\n" and found.text("stderr", rank=0) == "oops\n"
+    later = read_job_output(str(tmp_path), 7, streams=("stdout",), skip={(0, "stdout"): 2})
+    assert [(p.rank, p.first, p.lines) for p in later.streams] == [(0, 2, ("a 3",)), (1, 0, ("b 1",))]
+    directory = history.job_directory(str(tmp_path), 7)
+    assert all(os.stat(os.path.join(directory, name)).st_mode & 0o777 == 0o600 for name in os.listdir(directory))
+    assert os.stat(directory).st_mode & 0o777 == 0o700
+
+
+def test_past_the_bound_lines_are_counted_not_kept(tmp_path):
+    kept = OutputHistory(str(tmp_path), limit=100)
+    lines = _lines("line", 1, 30)  # 6 or 7 bytes each
+    _feed(kept, 3, lines, 0, [4] * 8)
+    kept.record(3, 1, "stderr", "a late line", 12)
+    kept.close()
+    found = read_job_output(str(tmp_path), 3)
+    stdout, stderr = found.streams[0], found.streams[1]
+    assert stdout.lines == tuple(lines[:len(stdout.lines)])
+    assert sum(len(line) + 1 for line in stdout.lines) <= 100 < sum(len(line) + 1 for line in lines[:len(stdout.lines) + 1])
+    assert stdout.dropped == 30 - len(stdout.lines) and stderr.dropped == 1 and not stderr.lines
+    assert found.dropped() == 31 - len(stdout.lines)
+
+
+@pytest.mark.parametrize("delivered_lines", [0, 3, 8])
+def test_a_later_agent_reading_the_files_again_keeps_each_line_once(tmp_path, delivered_lines):
+    lines = _lines("out", 1, 20)
+    first = OutputHistory(str(tmp_path))
+    _feed(first, 5, lines[:14], 0, [3, 5, 6])  # blocks end after lines 3, 8 and 14
+    first.close()  # the agent ends; delivery to a client had reached some block's end
+    delivered = len(_source(lines[:delivered_lines]))
+    second = OutputHistory(str(tmp_path))
+    second.expect_rereading(5, {"0.stdout": delivered})
+    _feed(second, 5, lines[delivered_lines:], delivered, [2, 7, 100])  # read again in other blocks
+    second.close()
+    assert read_job_output(str(tmp_path), 5).text() == "".join(line + "\n" for line in lines)
+
+
+def test_a_later_agent_past_the_bound_does_not_count_twice(tmp_path):
+    lines = _lines("out", 1, 40)
+    first = OutputHistory(str(tmp_path), limit=60)
+    _feed(first, 9, lines[:30], 0, [5] * 6)
+    first.close()
+    kept_before = read_job_output(str(tmp_path), 9).streams[0]
+    assert kept_before.dropped == 30 - len(kept_before.lines)
+    delivered = len(_source(lines[:25]))  # in the part that was only counted
+    second = OutputHistory(str(tmp_path), limit=60)
+    second.expect_rereading(9, {"0.stdout": delivered})
+    _feed(second, 9, lines[25:], delivered, [5, 5, 5])
+    second.close()
+    after = read_job_output(str(tmp_path), 9).streams[0]
+    assert after.lines == kept_before.lines and after.dropped == 40 - len(after.lines)
+
+
+# --------------------------------------------------------------------------- with the agent
+
+
+def _agent_command(*args: str, state: str) -> subprocess.CompletedProcess:
+    return subprocess.run(agent_argv(*args, "--state-dir", state), capture_output=True, text=True, timeout=60,
+                          env=subprocess_env(), stdin=subprocess.DEVNULL)
+
+
+async def _rows(state: str):
+    result = await trio.to_thread.run_sync(lambda: _agent_command("jobs", "--json", state=state))
+    return {row["name"]: row for row in map(json.loads, result.stdout.splitlines())}
+
+
+async def _until(predicate, what: str, seconds: float = 30):
+    with trio.fail_after(seconds):
+        while True:
+            value = await predicate()
+            if value:
+                return value
+            await trio.sleep(0.1)
+
+
+async def test_a_client_that_comes_back_finds_every_line_kept(tmp_path):
+    """A job writes two lines while one client watches and four after it left: the next
+    client is handed the four it has not seen; every tool gives all six, in order."""
+    state = str(tmp_path / "state")
+    go = tmp_path / "go"
+    script = (f"echo 'line 1'; echo 'line 2'; while [ ! -e {go} ]; do sleep 0.05; done; "
+              "echo 'line 3'; echo 'line 4' >&2; echo 'line 5'; echo 'line 6'")
+    socket_path = str(tmp_path / "agent.sock")
+    agent = subprocess.Popen(agent_argv("--unix", socket_path, "--state-dir", state), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env())
+    try:
+        with trio.fail_after(60):
+            while not os.path.exists(socket_path):
+                await trio.sleep(0.05)
+            async with await AgentClient.connect_unix(socket_path) as first:
+                await start(first)
+                job = await first.submit("/bin/sh", ["-c", script], jobName="six")
+                await first.wait_for(lambda: len(first.job(job).output) == 2, 20)
+            go.touch()
+            rows = await _until(lambda: _rows(state), "the job's end")
+            await _until(lambda: _ended(state), "the job's end")
+            async with await AgentClient.connect_unix(socket_path) as second:
+                await start(second)
+                again = second.state.jobs_by_sub[first.job(job).sub_id]
+                await second.wait_for(lambda: len(again.output) == 4, 20)
+                assert again.text("stdout") == "line 3\nline 5\nline 6\n" and again.text("stderr") == "line 4\n"
+        key = str((await _rows(state))["six"]["id"])
+        out = await trio.to_thread.run_sync(lambda: _agent_command("output", key, state=state))
+        assert out.returncode == 0 and out.stdout == "line 1\nline 2\nline 3\nline 5\nline 6\n", out.stderr
+        err = await trio.to_thread.run_sync(lambda: _agent_command("output", "six", "--stderr", state=state))
+        assert err.stdout == "line 4\n"
+        del rows
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(30)
+        agent.stderr.close()
+    forgotten = _agent_command("forget", key, state=state)
+    assert forgotten.returncode == 0, forgotten.stderr
+    assert not os.path.exists(history.job_directory(state, int(key)))
+    gone = _agent_command("output", key, state=state)
+    assert gone.returncode == 1 and f"no job {key} in the list" in gone.stderr
+
+
+async def _ended(state: str) -> bool:
+    return (await _rows(state)).get("six", {}).get("ended") is not None
+
+
+async def test_output_follow_prints_lines_as_the_job_writes_them_until_it_ends(tmp_path):
+    state = str(tmp_path / "state")
+    go = tmp_path / "go"
+    script = f"echo first; while [ ! -e {go} ]; do sleep 0.05; done; echo second; echo third"
+    with trio.fail_after(60):
+        async with await spawn_agent(state) as client:
+            await start(client)
+            job = await client.submit("/bin/sh", ["-c", script], jobName="followed")
+            await client.wait_for(lambda: client.job(job).output, 20)
+            key = str((await _rows(state))["followed"]["id"])
+            follower = await trio.lowlevel.open_process(
+                agent_argv("output", key, "--follow", "--state-dir", state), stdout=subprocess.PIPE,
+                stdin=subprocess.DEVNULL, env=subprocess_env())
+            seen = b""
+            while b"first\n" not in seen:
+                seen += await follower.stdout.receive_some(1024)
+            assert follower.returncode is None  # still following: the job has not ended
+            go.touch()
+            while True:
+                chunk = await follower.stdout.receive_some(1024)
+                if not chunk:
+                    break
+                seen += chunk
+            assert await follower.wait() == 0
+            assert seen == b"first\nsecond\nthird\n"
+            await client.quit()
+
+
+async def test_the_kept_output_survives_a_killed_agent_once_per_line(tmp_path):
+    """An agent killed while nobody had seen a job's later lines: the next agent reads the
+    job's files again, and the kept output still has each line once."""
+    state = str(tmp_path / "state")
+    go = tmp_path / "go"
+    script = (f"i=1; while [ $i -le 200 ]; do echo \"n $i\"; i=$((i+1)); done; while [ ! -e {go} ]; do sleep 0.05; "
+              "done; i=201; while [ $i -le 300 ]; do echo \"n $i\"; i=$((i+1)); done")
+    with trio.fail_after(90):
+        async with await spawn_agent(state, "--on-disconnect", "keep") as client:
+            await start(client)
+            await client.stop_events()  # nothing reaches a client: every line stays undelivered
+            await client.submit_nowait("/bin/sh", ["-c", script], jobName="many")
+            await _until(lambda: _kept_lines(state, "many", 200), "the first 200 lines kept")
+            os.kill(client.process.pid, signal.SIGKILL)
+            with pytest.raises(Exception):
+                await client.wait_for(lambda: False, 20)
+        go.touch()
+        async with await spawn_agent(state) as second:
+            await start(second)
+            await _until(lambda: _ended_named(state, "many"), "the job's end")
+            await second.quit()
+    key = str((await _rows(state))["many"]["id"])
+    out = _agent_command("output", key, state=state)
+    assert out.stdout.splitlines() == [f"n {i}" for i in range(1, 301)]
+
+
+async def _kept_lines(state: str, name: str, count: int) -> bool:
+    rows = await _rows(state)
+    if name not in rows:
+        return False
+    return len(read_job_output(state, rows[name]["id"]).text().splitlines()) >= count
+
+
+async def _ended_named(state: str, name: str) -> bool:
+    return (await _rows(state)).get(name, {}).get("ended") is not None
+
+
+def test_output_of_a_job_the_list_does_not_know_is_one_line(tmp_path):
+    state = str(tmp_path / "state")
+    result = subprocess.run([sys.executable, "-m", "proxy_agent", "output", "12", "--state-dir", state],
+                            capture_output=True, text=True, timeout=30, env=subprocess_env(), stdin=subprocess.DEVNULL)
+    assert result.returncode == 2 and "no job store in" in result.stderr
