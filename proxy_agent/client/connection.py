@@ -24,7 +24,7 @@ import os
 import subprocess
 import sys
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+from typing import Any, AsyncIterator, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import attrs
 import trio
@@ -36,6 +36,7 @@ from ..protocol.messages import (
     ErrorCode,
     Event,
     Ok,
+    OutputEvent,
     Shutdown,
     SubmitJobError,
     TerminateJobError,
@@ -62,6 +63,8 @@ __all__ = [
     "AgentClient",
     "AgentListener",
     "AgentProcess",
+    "KeptOutput",
+    "KeptStream",
     "connect_tcp",
     "connect_unix",
     "from_stream",
@@ -262,6 +265,34 @@ def job_attributes(
         elif value is not None:
             out.append(f"{key}={_attr_text(value)}")
     return out
+
+
+@attrs.define
+class KeptStream:
+    """What one process wrote to one stream, as the agent keeps it: ``lines`` from the line
+    numbered ``first``, and how many later lines it did not keep (past its bound per job)."""
+
+    rank: int
+    stream: str
+    first: int
+    lines: List[str]
+    dropped: int = 0
+
+
+@attrs.define
+class KeptOutput:
+    """A job's kept output (:meth:`AgentClient.kept_output`): its streams, by rank, stdout first."""
+
+    key: Optional[int]
+    streams: List[KeptStream]
+
+    def text(self, stream: str = "stdout", rank: Optional[int] = None) -> str:
+        """The lines of one stream, every process's (rank by rank) or one's, each ending in a newline."""
+        return "".join(line + "\n" for part in self.streams
+                       if part.stream == stream and (rank is None or part.rank == rank) for line in part.lines)
+
+    def dropped(self, stream: Optional[str] = None) -> int:
+        return sum(part.dropped for part in self.streams if stream is None or part.stream == stream)
 
 
 # --------------------------------------------------------------------------- the client
@@ -1021,8 +1052,59 @@ class AgentClient:
         return found.id if found is not None else str(job)
 
     def job_output(self, job: Union[str, Element], stream: str = "stdout") -> str:
-        """Everything the job's processes wrote to ``stream``, one line per received line."""
+        """What the job's processes wrote to ``stream`` that this session received live, one
+        line per received line (:meth:`kept_output` has all of it)."""
         return self.job(job).text(stream)
+
+    # ------------------------------------------------------------------ job ids and kept output
+
+    def job_key(self, job: Union[str, Element]) -> int:
+        """A job's id outside the protocol, the one ``proxy-agent jobs``, the agent's log and
+        the console show: its element id less the base id (see ``spec/protocol.md``)."""
+        element_id = job.id if isinstance(job, Element) else self._job_id(job)
+        key = self.state.job_key(element_id)
+        if key is None:
+            raise UnknownElementError(f"{element_id!r} is not a job id of this session")
+        return key
+
+    def job_by_key(self, key: int) -> Optional[Element]:
+        """The job whose id (see :meth:`job_key`) is ``key``, if the mirror has it."""
+        return self.state.job_by_key(int(key))
+
+    async def kept_output(self, job: Union[str, Element, int], *, stream: Optional[str] = None,
+                          rank: Optional[int] = None, skip: Optional[Mapping[Tuple[int, str], int]] = None,
+                          timeout: Optional[float] = 60) -> "KeptOutput":
+        """Everything the job's processes have written so far, as the agent keeps it (GET_OUTPUT),
+        whether or not this session saw it: any job the agent's store keeps, in the mirror or
+        not.  ``job`` is an element, an element id or jobSubId, or an ``int``: the job's id
+        (:meth:`job_key`).  ``skip`` leaves out lines the caller has ({(rank, stream): lines})."""
+        if isinstance(job, int):
+            element_id = self.state.job_element_id(job)
+            if element_id is None:
+                raise UnknownElementError(f"no job {job}: the session has no base id yet")
+        else:
+            element_id = job.id if isinstance(job, Element) else self._job_id(job)
+        args = [f"jobId={element_id}"]
+        if stream is not None:
+            args.append(f"stream={stream}")
+        if rank is not None:
+            args.append(f"rank={int(rank)}")
+        args.extend(f"skip={r}.{s}:{n}" for (r, s), n in sorted((skip or {}).items()) if n)
+        command = await self.send_command(CommandId.GET_OUTPUT, args)
+        await self.reply(command, timeout)
+        parts: Dict[Tuple[int, str], KeptStream] = {}
+        for event in command.events:
+            if not isinstance(event, OutputEvent):
+                continue
+            where = (event.rank, event.stream)
+            found = parts.get(where)
+            if found is None:
+                parts[where] = KeptStream(event.rank, event.stream, event.first, event.texts, event.dropped)
+            else:
+                found.lines.extend(event.texts)
+                found.dropped = event.dropped
+        ordered = sorted(parts.values(), key=lambda part: (part.rank, part.stream != "stdout"))
+        return KeptOutput(self.state.job_key(element_id), ordered)
 
 
 def _states(element: Element) -> str:

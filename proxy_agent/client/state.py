@@ -355,6 +355,25 @@ class ClientState:
                 found = command
         return found
 
+    def job_key(self, element_id: str) -> Optional[int]:
+        """A job's id everywhere outside the protocol (``proxy-agent jobs``, logs, the
+        console): its element id less the base id the client gave in INIT (None when that
+        does not make a positive number)."""
+        if self.base_id is None or not is_decimal(self.base_id) or not is_decimal(str(element_id)):
+            return None
+        key = int(element_id) - int(self.base_id)
+        return key if key > 0 else None
+
+    def job_element_id(self, key: int) -> Optional[str]:
+        """The element id of the job whose id (see :meth:`job_key`) is ``key``."""
+        if self.base_id is None or not is_decimal(self.base_id) or key <= 0:
+            return None
+        return str(int(self.base_id) + key)
+
+    def job_by_key(self, key: int) -> Optional[Element]:
+        element_id = self.job_element_id(key)
+        return self.by_kind["job"].get(element_id) if element_id is not None else None
+
     def is_array(self, key: str) -> bool:
         return key in self._array_keys
 
@@ -620,6 +639,11 @@ class ClientState:
                             tid,
                         )
                     )
+            command.events.append(event)
+            return command, False
+        if eid is EventId.OUTPUT:
+            if cid != CommandId.GET_OUTPUT:
+                problems.append(Violation("output-tid", f"OUTPUT under TID {tid} of {command.name}, not GET_OUTPUT", tid))
             command.events.append(event)
             return command, False
         if eid is EventId.FILTER_DEF:

@@ -46,6 +46,7 @@ __all__ = [
     "MessageLevel",
     "NewElements",
     "Ok",
+    "OutputEvent",
     "ProcessChange",
     "RemoveAll",
     "RemoveElements",
@@ -86,6 +87,9 @@ class CommandId(enum.IntEnum):
     CHANGE_JOB = 0x8
     LIST_FILTERS = 0x9
     SET_FILTERS = 0xA
+    #: This agent's own: a job's kept output (answered by OUTPUT events, then OK).  Clear of
+    #: 7..13, which the PTP 4.0 client numbers otherwise (it never sends them).
+    GET_OUTPUT = 0x10
 
 
 class EventId(enum.IntEnum):
@@ -115,6 +119,8 @@ class EventId(enum.IntEnum):
     #: Not numbered by the reference client; chosen from the unused range.
     FILTER_DEF = 250
     ATTR_DEF = 251
+    #: This agent's own, answering GET_OUTPUT (clear of 252 and 253, which the PTP 4.0 client uses).
+    OUTPUT = 260
 
 
 #: Events that complete the command whose TID they carry.
@@ -411,6 +417,43 @@ class AttrDef(Event):
             raise ArgumentError(f"ATTR_DEF: {exc}") from None
 
 
+@attrs.frozen(slots=True)
+class OutputEvent(Event):
+    """Lines a job's process wrote, as the agent keeps them (an answer to GET_OUTPUT):
+    ``lines`` (joined by newlines) from the line numbered ``first`` (0: the first the
+    process wrote to ``stream``), and how many of its later lines were not kept."""
+
+    tid: int
+    job_id: str
+    rank: int
+    stream: str
+    first: int
+    dropped: int
+    lines: str
+    event_id = EventId.OUTPUT
+
+    _KEYS = ("jobId", "rank", "stream", "first", "dropped", "lines")
+
+    def to_args(self) -> list:
+        return ["6", f"jobId={self.job_id}", f"rank={self.rank}", f"stream={self.stream}", f"first={self.first}",
+                f"dropped={self.dropped}", f"lines={self.lines}"]
+
+    @classmethod
+    def from_args(cls, tid, args, event_id):
+        job_id, rank, stream, first, dropped, lines = _expect_attrs(args, cls._KEYS, "OUTPUT")
+        if stream not in ("stdout", "stderr"):
+            raise ArgumentError(f"OUTPUT: stream must be stdout or stderr, got {stream!r}")
+        numbers = [_int_value(text, name) for text, name in ((rank, "rank"), (first, "first"), (dropped, "dropped"))]
+        if min(numbers) < 0:
+            raise ArgumentError("OUTPUT: rank, first and dropped must not be negative")
+        return cls(tid, job_id, numbers[0], stream, numbers[1], numbers[2], lines)
+
+    @property
+    def texts(self) -> list:
+        """The lines it carries (none for an empty value)."""
+        return self.lines.split("\n") if self.lines else []
+
+
 #: The events of the model's elements (and FILTER_DEF), which an agent only writes through
 #: its view: their classes are in :mod:`.element_events`.
 ELEMENT_EVENT_NAMES = ("ElementChange", "ElementGroup", "FilterDef", "NewElements", "ProcessChange", "RemoveAll",
@@ -451,6 +494,7 @@ def _event_classes() -> dict:
             EventId.SUBMITJOB_ERROR: SubmitJobError,
             EventId.TERMINATEJOB_ERROR: TerminateJobError,
             EventId.ATTR_DEF: AttrDef,
+            EventId.OUTPUT: OutputEvent,
             EventId.FILTER_DEF: FilterDef,
             EventId.REMOVE_ALL: RemoveAll,
             EventId.PROCESS_CHANGE: ProcessChange,

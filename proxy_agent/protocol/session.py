@@ -141,16 +141,20 @@ _JOB_COMMANDS = frozenset(
     {CommandId.SUBMIT_JOB, CommandId.TERMINATE_JOB, CommandId.MOVE_JOB, CommandId.CHANGE_JOB}
 )
 _FILTER_COMMANDS = frozenset({CommandId.LIST_FILTERS, CommandId.SET_FILTERS})
+#: This agent's own commands that ask about jobs (see spec/protocol.md, "Kept output").
+_QUERY_COMMANDS = frozenset({CommandId.GET_OUTPUT})
 
 LEGAL_COMMANDS: Dict[Phase, frozenset] = {
     Phase.INITIALIZE: frozenset({CommandId.INIT, CommandId.QUIT}),
     Phase.DISCOVERY: frozenset({CommandId.MODEL_DEF, CommandId.START_EVENTS, CommandId.QUIT}),
     Phase.NORMAL: frozenset({CommandId.STOP_EVENTS, CommandId.MODEL_DEF, CommandId.QUIT})
     | _JOB_COMMANDS
-    | _FILTER_COMMANDS,
+    | _FILTER_COMMANDS
+    | _QUERY_COMMANDS,
     Phase.SUSPENDED: frozenset({CommandId.START_EVENTS, CommandId.MODEL_DEF, CommandId.QUIT})
     | _JOB_COMMANDS
-    | _FILTER_COMMANDS,
+    | _FILTER_COMMANDS
+    | _QUERY_COMMANDS,
     Phase.SHUTDOWN: frozenset(),
 }
 
@@ -162,6 +166,7 @@ _ATTRIBUTE_COMMANDS = {
     CommandId.MOVE_JOB: ("jobId", "queueId"),
     CommandId.CHANGE_JOB: ("jobId",),
     CommandId.SET_FILTERS: (),
+    CommandId.GET_OUTPUT: ("jobId",),
 }
 # Keys that may appear once only, with a decimal element id as value.  (A submission's
 # queueId may also name queues, or list several for a broker: the front-end reads it.)
@@ -170,6 +175,7 @@ _ID_KEYS = {
     CommandId.TERMINATE_JOB: ("jobId",),
     CommandId.MOVE_JOB: ("jobId", "queueId"),
     CommandId.CHANGE_JOB: ("jobId",),
+    CommandId.GET_OUTPUT: ("jobId",),
 }
 _NOT_IDS = frozenset({"jobSubId"})  # once only, but any text
 # Commands that take exactly their required keys and nothing else.

@@ -29,7 +29,7 @@ from .attributes import AttrInfo
 from .brokering import ATTRIBUTES as BROKER_ATTRIBUTES
 from .brokering import Brokering, Placement
 from .coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
-from .history import OutputHistory
+from .history import JobOutput, OutputHistory, read_job_output
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement
 from .store import JobStore, StoredJob
@@ -417,6 +417,28 @@ class JobService:
         if forgotten:
             log.info("forgot %d jobs that ended more than %s ago", len(forgotten), _duration_text(self.keep_ended))
         return forgotten
+
+    async def job_output(self, key: int, *, streams: Sequence[str] = ("stdout", "stderr"), rank: Optional[int] = None,
+                         skip: Optional[Dict[Tuple[int, str], int]] = None) -> JobOutput:
+        """The output a job has written so far, as kept (see :mod:`.history`): every line,
+        whether or not a client saw it.  ``skip`` leaves out the first lines of streams
+        (``{(rank, stream): lines}``).  JobError NO_SUCH_JOB for a job the store does not
+        keep, NOT_SUPPORTED without a store."""
+        store, history = self.store, self.history
+        if store is None or history is None or self.state_dir is None:
+            raise JobError("this agent keeps no output: it has no usable state directory", ErrorKind.NOT_SUPPORTED)
+        try:
+            known = store.job(key) is not None
+        except sqlite3.Error as exc:
+            self._store_failed(exc)
+            raise JobError("the job store failed", ErrorKind.UNAVAILABLE) from None
+        if not known:
+            why = ("it was not submitted through this agent" if key in self.model else "it is not in the job list")
+            raise JobError(f"no output is kept for job {key}: {why}", ErrorKind.NO_SUCH_JOB)
+        history.flush()
+        state_dir = self.state_dir
+        return await trio.to_thread.run_sync(
+            lambda: read_job_output(state_dir, key, rank=rank, streams=streams, skip=skip))
 
     def delivered(self, offsets: Dict[Tuple[int, str], int]) -> Optional[Dict[int, Dict[str, int]]]:
         """Output is about to reach a client: (process key, stream) -> where it ends in the

@@ -60,6 +60,8 @@ _READ_SIZE = 1 << 16
 _COMMANDS_PER_STEP = 32
 #: Longest a job request may take once started (a scheduler command has its own timeout).
 _REQUEST_BOUND = 120.0
+#: Characters of output lines per OUTPUT event (a longer line goes alone).
+_OUTPUT_EVENT_TEXT = 64 * 1024
 
 _LEVELS = {"ERROR": MessageLevel.ERROR, "WARNING": MessageLevel.WARNING, "INFO": MessageLevel.INFO}
 
@@ -554,6 +556,8 @@ class PtpSession:
                 key = self._job_key(attrs_.get("jobId"))
                 queue = self._queue_ref(attrs_.get("queueId") or "")
                 await service.move(key, queue)
+            elif cid is CommandId.GET_OUTPUT:
+                await self._send_output(command, transaction, attrs_)
             else:  # pragma: no cover - the session only lets known commands through
                 raise JobError(f"{command.name} is not handled", ErrorKind.NOT_SUPPORTED)
         except ServiceError as exc:
@@ -567,6 +571,46 @@ class PtpSession:
             self._fail(command, transaction, attrs_, ErrorCode.INTERNAL, f"internal error: {describe(exc)}")
         else:
             self.emit(Ok(tid), transaction)
+
+    async def _send_output(self, command: Command, transaction: Optional[Transaction], attrs_: AttributeSet) -> None:
+        """GET_OUTPUT: the job's kept output as OUTPUT events (the OK follows).  Any job the
+        store keeps, in the model or not; ``stream=``, ``rank=`` choose, and each
+        ``skip=RANK.STREAM:N`` leaves out lines the client has already."""
+        from ...protocol.messages import OutputEvent
+
+        assert self.view is not None
+        raw = (attrs_.get("jobId") or "").strip()
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
+            raise JobError(f"no job with id {raw!r}: ids are decimal numbers", ErrorKind.NO_SUCH_JOB)
+        streams = ("stdout", "stderr")
+        if attrs_.get("stream") is not None:
+            if attrs_.get("stream") not in streams:
+                raise JobError(f"stream must be stdout or stderr, got {attrs_.get('stream')!r}", ErrorKind.BAD_REQUEST)
+            streams = (attrs_.get("stream"),)  # type: ignore[assignment]
+        rank = None
+        if attrs_.get("rank") is not None:
+            rank = mapping.parse_decimal(attrs_.get("rank"), "rank")
+        skip = {}
+        for item in attrs_.getall("skip"):
+            where, _, count = item.rpartition(":")
+            number, _, stream = where.partition(".")
+            if stream not in ("stdout", "stderr") or not number.isdigit() or not count.isdigit():
+                raise JobError(f"skip={item!r} is not RANK.STREAM:LINES (0.stdout:12)", ErrorKind.BAD_REQUEST)
+            skip[(int(number), stream)] = int(count)
+        element_id = int(raw)
+        kept = await self.service.job_output(self.view.key_of(element_id), streams=streams, rank=rank, skip=skip)
+        for part in kept.streams:
+            first, lines = part.first, part.lines
+            while True:
+                count, size = 0, 0
+                while count < len(lines) and (count == 0 or size + len(lines[count]) < _OUTPUT_EVENT_TEXT):
+                    size += len(lines[count]) + 1
+                    count += 1
+                self.emit(OutputEvent(command.tid, str(element_id), part.rank, part.stream, first, part.dropped,
+                                      "\n".join(lines[:count])), transaction)
+                lines, first = lines[count:], first + count
+                if not lines:
+                    break
 
     def _fail(self, command: Command, transaction: Optional[Transaction], attrs_: AttributeSet, code: int,
               message: str) -> None:
