@@ -67,22 +67,22 @@ async def console_with_burst(json_mode: bool):
         await fake.send(*burst(tid))
         await client.wait_for(lambda: (client.find_job("1010") or client.rm).state == "COMPLETED", 5)
         await shell.execute(["jobs"])
-        await shell.execute(["wait", "1010", "FINISHED"])
-        await shell.execute(["wait", "1010", "QUEUING"])
+        await shell.execute(["wait", "10", "FINISHED"])  # job 10: element id 1010 less the base id 1000
+        await shell.execute(["wait", "10", "QUEUING"])
     return shell, stdout.getvalue(), stderr.getvalue()
 
 
 async def test_events_show_in_order_with_the_values_they_carried():
     _, out, _ = await console_with_burst(json_mode=False)
     lines = out.splitlines()
-    shown = [i for i, line in enumerate(lines) if line.startswith(("job 1010", "[1010.0]", "process 1010.0"))]
+    shown = [i for i, line in enumerate(lines) if line.startswith(("job 10 ", "[10.0]", "process 10.0"))]
     events = [lines[i] for i in shown]
-    assert re.match(r"job 1010 'evil\\x1b\[2J.*' STARTING QUEUING new \(sub-x\)$", events[0]), events[0]
-    assert re.match(r"job 1010 .* RUNNING$", events[1]), events[1]  # not COMPLETED: the value it carried
-    assert events[2] == "process 1010.0 RUNNING new"
-    assert events[3:5] == ["[1010.0] first", "[1010.0] second\\x1b[31m"]  # output where it came
-    assert events[5] == "process 1010.0 exited with status 0"
-    assert re.match(r"job 1010 .* COMPLETED FINISHED$", events[6]), events[6]
+    assert re.match(r"job 10 'evil\\x1b\[2J.*' STARTING QUEUING new \(sub-x\)$", events[0]), events[0]
+    assert re.match(r"job 10 .* RUNNING$", events[1]), events[1]  # not COMPLETED: the value it carried
+    assert events[2] == "process 10.0 RUNNING new"
+    assert events[3:5] == ["[10.0] first", "[10.0] second\\x1b[31m"]  # output where it came
+    assert events[5] == "process 10.0 exited with status 0"
+    assert re.match(r"job 10 .* COMPLETED FINISHED$", events[6]), events[6]
 
 
 async def test_hostile_text_cannot_move_the_cursor_or_forge_a_row():
@@ -92,7 +92,7 @@ async def test_hostile_text_cannot_move_the_cursor_or_forge_a_row():
     rows = [line for line in table if re.match(r"^\d+ ", line)]
     assert len(rows) == 1 and "forged-row" in rows[0]  # the newline did not start a row
     assert "\\x1b[2J\\x1b]0;owned\\x07\\x1e\\x1f\\nforged-row" in rows[0]
-    assert "job 1010 reached FINISHED" in out and "job 1010 reached QUEUING" in out
+    assert "job 10 reached FINISHED" in out and "job 10 reached QUEUING" in out
 
 
 async def test_json_escapes_as_json_does_and_keeps_numbers_as_numbers():
@@ -101,12 +101,12 @@ async def test_json_escapes_as_json_does_and_keeps_numbers_as_numbers():
     records = [json.loads(line) for line in out.splitlines()]
     jobs = next(r for r in records if r.get("command") == "jobs")
     job = jobs["jobs"][0]
-    assert job["id"] == 1010 and job["parent"] == 1002
+    assert job["id"] == 10 and job["parent"] == 1002  # a job by its id, the queue by its element id
     assert job["attributes"]["name"] == HOSTILE_NAME  # exact text back after decoding
     events = [r for r in records if r["type"] == "event"]
     assert [e["event"] for e in events[-6:]] == ["NEW_JOB", "JOB_CHANGE", "NEW_PROCESS", "PROCESS_CHANGE", "PROCESS_CHANGE", "JOB_CHANGE"]
     exit_event = events[-2]
-    assert exit_event["job"] == 1010 and exit_event["groups"][0]["attributes"]["processExitCode"] == 0
+    assert exit_event["job"] == 1010 and exit_event["groups"]  # event records keep the wire's ids[0]["attributes"]["processExitCode"] == 0
     assert events[-6]["groups"][0]["attributes"]["jobState"] == "STARTING"  # carried, not current
     results = [r for r in records if r["type"] == "result"]
     assert [r["command"] for r in results] == ["jobs", "wait", "wait"]
@@ -125,7 +125,7 @@ def test_render_visible_escapes_every_control_and_format_character():
 
 def test_json_has_one_result_per_command_with_numbers():
     run = console("--json", "-q", "-c", "jobs; submit /bin/true --wait; wait .; submit /bin/sh -c 'exit 3' --wait; nodes")
-    assert run.returncode == 1
+    assert run.returncode == 3  # the failed job's own exit status
     records = [json.loads(line) for line in run.stdout.splitlines()]
     results = [r for r in records if r["type"] == "result"]
     assert [r["command"] for r in results] == ["jobs", "submit", "wait", "submit"]  # 'nodes' never ran
@@ -133,6 +133,7 @@ def test_json_has_one_result_per_command_with_numbers():
     assert ok["ok"] is True and isinstance(ok["job"], int) and ok["exit_codes"] == [0]
     assert waited["job"] == ok["job"] and waited["state"] == "COMPLETED"
     assert failed["ok"] is False and failed["exit_codes"] == [3] and failed["failed"] is True
+    assert failed["exit_status"] == 3
     assert "did not succeed" in failed["error"]
 
 

@@ -55,7 +55,8 @@ from proxy_agent.protocol.messages import ElementChange, ElementGroup, ElementKi
 STUCK = NEVER_STARTS + "SLURM keeps it pending because it asks for more than its partition offers (reason PartitionConfig)"
 
 
-@pytest.mark.parametrize("command", [["wait", "1010"], ["wait", "1010", "RUNNING"], ["wait", "1010", "FINISHED"]])
+# job 10: its element id 1010 less the base id 1000
+@pytest.mark.parametrize("command", [["wait", "10"], ["wait", "10", "RUNNING"], ["wait", "10", "FINISHED"]])
 async def test_a_wait_for_a_job_that_will_never_start_stops_at_once_and_says_why(command):
     client_stream, agent_stream = trio.testing.memory_stream_pair()
     fake = FakeAgent(agent_stream)
@@ -80,6 +81,6 @@ async def test_a_wait_for_a_job_that_will_never_start_stops_at_once_and_says_why
             assert await shell.execute(command + ["--timeout", "30"]) is False
         assert trio.current_time() - start < 5
         error = stderr.getvalue().strip().splitlines()[-1]
-        assert f"job 1010 {STUCK}" in error and "terminate 1010" in error
+        assert f"job 10 {STUCK}" in error and "terminate 10" in error
         # a wait for a state such a job does reach still works
-        assert await shell.execute(["wait", "1010", "QUEUING"]) is True
+        assert await shell.execute(["wait", "10", "QUEUING"]) is True

@@ -651,14 +651,17 @@ class AgentClient:
     # ------------------------------------------------------------------ waiting
 
     async def wait_for(
-        self, predicate: Callable[[], Any], timeout: Optional[float] = None, *, description: Optional[str] = None
+        self, predicate: Callable[[], Any], timeout: Optional[float] = None, *,
+        description: Union[str, Callable[[], str], None] = None,
     ) -> Any:
         """Wait until ``predicate()`` is true; returns its value.
 
         The predicate is evaluated now and then after every event the agent
         sends.  If it raises, the exception is passed on.  Raises
         :class:`WaitTimeout` after ``timeout`` seconds, the protocol violation
-        (strict mode) or the reason the session ended.
+        (strict mode) or the reason the session ended.  ``description`` says
+        what was awaited in the timeout's message; a callable is asked when the
+        message is made (so that it tells the state at that time).
         """
         self._raise_failure()
         result = predicate()
@@ -677,7 +680,8 @@ class AgentClient:
         finally:
             self._waiters.discard(waiter)
         if not waiter.event.is_set():
-            what = description or getattr(predicate, "__name__", "a condition")
+            what = (description() if callable(description) else description) or getattr(
+                predicate, "__name__", "a condition")
             raise WaitTimeout(f"timed out after {timeout:g} s waiting for {what}")
         if waiter.error is not None:
             if waiter.error is self._failure:
@@ -692,17 +696,19 @@ class AgentClient:
         :class:`WaitFailed` if the job completes or is removed without it.
         """
         element = self.job(job)
+        shown = self.state.job_key(element.id) or element.id  # as the agent's log and job list name it
 
         def reached() -> Optional[Element]:
             if state in element.states:
                 return element
             if element.removed:
-                raise WaitFailed(f"job {element.id} was removed before reaching {state} (went {_states(element)})")
+                raise WaitFailed(f"job {shown} was removed before reaching {state} (went {_states(element)})")
             if element.state == "COMPLETED":
-                raise WaitFailed(f"job {element.id} completed without reaching {state} (went {_states(element)})")
+                raise WaitFailed(f"job {shown} completed without reaching {state} (went {_states(element)})")
             return None
 
-        return await self.wait_for(reached, timeout, description=f"job {element.id} to reach {state} (now {element.state})")
+        return await self.wait_for(reached, timeout,
+                                   description=lambda: f"job {shown} to reach {state} (now {element.state})")
 
     # ------------------------------------------------------------------ commands
 

@@ -349,7 +349,7 @@ async def _run(console: Console, args: argparse.Namespace, script: Optional[str]
             raise _Fatal(str(exc), EXIT_USAGE) from None
         for index, words in enumerate(commands, 1):
             if not await console.execute(words, index):
-                status = EXIT_FAILED
+                status = console.failed_status
                 break
             if console.finished:
                 break
@@ -391,7 +391,7 @@ async def _run(console: Console, args: argparse.Namespace, script: Optional[str]
         lost = []
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_watch_session, console, nursery.cancel_scope, lost)
-            while not console.finished and status == EXIT_OK:
+            while not console.finished and status == EXIT_OK:  # a failed command ends the script
                 line = await reader_.read()
                 if line is None:
                     break
@@ -402,7 +402,7 @@ async def _run(console: Console, args: argparse.Namespace, script: Optional[str]
                 for words in commands:
                     index += 1
                     if not await console.execute(words, index):
-                        status = EXIT_FAILED
+                        status = console.failed_status
                         break
                     if console.finished:
                         break

@@ -10,10 +10,11 @@ that into one error line and a False result.  Errors that end the session
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import shlex
 import signal
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import attrs
 import trio
@@ -21,6 +22,7 @@ import trio
 from ..client import (
     AgentClient,
     ClientError,
+    CommandFailed,
     ConnectionClosed,
     Element,
     ProtocolViolationError,
@@ -29,7 +31,8 @@ from ..client import (
 )
 from ..client.state import OUTPUT_KEYS, PROTOCOL_VERSION, canonical_id
 from ..protocol.attributes import JOB_STATES, STANDARD_ATTRIBUTES
-from ..protocol.messages import CommandId, ElementChange, ElementKind, Error, Event, NewElements, Ok, ProcessChange, Shutdown
+from ..protocol.messages import (CommandId, ElementChange, ElementKind, Error, ErrorCode, Event, NewElements, Ok,
+                                 ProcessChange, Shutdown)
 from ..protocol.wire import FrameError
 from ..service.jobs import NEVER_STARTS, JobState
 from . import render
@@ -45,9 +48,12 @@ class CommandError(Exception):
     command found out before it failed, such as a failed job's output).
     """
 
-    def __init__(self, message: str, **fields: Any) -> None:
+    def __init__(self, message: str, *, exit_status: Optional[int] = None, **fields: Any) -> None:
         super().__init__(message)
         self.fields = fields
+        #: the exit status the console ends with when this ends a script (a job's own, as
+        #: ``sbatch --wait`` and ``srun`` give it); None: the usual status of a failed command
+        self.exit_status = exit_status
 
 
 @attrs.frozen
@@ -114,6 +120,11 @@ STATUS_NAMES = tuple(state.value for state in JobState) + (
 #: jobStatus names a job that never starts still reaches.
 _WAITING_STATUSES = {"UNDEFINED", "ACCEPTED", "PREPARING", "SUBMITTING", "HOLD", "QUEUING", "PENDING", "OTHER"}
 _FINAL_STATUSES = {"FINISHED", "FAILED", "KILLED", "DELETED", "COMPLETED", "CANCELED", "CANCELLED", "ERROR", "TIMEOUT"}
+
+#: Error codes that mean the agent keeps no output of a job (or keeps none at all).
+_NO_KEPT_OUTPUT = (ErrorCode.UNKNOWN_COMMAND, ErrorCode.NOT_SUPPORTED, ErrorCode.NO_SUCH_JOB)
+#: Seconds ``output`` waits for live output before it asks the agent again anyway.
+_OUTPUT_RECHECK = 2.0
 
 #: CHANGE_JOB attributes per console command: candidates, in order of preference.
 _HOLD_ATTRIBUTES = ("hold", "jobHold")
@@ -273,6 +284,31 @@ def exit_codes(client: AgentClient, job: Element) -> List[str]:
     return codes
 
 
+def exit_status(client: AgentClient, job: Element) -> int:
+    """A job's exit status as a shell gives a command's, and as ``srun`` does: the highest of
+    its processes' exit statuses, 128 + N for one killed by signal N; 1 for a job that
+    failed without one (never started, cancelled while queued); 0 when it succeeded."""
+    status = 0
+    for process in client.children(job, "process"):
+        code = process.get("processExitCode")
+        name = process.get("processSignalName")
+        if isinstance(code, str) and code.isascii() and code.isdigit():
+            status = max(status, int(code))
+        elif isinstance(name, str) and name:
+            status = max(status, 128 + _signal_number(name))
+    if status == 0 and job_failed(client, job):
+        return 1
+    return status
+
+
+def _signal_number(name: str) -> int:
+    """SIGKILL -> 9; a name no signal has -> 0 (the status is then 128: a signal, unknown)."""
+    try:
+        return int(signal.Signals[name if name.startswith("SIG") else f"SIG{name}"])
+    except KeyError:
+        return int(name) if name.isdigit() else 0
+
+
 def job_failed(client: AgentClient, job: Element) -> bool:
     status = job.get("jobStatus")
     if isinstance(status, str) and status.upper() in _FAILED_STATUSES:
@@ -316,6 +352,13 @@ class Console:
         #: every jobStatus each job was seen in, in order (the client keeps only jobState)
         self.statuses: Dict[str, List[str]] = {}
         self._followed: set = set()
+        #: jobs whose live output is not printed as it comes (an ``output`` command prints it)
+        self._silenced: set = set()
+        #: the exit status of the last command that failed (see :attr:`CommandError.exit_status`)
+        self.failed_status = 1
+        #: the first START_EVENTS' model is shown as a summary, not event by event
+        self._opening = False
+        self._model_shown = False
         # per job: output lines printed, and lines delivered by the events shown so far
         self._printed: Dict[str, int] = {}
         self._delivered: Dict[str, int] = {}
@@ -348,10 +391,11 @@ class Console:
         if not isinstance(event, Event) or isinstance(event, (Ok, Error, Shutdown)):
             return
         self._note_statuses(event)
+        opening = self._opening and isinstance(event, (NewElements, ElementChange))
         if self.json:
-            if not self.quiet:
+            if not self.quiet and not opening:
                 self.out.record(render.event_record(event, self.client.state))
-        elif not self.quiet:
+        elif not self.quiet and not opening:
             self.out.lines(render.event_lines(self.client.state, event))
         if isinstance(event, ProcessChange):
             delivered = _output_lines_in(event)
@@ -381,7 +425,10 @@ class Console:
         if self.json:
             return
         job = self.client.find_job(job_id)
-        if job is None or (self.quiet and job.id not in self._followed):
+        if job is None:
+            return
+        if job.id in self._silenced or (self.quiet and job.id not in self._followed):
+            self._printed[job.id] = len(job.output)
             return
         start = self._printed.get(job.id, 0)
         end = min(self._delivered.get(job.id, len(job.output)), len(job.output))
@@ -439,9 +486,12 @@ class Console:
         except (ProtocolViolationError, ConnectionClosed):
             raise
         except CommandError as exc:
-            self.failure(words, str(exc), index, **exc.fields)
+            self.failed_status = exc.exit_status or 1
+            fields = dict(exc.fields, exit_status=exc.exit_status) if exc.exit_status is not None else exc.fields
+            self.failure(words, str(exc), index, **fields)
             return False
         except ClientError as exc:
+            self.failed_status = 1
             self.failure(words, str(exc), index)
             return False
         finally:
@@ -465,7 +515,7 @@ class Console:
         """INIT, MODEL_DEF, START_EVENTS."""
         await self.client.init(self.base_id, token=self.token)
         definitions = await self.client.model_def()
-        await self.client.start_events()
+        await self._start_events()
         peer = self.client.peer
         if self.json:
             self.out.record({"type": "connected", "peer": peer, "base_id": self.base_id, "attribute_definitions": len(definitions)})
@@ -481,6 +531,25 @@ class Console:
             with trio.move_on_after(10):
                 await self.client.quit()
 
+    async def _start_events(self) -> None:
+        """START_EVENTS; the first time, the model that comes is shown in a few lines, not
+        event by event (a cluster of thousands of jobs would fill screens)."""
+        if self._model_shown:
+            await self.client.start_events()
+            return
+        self._opening = True
+        try:
+            await self.client.start_events()
+        finally:
+            self._opening = False
+        self._model_shown = True
+        if self.quiet:
+            return
+        if self.json:
+            self.out.record(render.model_record(self.client.state))
+        else:
+            self.out.lines(render.model_summary(self.client.state))
+
     def completions(self, text: str, words: List[str]) -> List[str]:
         """Tab completion: command names first, then job ids, jobSubIds, queue and element ids."""
         if not words:
@@ -490,12 +559,14 @@ class Console:
         try:
             state = self.client.state
             command = _ALIASES.get(words[0], words[0])
+            jobs = list(state.by_kind["job"].values())
+            job_refs = [render.job_label(state, j.id) for j in jobs] + list(state.jobs_by_sub) + [j.name for j in jobs]
             if command in ("move",) and len(words) == 2:
                 pool = [q.name or q.id for q in list(state.by_kind["queue"].values())] + list(state.by_kind["queue"])
             elif command == "show":
-                pool = list(state.elements) + list(state.jobs_by_sub)
+                pool = job_refs + [e for e in state.elements if isinstance(e, str)]
             else:
-                pool = list(state.by_kind["job"]) + list(state.jobs_by_sub)
+                pool = job_refs
             candidates = sorted({c for c in pool if c.startswith(text)})
         except RuntimeError:  # the model changed under us (another thread); try again next time
             return []
@@ -503,21 +574,42 @@ class Console:
 
     # ------------------------------------------------------------------ helpers
 
-    def _job(self, ref: str) -> Element:
+    def _job(self, ref: str, *, latest: bool = True) -> Element:
+        """The job a user names: ``.`` (the last submitted), its id (as ``jobs`` and
+        ``proxy-agent jobs`` show it), its jobSubId, or its name.  Several jobs of that name:
+        the latest (``latest``), else an error listing their ids."""
+        state = self.client.state
         if ref == "." and self.last_job is not None:
-            ref = self.last_job
-        return self.client.job(ref)
+            found = self.client.find_job(self.last_job)
+            if found is not None:
+                return found
+        if ref.isascii() and ref.isdigit():
+            found = state.job_by_key(int(ref))
+            if found is not None:
+                return found
+        found = state.jobs_by_sub.get(ref)
+        if found is not None:
+            return found
+        named = [job for job in state.by_kind["job"].values() if job.name == ref]
+        if len(named) == 1 or (named and latest):
+            return max(named, key=lambda job: state.job_key(job.id) or 0)
+        if named:
+            ids = ", ".join(sorted((render.job_label(state, job.id) for job in named), key=_number_first))
+            raise CommandError(f"{len(named)} jobs are named {ref!r} (ids {ids}); give the id of one")
+        raise UnknownElementError(f"no job {ref} (give its id, as 'jobs' shows it, its jobSubId or its name)")
 
     def _job_ref(self, ref: str) -> str:
-        """For job commands: a known job's id; an unknown numeric id passes through for the agent to judge."""
-        if ref == "." and self.last_job is not None:
-            ref = self.last_job
-        job = self.client.find_job(ref)
-        if job is not None:
-            return job.id
-        if ref.isdigit():
-            return ref
-        return self.client.job(ref).id  # raises: unknown jobSubId
+        """For commands that act on a job: its element id, for the protocol (a name must be
+        one job's)."""
+        return self._job(ref, latest=False).id
+
+    def _label(self, job: Union[Element, str]) -> str:
+        """A job's id as shown (see :func:`render.job_label`)."""
+        return render.job_label(self.client.state, job.id if isinstance(job, Element) else job)
+
+    def _id_value(self, job: Union[Element, str]) -> Union[int, str, None]:
+        """A job's id for JSON."""
+        return render.job_id_value(self.client.state, job.id if isinstance(job, Element) else job)
 
     def _one_arg(self, name: str, args: Sequence[str]) -> str:
         if len(args) != 1:
@@ -541,8 +633,8 @@ class Console:
         message = job.get("jobStatusMessage")
         if job.state == "STARTING" and state != "STARTING" and isinstance(message, str) and message.startswith(NEVER_STARTS):
             raise CommandError(
-                f"job {job.id} {message} (it stays queued; 'terminate {job.id}' removes it)",
-                job=render.element_id_value(job.id), state=job.state, status=job.get("jobStatus"), status_message=message,
+                f"job {self._label(job)} {message} (it stays queued; 'terminate {self._label(job)}' removes it)",
+                job=self._id_value(job), state=job.state, status=job.get("jobStatus"), status_message=message,
             )
 
     async def _wait_job_state(self, job: Element, state: str, timeout: Optional[float]) -> None:
@@ -556,7 +648,8 @@ class Console:
             self._check_startable(job, state)
             return False
 
-        await client.wait_for(reached, timeout, description=f"job {job.id} to reach {state} (now {job.state})")
+        await client.wait_for(reached, timeout,
+                              description=lambda: f"job {self._label(job)} to reach {state} (now {job.state})")
         await client.wait_job_state(job, state, 0)
 
     def _job_end_line(self, job: Element) -> str:
@@ -566,7 +659,7 @@ class Console:
             tail = f" (exit status {codes[0]})"
         elif codes:
             tail = f" (exit statuses {','.join(codes)})"
-        return render.element_summary(job) + tail
+        return render.element_summary(job, state=self.client.state) + tail
 
     # ------------------------------------------------------------------ commands
 
@@ -578,7 +671,8 @@ class Console:
             self.result("help", [f"usage: {spec.usage}", f"  {spec.summary}"], usage=spec.usage, summary=spec.summary)
             return
         width = max(len(spec.usage) for spec in COMMANDS if len(spec.usage) < 40)
-        lines = ["commands (separate several with ';'; JOB is an element id, a jobSubId, or '.' for the last submitted):"]
+        lines = ["commands (separate several with ';'; JOB is a job's id, its jobSubId, its name, or '.' for the "
+                 "last submitted):"]
         for spec in COMMANDS:
             summary = spec.summary.split(";")[0]
             if len(spec.usage) <= width:
@@ -629,32 +723,38 @@ class Console:
             # a broker chose the queue: say where and why
             extra.update(queue=job.get("brokerQueue"), broker_reason=job.get("brokerReason"))
         if not request.wait:
-            line = f"submitted job {job.id} ({job.sub_id})"
+            line = f"submitted job {self._label(job)} ({job.sub_id})"
             if job.get("brokerReason"):
                 line += f" to {job.get('brokerQueue')} ({job.get('brokerReason')})"
-            self.result("submit", [line], job=render.element_id_value(job.id), sub_id=job.sub_id, **extra)
+            self.result("submit", [line], job=self._id_value(job), sub_id=job.sub_id, **extra)
             return
         if not self.json:
-            self.out.line(f"submitted job {job.id} ({job.sub_id}), waiting for it to end")
+            self.out.line(f"submitted job {self._label(job)} ({job.sub_id}), waiting for it to end")
         await self._follow(job, self._wait_timeout(request.timeout))
         failed = job_failed(client, job)
         numbers, signals = exit_numbers(client, job)
+        stdout, stderr = job.text("stdout"), job.text("stderr")
+        if self.json:
+            kept = await self._kept_or_none(job)
+            if kept is not None:  # all of it, also what this session did not see live
+                stdout, stderr = kept.text("stdout"), kept.text("stderr")
         fields = dict(
-            job=render.element_id_value(job.id),
+            job=self._id_value(job),
             sub_id=job.sub_id,
             state=job.state,
             status=job.get("jobStatus"),
             exit_codes=numbers,
             signals=signals,
-            stdout=job.text("stdout"),
-            stderr=job.text("stderr"),
+            stdout=stdout,
+            stderr=stderr,
             failed=failed,
             **extra,
         )
         if failed:
             if not self.json:
                 self.out.line(self._job_end_line(job))
-            raise CommandError(f"job {job.id} did not succeed: {self._job_end_line(job)}", **fields)
+            raise CommandError(f"job {self._label(job)} did not succeed: {self._job_end_line(job)}",
+                               exit_status=exit_status(client, job), **fields)
         self.result("submit", [self._job_end_line(job)], **fields)
 
     @staticmethod
@@ -698,10 +798,10 @@ class Console:
         job = client.job(job_id)
         self.last_job = job.id
         parts = client.parts_of(job)
-        line = f"submitted multi-part job {job.id} ({job.get('coallocId')}): parts " + (
-            ", ".join(part.id for part in parts) or "none")
+        line = f"submitted multi-part job {self._label(job)} ({job.get('coallocId')}): parts " + (
+            ", ".join(self._label(part) for part in parts) or "none")
         if not wait:
-            self.result("cosubmit", [line], job=render.element_id_value(job.id), parts=[p.id for p in parts])
+            self.result("cosubmit", [line], job=self._id_value(job), parts=[self._id_value(p) for p in parts])
             return
         if not self.json:
             self.out.line(line + "; waiting for it to end")
@@ -714,24 +814,30 @@ class Console:
             return job.state == "COMPLETED" and all(p.state == "COMPLETED" for p in client.parts_of(job))
 
         try:
-            await client.wait_for(over, self._wait_timeout(timeout), description=f"multi-part job {job.id} to end")
+            await client.wait_for(over, self._wait_timeout(timeout),
+                                  description=lambda: f"multi-part job {self._label(job)} to end (now {job.state})")
         finally:
             parts = client.parts_of(job)
             self._followed.difference_update(p.id for p in parts)
         status = job.get("jobStatus")
-        summary = [render.element_summary(job)] + [f"  part {p.get('coallocPart')}: {render.element_summary(p)}" for p in parts]
+        state = client.state
+        summary = [render.element_summary(job, state=state)] + [
+            f"  part {p.get('coallocPart')}: {render.element_summary(p, state=state)}" for p in parts]
         fields = dict(
-            job=render.element_id_value(job.id),
+            job=self._id_value(job),
             status=status,
             reason=job.get("jobStatusMessage"),
-            parts=[{"job": p.id, "part": p.get("coallocPart"), "status": p.get("jobStatus"),
+            parts=[{"job": self._id_value(p), "part": p.get("coallocPart"), "status": p.get("jobStatus"),
                     "stdout": p.text("stdout"), "stderr": p.text("stderr")} for p in parts],
         )
         if status != "FINISHED":
             if not self.json:
                 self.out.lines(summary)
-            raise CommandError(f"multi-part job {job.id} did not succeed: {status}: {job.get('jobStatusMessage') or ''}",
-                               **fields)
+            # the parts that failed say why (the others were cancelled because of them)
+            failed = [part for part in parts if part.get("jobStatus") == "FAILED"] or parts
+            worst = max([exit_status(client, part) for part in failed] + [1])
+            raise CommandError(f"multi-part job {self._label(job)} did not succeed: {status}: "
+                               f"{job.get('jobStatusMessage') or ''}", exit_status=worst, **fields)
         self.result("cosubmit", summary, **fields)
 
     async def cmd_coadd(self, args: List[str]) -> None:
@@ -739,8 +845,8 @@ class Console:
             raise CommandError(f"usage: {_SPECS['coadd'].usage}")
         job = self._job_ref(args[0])
         part = await self.client.add_part(job, self._read_description(args[1], "coadd"))
-        self.result("coadd", [f"added part job {part} to multi-part job {job}"], job=render.element_id_value(job),
-                    part=render.element_id_value(part))
+        self.result("coadd", [f"added part job {self._label(part)} to multi-part job {self._label(job)}"],
+                    job=self._id_value(job), part=self._id_value(part))
 
     def _listing(self, command: str, kind: str, headers: Sequence[str], row: Callable[[Element], Sequence[Any]]) -> None:
         elements = render.sorted_elements(self.client.state.by_kind[kind].values())
@@ -755,7 +861,7 @@ class Console:
             queue_id = job.get("queueId")
             queue = client.state.elements.get(queue_id if isinstance(queue_id, str) else job.parent or "")
             procs = len(client.children(job, "process")) or job.get("jobNumProcs", "")
-            return (job.id, job.sub_id or "", job.name, job.state or "", job.get("jobStatus", ""),
+            return (self._label(job), job.sub_id or "", job.name, job.state or "", job.get("jobStatus", ""),
                     (queue.name or queue.id) if queue else (queue_id or job.parent), procs)
 
         self._listing("jobs", "job", ("ID", "SUBID", "NAME", "STATE", "STATUS", "QUEUE", "PROCS"), row)
@@ -786,23 +892,23 @@ class Console:
     async def cmd_show(self, args: List[str]) -> None:
         ref = self._one_arg("show", args)
         client = self.client
+        state = client.state
         try:
             element = self._job(ref)
         except UnknownElementError:
             element = client.element(ref)
-        lines = [render.element_summary(element)]
-        parent = client.state.elements.get(element.parent or "")
+        lines = [render.element_summary(element, state=state)]
+        parent = state.elements.get(element.parent or "")
         if parent is not None:
-            lines.append(f"  parent: {render.element_summary(parent)}")
+            lines.append(f"  parent: {render.element_summary(parent, state=state)}")
         for key in sorted(element.attributes):
             lines.append(f"  {key} = {render.value_text(element.attributes[key])}")
         if element.kind in ("job", "process") and element.states:
             lines.append(f"  states seen: {' -> '.join(element.states)}")
         children = client.children(element)
         for child in render.sorted_elements(children)[:50]:
-            text = render.element_summary(child)
+            text = render.element_summary(child, state=state)
             if child.kind == "process":
-                text = text.replace(f"process {child.id}", f"process {child.id} ({render.process_label(client.state, child)})", 1)
                 code = child.get("processExitCode")
                 text += f" exit {code}" if isinstance(code, str) else ""
             lines.append(f"  child: {text}")
@@ -810,17 +916,95 @@ class Console:
             lines.append(f"  ... and {len(children) - 50} more children")
         if element.output:
             out = sum(1 for line in element.output if line.stream == "stdout")
-            lines.append(f"  output: {out} stdout lines, {len(element.output) - out} stderr lines (see 'output {element.id}')")
-        record = render.element_record(element, client.state)
-        record["children"] = [render.element_id_value(c.id) for c in children]
+            lines.append(f"  output: {out} stdout lines, {len(element.output) - out} stderr lines seen "
+                         f"(all of it: 'output {render.element_label(state, element)}')")
+        record = render.element_record(element, state)
+        record["children"] = [render.element_record(c, state)["id"] for c in children]
         self.result("show", lines, element=record)
 
     async def cmd_output(self, args: List[str]) -> None:
-        job = self._job(self._one_arg("output", args))
+        ref = self._one_arg("output", args)
+        target: Union[Element, int]
+        try:
+            job: Optional[Element] = self._job(ref)
+            target = job  # type: ignore[assignment]
+        except UnknownElementError:
+            if not (ref.isascii() and ref.isdigit()):
+                raise
+            job, target = None, int(ref)  # one the model no longer shows: the agent may keep its output
+        try:
+            await self._print_kept(job, target)
+        except CommandFailed as exc:
+            if job is None or exc.code not in _NO_KEPT_OUTPUT:
+                raise
+            await self._print_seen(job)  # an agent that keeps none of it: what this session saw
+
+    async def _kept_or_none(self, job: Element):
+        """The job's kept output, or None when the agent keeps none of it."""
+        try:
+            return await self.client.kept_output(job)
+        except CommandFailed as exc:
+            if exc.code in _NO_KEPT_OUTPUT:
+                return None
+            raise
+
+    async def _print_kept(self, job: Optional[Element], target: Union[Element, int]) -> None:
+        """``output``: every line the agent keeps of the job, process by process; then, until
+        the job ends, the lines it writes.  The live events only say when to ask again, so
+        each line is printed once."""
+        client = self.client
+        label = self._label(job) if job is not None else str(target)
+        seen: Dict[Tuple[int, str], int] = {}
+        dropped: Dict[Tuple[int, str], int] = {}
+        texts: Dict[str, List[str]] = {"stdout": [], "stderr": []}
+        timeout = self.timeout
+        if job is not None:
+            self._silenced.add(job.id)
+        try:
+            with trio.move_on_after(timeout if timeout is not None else math.inf) as deadline:
+                while True:
+                    over = job is None or job.state == "COMPLETED" or job.removed
+                    kept = await client.kept_output(target, skip=seen)
+                    for part in kept.streams:
+                        seen[(part.rank, part.stream)] = part.first + len(part.lines)
+                        dropped[(part.rank, part.stream)] = part.dropped
+                        texts[part.stream].extend(part.lines)
+                        if not self.json:
+                            self.out.lines(render.labelled_line(f"{label}.{part.rank}", part.stream, line)
+                                           for line in part.lines)
+                    if over:
+                        break
+                    assert job is not None
+                    count = len(job.output)
+                    with trio.move_on_after(_OUTPUT_RECHECK):
+                        await client.wait_for(lambda: len(job.output) != count or job.state == "COMPLETED"
+                                              or job.removed)
+            if deadline.cancelled_caught:
+                now = f" (now {job.state})" if job is not None else ""
+                raise CommandError(f"timed out after {timeout:g} s following the output of job {label}{now}")
+        finally:
+            if job is not None:
+                self._silenced.discard(job.id)
+                self._printed[job.id] = len(job.output)
+        for (rank, stream), count in sorted(dropped.items()):
+            if count:
+                self.warning(f"{count} later lines process {label}.{rank} wrote to {stream} were not kept "
+                             "(the agent keeps the first 64 MiB of each job's output)")
+        if self.json:
+            self.result("output", job=self._id_value(job) if job is not None else target,
+                        stdout="".join(line + "\n" for line in texts["stdout"]),
+                        stderr="".join(line + "\n" for line in texts["stderr"]),
+                        dropped=sum(dropped.values()))
+        elif job is not None:
+            self.out.line(self._job_end_line(job))
+
+    async def _print_seen(self, job: Element) -> None:
+        """``output`` of a job the agent keeps no output of: the lines this session received,
+        then those that come until the job ends."""
         if self.json:
             if job.state != "COMPLETED":
                 await self._follow(job, self.timeout)
-            self.result("output", job=render.element_id_value(job.id), stdout=job.text("stdout"), stderr=job.text("stderr"))
+            self.result("output", job=self._id_value(job), stdout=job.text("stdout"), stderr=job.text("stderr"))
             return
         for line in job.output:
             self.out.line(render.output_line(self.client.state, line))
@@ -845,7 +1029,12 @@ class Console:
         state = self._wait_state(words[1]) if len(words) == 2 else "COMPLETED"
         job = self._job(words[0])
         await self._wait_job(job, state, self._wait_timeout(timeout))
-        self.result("wait", [f"job {job.id} reached {state}"], job=render.element_id_value(job.id), state=state,
+        if state == "COMPLETED" and job_failed(self.client, job):
+            # as sbatch --wait: a wait for the end of a job that failed fails with its status
+            raise CommandError(f"job {self._label(job)} did not succeed: {self._job_end_line(job)}",
+                               exit_status=exit_status(self.client, job), job=self._id_value(job), state=state,
+                               current=job.state, status=job.get("jobStatus"))
+        self.result("wait", [f"job {self._label(job)} reached {state}"], job=self._id_value(job), state=state,
                     current=job.state, status=job.get("jobStatus"))
 
     def _known_states(self) -> List[str]:
@@ -888,17 +1077,18 @@ class Console:
             ended = job.state == "COMPLETED" and isinstance(status, str) and status.upper() in _FINAL_STATUSES
             if job.removed or ended:
                 went = " -> ".join(seen + ([status] if status and (not seen or seen[-1] != status) else [])) or "no status"
-                raise CommandError(f"job {job.id} ended without reaching {state} (went {went})")
+                raise CommandError(f"job {self._label(job)} ended without reaching {state} (went {went})")
             if state not in _WAITING_STATUSES:
                 self._check_startable(job, state)
             return False
 
-        await self.client.wait_for(reached, timeout, description=f"job {job.id} to reach {state} (now {job.get('jobStatus')})")
+        await self.client.wait_for(
+            reached, timeout, description=lambda: f"job {self._label(job)} to reach {state} (now {job.get('jobStatus')})")
 
     async def cmd_terminate(self, args: List[str]) -> None:
         job = self._job_ref(self._one_arg("terminate", args))
         await self.client.terminate(job)
-        self.result("terminate", [f"terminate job {job}: OK"], job=render.element_id_value(job))
+        self.result("terminate", [f"terminate job {self._label(job)}: OK"], job=self._id_value(job))
 
     def _change_attribute(self, candidates: Sequence[str]) -> str:
         defs = self.client.attr_defs
@@ -914,7 +1104,7 @@ class Console:
         job = self._job_ref(self._one_arg(name, args))
         key = self._change_attribute(candidates)
         await self.client.change_job(job, **{key: value})
-        self.result(name, [f"{name} job {job}: OK"], job=render.element_id_value(job), attribute=key, value=value)
+        self.result(name, [f"{name} job {self._label(job)}: OK"], job=self._id_value(job), attribute=key, value=value)
 
     async def cmd_hold(self, args: List[str]) -> None:
         await self._change("hold", args, _HOLD_ATTRIBUTES, "true")
@@ -938,21 +1128,21 @@ class Console:
             previous = attributes.get(key)
             attributes[key] = value if previous is None else (previous if isinstance(previous, list) else [previous]) + [value]
         await self.client.change_job(job, **attributes)
-        self.result("change", [f"change job {job}: OK"], job=render.element_id_value(job))
+        self.result("change", [f"change job {self._label(job)}: OK"], job=self._id_value(job))
 
     async def cmd_move(self, args: List[str]) -> None:
         if len(args) != 2:
             raise CommandError(f"usage: {_SPECS['move'].usage}")
         job = self._job_ref(args[0])
         await self.client.move_job(job, args[1])
-        self.result("move", [f"move job {job} to {args[1]}: OK"], job=render.element_id_value(job), queue=args[1])
+        self.result("move", [f"move job {self._label(job)} to {args[1]}: OK"], job=self._id_value(job), queue=args[1])
 
     async def cmd_stop(self, args: List[str]) -> None:
         await self.client.stop_events()
         self.result("stop", ["events stopped"])
 
     async def cmd_start(self, args: List[str]) -> None:
-        await self.client.start_events()
+        await self._start_events()
         self.result("start", ["events started"])
 
     async def cmd_attrs(self, args: List[str]) -> None:
@@ -1060,6 +1250,10 @@ class Console:
         self.finished = True
         await self.client.quit()
         self.result("quit", ["agent shut down"])
+
+
+def _number_first(text: str) -> Tuple[int, str]:
+    return (int(text), "") if text.isdigit() else (1 << 62, text)
 
 
 def _number(text: str, what: str) -> int:

@@ -28,6 +28,7 @@ from ..protocol.messages import (
     RemoveElements,
     RemoveProcesses,
 )
+from ..protocol.rangeset import RangeSet
 from ..protocol.wire import FrameError
 
 #: A group naming more elements than this is shown as one summary line.
@@ -108,10 +109,35 @@ def _quote(text: str) -> str:
     return visible(repr(text))
 
 
-def process_label(state: ClientState, process: Element) -> str:
-    """``1042.0``: the job's id and the process's rank within it."""
-    job = process.parent or "?"
-    return visible(f"{job}.{process.id}")
+def job_label(state: Optional[ClientState], job_id: Optional[str]) -> str:
+    """A job as every tool names it: its id (the element id less the session's base id);
+    the element id itself only when that does not make an id."""
+    if job_id is None:
+        return "?"
+    key = state.job_key(job_id) if state is not None else None
+    return str(key) if key is not None else visible(job_id)
+
+
+def _ids_label(state: ClientState, ids: Union[RangeSet, str], kind: Optional[str]) -> str:
+    """A range of element ids as shown: jobs by their ids (element id less the base id)."""
+    if kind != "job" or isinstance(ids, str) or not ids or state.job_key(str(ids.first)) is None:
+        return str(ids)
+    base = int(state.base_id or 0)
+    return str(RangeSet((first - base, last - base) for first, last in ids.intervals))
+
+
+def element_label(state: Optional[ClientState], element: Element) -> str:
+    """An element's id as shown: a job's id, a process's ``JOB.RANK``, else the element id."""
+    if element.kind == "job":
+        return job_label(state, element.id)
+    if element.kind == "process":
+        return process_label(state, element)
+    return visible(element.id)
+
+
+def process_label(state: Optional[ClientState], process: Element) -> str:
+    """``42.0``: the job's id and the process's rank within it."""
+    return f"{job_label(state, process.parent)}.{visible(process.id)}"
 
 
 def output_line(state: ClientState, line: OutputLine) -> str:
@@ -119,18 +145,65 @@ def output_line(state: ClientState, line: OutputLine) -> str:
     if process is not None:
         label = process_label(state, process)
     else:
-        label = line.process
-    marker = " err" if line.stream == "stderr" else ""
-    return f"[{label}{marker}] {visible(line.text, keep_tab=True)}"
+        label = str(line.process)
+    return labelled_line(label, line.stream, line.text)
 
 
-def element_summary(element: Element, values: Optional[Dict[str, List[str]]] = None) -> str:
-    """``job 1042 hello RUNNING``, ``node 1003 n17 DOWN``.
+def labelled_line(label: str, stream: str, text: str) -> str:
+    """``[42.0] text`` (stdout) or ``[42.0 err] text``: a line of output and the process it came from."""
+    marker = " err" if stream == "stderr" else ""
+    return f"[{label}{marker}] {visible(text, keep_tab=True)}"
+
+
+#: Queue names a model summary shows before it says how many more there are.
+SUMMARY_NAMES = 8
+
+
+def _counted(elements: Sequence[Element]) -> str:
+    counts: Dict[str, int] = {}
+    for element in elements:
+        counts[element.state or "no state"] = counts.get(element.state or "no state", 0) + 1
+    return ", ".join(f"{n} {visible(value)}" for value, n in sorted(counts.items(), key=lambda item: (-item[1], item[0])))
+
+
+def model_summary(state: ClientState) -> List[str]:
+    """The model in a few lines, however big: how many machines, nodes, queues, jobs and
+    processes, and how many are in each state (what a console shows when it connects)."""
+    lines = []
+    for kind in ("machine", "node", "queue", "job"):
+        elements = list(state.by_kind[kind].values())
+        text = f"{_PLURAL[kind]}: {len(elements)}"
+        if elements:
+            text += f" ({_counted(elements)})"
+        if kind == "queue" and elements:
+            names = [visible(q.name or q.id) for q in sorted_elements(elements)]
+            more = f" and {len(names) - SUMMARY_NAMES} more" if len(names) > SUMMARY_NAMES else ""
+            text += ": " + ", ".join(names[:SUMMARY_NAMES]) + more
+        if kind == "job":
+            text += f"; {len(state.by_kind['process'])} processes"
+        lines.append(text)
+    return lines
+
+
+def model_record(state: ClientState) -> Dict[str, Any]:
+    """The model summary for JSON: per kind, how many and how many in each state."""
+    record: Dict[str, Any] = {"type": "model"}
+    for kind in ("machine", "node", "queue", "job", "process"):
+        counts: Dict[str, int] = {}
+        for element in state.by_kind[kind].values():
+            counts[element.state or ""] = counts.get(element.state or "", 0) + 1
+        record[_PLURAL[kind]] = {"count": sum(counts.values()), "states": counts}
+    return record
+
+
+def element_summary(element: Element, values: Optional[Dict[str, List[str]]] = None,
+                    state: Optional[ClientState] = None) -> str:
+    """``job 42 hello RUNNING``, ``node 1003 n17 DOWN`` (a job by its id: see :func:`job_label`).
 
     With ``values`` (the attributes one event carried) the state and status are those the
     event set, not the element's current ones: an event shown late still says what it said.
     """
-    parts = [element.kind, visible(element.id)]
+    parts = [element.kind, element_label(state, element)]
     name = _carried(values, "name") or element.name
     if name:
         parts.append(_quote(name) if " " in name else visible(name))
@@ -211,7 +284,7 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                 else:
                     sub = _carried(carried, "jobSubId") or element.sub_id
                     extra = f" ({visible(sub)})" if sub else ""
-                    lines.append(f"{element_summary(element, carried)} new{extra}")
+                    lines.append(f"{element_summary(element, carried, state)} new{extra}")
         return lines
     if isinstance(event, ProcessChange):
         lines = []
@@ -221,7 +294,7 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                 continue
             ids = _group_ids(group)
             if not ids:
-                lines.append(f"processes {group.ids} of job {event.job_id}: {_attrs_text(attrs)}")
+                lines.append(f"processes {group.ids} of job {job_label(state, event.job_id)}: {_attrs_text(attrs)}")
                 continue
             for pid in ids:
                 process = state.process(event.job_id, pid)
@@ -249,7 +322,8 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                 continue
             ids = _group_ids(group)
             if not ids:
-                lines.append(f"{_PLURAL.get(kind, kind)} {group.ids} ({len(group.ids)}) {_attrs_text(attrs)}")
+                shown = _ids_label(state, group.ids, kind)
+                lines.append(f"{_PLURAL.get(kind, kind)} {shown} ({len(group.ids)}) {_attrs_text(attrs)}")
                 continue
             for eid in ids:
                 element = state.elements.get(eid)
@@ -257,15 +331,16 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                     continue
                 state_key = f"{kind}State"
                 rest = _attrs_text(attrs, (state_key,) + tuple(_QUIET_KEYS))
-                lines.append(f"{element_summary(element, attrs)} {rest}".rstrip())
+                lines.append(f"{element_summary(element, attrs, state)} {rest}".rstrip())
         return lines
     if isinstance(event, RemoveProcesses):
-        return [f"processes {event.ids} of job {event.job_id} removed"]
+        return [f"processes {event.ids} of job {job_label(state, event.job_id)} removed"]
     if isinstance(event, RemoveElements):
         kind = event.kind.value
+        shown = _ids_label(state, event.ids, kind)
         if isinstance(event.ids, str) or len(event.ids) == 1:
-            return [f"{kind} {event.ids} removed"]
-        return [f"{_PLURAL[kind]} {event.ids} ({len(event.ids)}) removed"]
+            return [f"{kind} {shown} removed"]
+        return [f"{_PLURAL[kind]} {shown} ({len(event.ids)}) removed"]
     if isinstance(event, RemoveAll):
         return ["all elements removed (REMOVE_ALL)"]
     if isinstance(event, Message):
@@ -426,11 +501,21 @@ def event_record(event: Event, state: Optional[ClientState] = None) -> Dict[str,
     return record
 
 
+def job_id_value(state: Optional[ClientState], job_id: Optional[str]) -> Union[int, str, None]:
+    """A job's id for JSON: the number every tool names it by (see :func:`job_label`)."""
+    if job_id is None:
+        return None
+    key = state.job_key(job_id) if state is not None else None
+    return key if key is not None else element_id_value(job_id)
+
+
 def element_record(element: Element, state: Optional[ClientState] = None) -> Dict[str, Any]:
+    """An element for JSON: a job by its id (:func:`job_id_value`), a process's ``parent``
+    its job's id; other elements by their element ids."""
     record: Dict[str, Any] = {
-        "id": element_id_value(element.id),
+        "id": job_id_value(state, element.id) if element.kind == "job" else element_id_value(element.id),
         "kind": element.kind,
-        "parent": element_id_value(element.parent),
+        "parent": job_id_value(state, element.parent) if element.kind == "process" else element_id_value(element.parent),
         "attributes": attributes_record(element.attributes, state),
     }
     if element.kind in ("job", "process"):
