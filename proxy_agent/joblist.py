@@ -82,7 +82,7 @@ COLUMNS: Dict[str, Tuple[str, Callable[[Dict[str, Any]], str]]] = {
     "submitted": ("SUBMITTED", lambda row: _local_time(row["submitted"])),
     "ended": ("ENDED", lambda row: _local_time(row["ended"])),
     "message": ("MESSAGE", lambda row: _visible(row["message"])),
-    "sub_id": ("SUB ID", lambda row: _visible(row["sub_id"])),
+    "client_ref": ("CLIENT REF", lambda row: _visible(row["client_ref"])),
     "broker": ("BROKER", lambda row: _visible(row["broker"])),
     "broker_queue": ("BROKER QUEUE", lambda row: _visible(row["broker_queue"])),
     "broker_reason": ("BROKER REASON", lambda row: _visible(row["broker_reason"])),

@@ -76,7 +76,7 @@ def test_json_rows_say_how_each_job_ended_where_it_runs_and_why_it_went_there(st
     assert rows[11]["exit_code"] == 0 and rows[13]["exit_code"] is None and rows[13]["ended"] is None
     assert rows[15]["broker"] == "FastestQueue" and rows[15]["broker_queue"] == "sge:all.q"
     assert rows[15]["broker_reason"].startswith("FastestQueue: 0 waiting")
-    assert rows[12]["broker"] is None and rows[12]["sub_id"] == "sub-12"
+    assert rows[12]["broker"] is None and rows[12]["client_ref"] == "sub-12"
     for row in rows.values():
         submitted = dt.datetime.fromisoformat(row["submitted"])
         assert submitted.tzinfo is not None and row["submitted"][10] == "T"

@@ -80,6 +80,9 @@ STDERR_TAIL_BYTES = 64 * 1024
 EXIT_GRACE = 3.0
 #: How long start_events() waits for a first event before confirming by a round trip.
 _START_QUIET = 0.5
+#: Error codes of a GET_OUTPUT that mean the agent keeps no output of the job (an agent that
+#: does not know the command, one without a state directory, a job it did not submit).
+NO_KEPT_OUTPUT = (ErrorCode.UNKNOWN_COMMAND, ErrorCode.NOT_SUPPORTED, ErrorCode.NO_SUCH_JOB)
 
 
 # --------------------------------------------------------------------------- processes

@@ -42,9 +42,10 @@ from typing import Any, Awaitable, Callable, Dict, Iterable, List, Mapping, Opti
 
 import trio
 
-from .connection import AgentClient
+from .connection import NO_KEPT_OUTPUT, AgentClient
 from .diagnose import garbage_before_first_frame
-from .errors import AgentExited, ClientError, ConnectError, ConnectionClosed, ProtocolViolationError, WaitTimeout
+from .errors import (AgentExited, ClientError, CommandFailed, ConnectError, ConnectionClosed, ProtocolViolationError,
+                     UnknownElementError, WaitTimeout)
 from .state import Element
 
 __all__ = ["Agent", "Job", "WaitTimeout"]
@@ -57,18 +58,23 @@ START_TIMEOUT = 60.0
 QUIT_TIMEOUT = 10.0
 
 
+
 class Job:
     """A submitted job, as PSI/J's and submitit's job objects: wait, state, output, cancel.
 
-    Every property reads the session's mirror at the moment it is read.
+    ``id`` is the job's id as every tool names it (``proxy-agent jobs``, the console, the
+    agent's log): a number.  Every property reads the session's mirror at the moment it
+    is read; ``stdout`` and ``stderr`` ask the agent for the output it keeps.
     """
 
-    def __init__(self, agent: "Agent", element_id: str) -> None:
+    def __init__(self, agent: "Agent", element_id: str, key: int) -> None:
         self._agent = agent
-        self.id = element_id
+        #: the job's element id in this session (a detail of the protocol)
+        self._element_id = element_id
+        self.id = key
 
     def _element(self) -> Element:
-        return self._agent._client_now().job(self.id)
+        return self._agent._client_now().job(self._element_id)
 
     def _read(self, read: Callable[[Element], T]) -> T:
         return self._agent._sync(lambda: read(self._element()))
@@ -103,12 +109,32 @@ class Job:
 
     @property
     def stdout(self) -> str:
-        """What the job's processes wrote to stdout so far, one line per received line."""
-        return self._read(lambda job: job.text("stdout"))
+        """Everything the job's processes have written to stdout so far, process by process,
+        as the agent keeps it: also what this session did not see live."""
+        return self.output("stdout")
 
     @property
     def stderr(self) -> str:
-        return self._read(lambda job: job.text("stderr"))
+        """As :attr:`stdout`, for standard error."""
+        return self.output("stderr")
+
+    def output(self, stream: str = "stdout", rank: Optional[int] = None) -> str:
+        """One stream of the job's output so far, every process's (rank by rank) or one's,
+        a line each.  From an agent that keeps no output of the job, what this session saw."""
+        agent = self._agent
+
+        async def read() -> str:
+            client = agent._client_now()
+            try:
+                kept = await client.kept_output(self._element_id, stream=stream, rank=rank)
+            except CommandFailed as exc:
+                if exc.code not in NO_KEPT_OUTPUT:
+                    raise
+                processes = [p for p in client.children(self._element_id, "process") if rank in (None, p.rank)]
+                return "".join(p.text(stream) for p in sorted(processes, key=lambda p: p.rank or 0))
+            return kept.text(stream, rank)
+
+        return agent._run(read)
 
     @property
     def exit_codes(self) -> List[int]:
@@ -139,7 +165,7 @@ class Job:
 
         async def wait() -> Optional[str]:
             client = agent._client_now()
-            job = await client.wait_job_state(self.id, state.upper(), timeout)
+            job = await client.wait_job_state(self._element_id, state.upper(), timeout)
             return _text(job.get("jobStatus"))
 
         return agent._run(wait)
@@ -147,7 +173,7 @@ class Job:
     def cancel(self, timeout: Optional[float] = 60) -> None:
         """Ask the agent to terminate the job (TERMINATE_JOB); returns once it accepted."""
         agent = self._agent
-        agent._run(lambda: agent._client_now().terminate(self.id, timeout=timeout))
+        agent._run(lambda: agent._client_now().terminate(self._element_id, timeout=timeout))
 
     def __repr__(self) -> str:
         try:
@@ -338,14 +364,37 @@ class Agent:
                 executable, arguments, count=count, env=env, cwd=cwd, queue=queue, timeout=timeout, **attributes
             )
 
-        return Job(self, self._run(submit))
+        return self._job_of(self._run(submit))
 
-    def job(self, ref: str) -> Job:
-        """A job in the model by element id or jobSubId."""
-        return Job(self, self._sync(lambda: self._client_now().job(ref).id))
+    def _job_of(self, element_id: str) -> Job:
+        return Job(self, element_id, self._sync(lambda: self._client_now().job_key(element_id)))
+
+    def job(self, ref: Union[int, str]) -> Job:
+        """A job in the model by its id (``proxy-agent jobs`` shows it: a number, or its text),
+        its jobSubId, or its name (one job's)."""
+
+        def find() -> str:
+            client = self._client_now()
+            text = str(ref)
+            if text.isascii() and text.isdigit():
+                found = client.job_by_key(int(text))
+                if found is not None:
+                    return found.id
+            found = client.state.jobs_by_sub.get(text)
+            if found is not None:
+                return found.id
+            named = [job for job in client.jobs.values() if job.name == text]
+            if len(named) == 1:
+                return named[0].id
+            if named:
+                ids = ", ".join(sorted(str(client.job_key(job)) for job in named))
+                raise UnknownElementError(f"{len(named)} jobs are named {text!r} (ids {ids}); give one id")
+            raise UnknownElementError(f"no job {text} in the model (give its id, its jobSubId or its name)")
+
+        return self._job_of(self._sync(find))
 
     def jobs(self) -> List[Job]:
-        return [Job(self, job_id) for job_id in self._sync(lambda: list(self._client_now().jobs))]
+        return [self._job_of(job_id) for job_id in self._sync(lambda: list(self._client_now().jobs))]
 
     @property
     def queues(self) -> List[str]:

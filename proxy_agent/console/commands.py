@@ -29,10 +29,10 @@ from ..client import (
     Traffic,
     UnknownElementError,
 )
+from ..client.connection import NO_KEPT_OUTPUT
 from ..client.state import OUTPUT_KEYS, PROTOCOL_VERSION, canonical_id
 from ..protocol.attributes import JOB_STATES, STANDARD_ATTRIBUTES
-from ..protocol.messages import (CommandId, ElementChange, ElementKind, Error, ErrorCode, Event, NewElements, Ok,
-                                 ProcessChange, Shutdown)
+from ..protocol.messages import CommandId, ElementChange, ElementKind, Error, Event, NewElements, Ok, ProcessChange, Shutdown
 from ..protocol.wire import FrameError
 from ..service.jobs import NEVER_STARTS, JobState
 from . import render
@@ -121,8 +121,6 @@ STATUS_NAMES = tuple(state.value for state in JobState) + (
 _WAITING_STATUSES = {"UNDEFINED", "ACCEPTED", "PREPARING", "SUBMITTING", "HOLD", "QUEUING", "PENDING", "OTHER"}
 _FINAL_STATUSES = {"FINISHED", "FAILED", "KILLED", "DELETED", "COMPLETED", "CANCELED", "CANCELLED", "ERROR", "TIMEOUT"}
 
-#: Error codes that mean the agent keeps no output of a job (or keeps none at all).
-_NO_KEPT_OUTPUT = (ErrorCode.UNKNOWN_COMMAND, ErrorCode.NOT_SUPPORTED, ErrorCode.NO_SUCH_JOB)
 #: Seconds ``output`` waits for live output before it asks the agent again anyway.
 _OUTPUT_RECHECK = 2.0
 
@@ -935,7 +933,7 @@ class Console:
         try:
             await self._print_kept(job, target)
         except CommandFailed as exc:
-            if job is None or exc.code not in _NO_KEPT_OUTPUT:
+            if job is None or exc.code not in NO_KEPT_OUTPUT:
                 raise
             await self._print_seen(job)  # an agent that keeps none of it: what this session saw
 
@@ -944,7 +942,7 @@ class Console:
         try:
             return await self.client.kept_output(job)
         except CommandFailed as exc:
-            if exc.code in _NO_KEPT_OUTPUT:
+            if exc.code in NO_KEPT_OUTPUT:
                 return None
             raise
 

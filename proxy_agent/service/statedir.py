@@ -35,7 +35,7 @@ __all__ = [
 #: (None: not yet); ``exit_code`` a number or None; ``signal`` a name or None.
 ROW_FIELDS = (
     "id", "name", "scheduler", "queue", "native_id", "state", "native_state", "submitted", "ended",
-    "exit_code", "signal", "message", "sub_id", "broker", "broker_queue", "broker_reason",
+    "exit_code", "signal", "message", "client_ref", "broker", "broker_queue", "broker_reason",
 )
 
 #: The key of a job record's extra holding the broker's decision (as the service writes it).
@@ -68,7 +68,7 @@ def job_row(job: StoredJob) -> Dict[str, Any]:
         "exit_code": int(code) if code.lstrip("-").isdigit() else None,
         "signal": job.signal or None,
         "message": job.message,
-        "sub_id": job.client_ref,
+        "client_ref": job.client_ref,
         "broker": _text(choice.get("broker")),
         "broker_queue": _text(choice.get("brokerQueue")),
         "broker_reason": _text(choice.get("brokerReason")),

@@ -258,7 +258,7 @@ class _AgentLink:
 class _Job:
     __slots__ = (
         "key", "spec", "history", "changed", "final", "ended", "cancelled", "timed_out",
-        "agent_id", "has_slot", "slot_given", "waiting", "files",
+        "agent_id", "label", "has_slot", "slot_given", "waiting", "files",
     )
 
     def __init__(self, key: int, spec: JobSpec, files: Dict[str, int]) -> None:
@@ -272,6 +272,9 @@ class _Job:
         self.timed_out = False
         #: the job's element id in the agent's model, once it has it
         self.agent_id: Optional[str] = None
+        #: how the log names it: the client's job id, then the agent's id of the job (as
+        #: ``proxy-agent jobs`` and the console show it) once the agent has it
+        self.label = spec.client_ref or f"#{key}"
         self.has_slot = False
         self.slot_given = trio.Event()
         #: while the job waits for a slot: cancelling this ends the wait
@@ -457,13 +460,14 @@ class AgentJobs:
         except ClientError as exc:
             raise SubmitError(f"the agent did not take the job: {exc}", ErrorKind.UNAVAILABLE) from None
         self._followed.add(job.agent_id)
-        log.info("job %d is %s in the agent (%s)", job.key, job.agent_id, sub_id)
+        job.label = f"{spec.client_ref or sub_id} (job {client.job_key(job.agent_id)})"
+        log.info("%s is in the agent's job list", job.label)
 
     async def _run(self, job: _Job) -> None:
         try:
             await self._run_job(job)
         except Exception as exc:  # noqa: BLE001 - one job's trouble must not end the others
-            log.exception("job %d: following it failed", job.key)
+            log.exception("%s: following it failed", job.label)
             job.push(JobState.FAILED, f"internal error: {type(exc).__name__}: {exc}")
         finally:
             self._followed.discard(job.agent_id)
@@ -489,7 +493,7 @@ class AgentJobs:
             try:
                 await self._terminate(job)
             except JobError as exc:
-                log.warning("job %d: %s", job.key, exc.message)
+                log.warning("%s: %s", job.label, exc.message)
         await self._follow(job)
 
     async def _terminate(self, job: _Job) -> None:
@@ -554,7 +558,7 @@ class AgentJobs:
             try:
                 running_since = await self._follow_on(client, element, job, running_since)
             except ClientError as exc:
-                log.info("job %d: the connection to the agent failed (%s); following on", job.key, exc)
+                log.info("%s: the connection to the agent failed (%s); following on", job.label, exc)
                 await trio.sleep(0.5)
 
     async def _follow_on(self, client: AgentClient, element: Element, job: _Job, running_since: Optional[float]) -> Optional[float]:
@@ -586,12 +590,12 @@ class AgentJobs:
                     timeout=None if deadline == math.inf else max(0.0, deadline - trio.current_time()),
                 )
             except WaitTimeout:
-                log.info("job %d ran past its wall time of %d s: cancelling it", job.key, job.spec.wall_time)
+                log.info("%s ran past its wall time of %d s: cancelling it", job.label, job.spec.wall_time)
                 job.timed_out = True
                 try:
                     await self._terminate(job)
                 except JobError as exc:
-                    log.warning("job %d: %s", job.key, exc.message)
+                    log.warning("%s: %s", job.label, exc.message)
 
     @staticmethod
     def _write_output(client: AgentClient, job: _Job, element: Element) -> None:
@@ -605,7 +609,7 @@ class AgentJobs:
             try:
                 os.write(fd, (line.text + "\n").encode("utf-8", "surrogateescape"))
             except OSError as exc:
-                log.warning("job %d: cannot write its %s: %s", job.key, line.stream, exc.strerror or exc)
+                log.warning("%s: cannot write its %s: %s", job.label, line.stream, exc.strerror or exc)
                 job.files.pop(line.stream, None)
         # The lines are in their files now: the mirror need not keep them.
         del lines[:]

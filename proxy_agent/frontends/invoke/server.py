@@ -379,7 +379,7 @@ class InvokeServer:
             job.key = key
             self._jobs[job.id] = job
             self._notify(notify_created(job.request_id, job.id))
-            log.info("%s is job %s of the job service", job.id, key)
+            log.debug("%s is request %s's job", job.id, job.request_id)
             if self._closing:
                 await self._cancel_quietly(job)
             await self._follow(job, key)

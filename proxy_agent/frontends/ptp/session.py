@@ -535,7 +535,7 @@ class PtpSession:
                 self._hold += 1
                 try:
                     key = await service.submit(spec)
-                    log.info("submitted %s as job %d", spec.client_ref, self.view.element_id(key))
+                    log.info("submitted %s as job %d", spec.client_ref, key)
                     self.emit(Ok(tid), transaction)
                 finally:
                     self._hold -= 1
