@@ -425,8 +425,10 @@ class Console:
         job = self.client.find_job(job_id)
         if job is None:
             return
-        if job.id in self._silenced or (self.quiet and job.id not in self._followed):
+        if job.id in self._silenced:  # an ``output`` command prints it
             self._printed[job.id] = len(job.output)
+            return
+        if self.quiet and job.id not in self._followed:
             return
         start = self._printed.get(job.id, 0)
         end = min(self._delivered.get(job.id, len(job.output)), len(job.output))
