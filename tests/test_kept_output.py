@@ -16,6 +16,7 @@ import trio
 from adoption_support import spawn_agent, start
 from agent_fixtures import agent_argv, subprocess_env
 from proxy_agent.client import AgentClient
+from proxy_agent.client.sync import Agent
 from proxy_agent.service import history
 from proxy_agent.service.history import OutputHistory, read_job_output
 
@@ -158,6 +159,21 @@ async def test_a_client_that_comes_back_finds_every_line_kept(tmp_path):
         err = await trio.to_thread.run_sync(lambda: _agent_command("output", "six", "--stderr", state=state))
         assert err.stdout == "line 4\n"
         del rows
+        # the console's output, from a session that saw none of it live
+        shown = await trio.to_thread.run_sync(lambda: subprocess.run(
+            [sys.executable, "-m", "proxy_agent.console", "--unix", socket_path, "-q", "-c", f"output {key}"],
+            capture_output=True, text=True, timeout=60, env=subprocess_env(), stdin=subprocess.DEVNULL))
+        assert shown.returncode == 0, shown.stderr
+        assert [line for line in shown.stdout.splitlines() if line.startswith("[")] == [
+            f"[{key}.0] line 1", f"[{key}.0] line 2", f"[{key}.0] line 3", f"[{key}.0] line 5", f"[{key}.0] line 6",
+            f"[{key}.0 err] line 4"]
+
+        def from_python() -> tuple:
+            with Agent.connect_unix(socket_path) as client:
+                job = client.job(int(key))
+                return job.stdout, job.stderr
+
+        assert await trio.to_thread.run_sync(from_python) == ("line 1\nline 2\nline 3\nline 5\nline 6\n", "line 4\n")
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.wait(30)
@@ -243,3 +259,15 @@ def test_output_of_a_job_the_list_does_not_know_is_one_line(tmp_path):
     result = subprocess.run([sys.executable, "-m", "proxy_agent", "output", "12", "--state-dir", state],
                             capture_output=True, text=True, timeout=30, env=subprocess_env(), stdin=subprocess.DEVNULL)
     assert result.returncode == 2 and "no job store in" in result.stderr
+
+
+def test_the_consoles_output_follows_a_running_job_printing_each_line_once(tmp_path):
+    script = ("submit --sub-id slow /bin/sh -c 'echo a; sleep 0.5; echo b >&2; sleep 0.5; echo c; exit 4'; "
+              "output slow")
+    run = subprocess.run([sys.executable, "-m", "proxy_agent.console", "-q", "-c", script, "--spawn",
+                          *agent_argv("--state-dir", str(tmp_path / "state"))],
+                         capture_output=True, text=True, timeout=60, env=subprocess_env(), stdin=subprocess.DEVNULL)
+    assert run.returncode == 0, run.stderr
+    lines = [line.split("] ", 1)[1] for line in run.stdout.splitlines() if line.startswith("[")]
+    assert sorted(lines) == ["a", "b", "c"]
+    assert run.stdout.rstrip().endswith("COMPLETED FAILED (exit status 4)")
