@@ -213,6 +213,8 @@ async def test_a_job_gone_without_a_record_is_deleted_or_killed(nursery, tmp_pat
     model = harness.model
     jobs = {model.attr(k, K.NATIVE_ID): k for k in model.keys(Kind.JOB)}
     await harness.service.terminate(jobs["8"])
+    # deleted before it ran: it ends at once, not at a poll an ending agent may never make
+    assert model.attr(jobs["8"], K.STATE) == "KILLED"
     del scheduler.listed["7"]
     for key in jobs.values():
         await harness.wait_ended(key, 5)

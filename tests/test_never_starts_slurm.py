@@ -40,3 +40,28 @@ def test_submit_wait_reports_a_job_that_asks_for_more_time_than_its_partition_al
     assert NEVER_STARTS in last and "(reason Partition" in last, last
     assert "terminate" in last and "Traceback" not in run.stderr
     assert elapsed < 60, f"took {elapsed:.0f} s"
+
+
+def test_a_job_terminated_before_it_starts_is_ended_in_the_job_list_at_once(tmp_path):
+    """terminate, then the agent ends at once (a console script does): the job list says the
+    job was killed, not that it is still queued, and it can be forgotten."""
+    import json
+
+    name = f"pa-h16-cancel-{os.getpid()}"
+    state = str(tmp_path / "state")
+    try:
+        run = subprocess.run(
+            console_argv("-q", "-c", f"submit --sub-id never -q debug jobName={name} timeLimit=3:00:00 /bin/true; "
+                         "terminate never", "--spawn", *agent_argv("--scheduler", "slurm", "--state-dir", state)),
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=150, env=subprocess_env(),
+        )
+    finally:
+        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=30)
+    assert run.returncode == 0, run.stderr
+    listed = subprocess.run(agent_argv("jobs", "--json", "--state-dir", state), capture_output=True, text=True,
+                            timeout=60, env=subprocess_env())
+    (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
+    assert row["state"] == "KILLED" and row["ended"] is not None, row
+    forgotten = subprocess.run(agent_argv("forget", str(row["id"]), "--state-dir", state), capture_output=True,
+                               text=True, timeout=60, env=subprocess_env())
+    assert forgotten.returncode == 0 and "forgot 1 job" in forgotten.stdout, forgotten.stderr

@@ -157,3 +157,41 @@ async def test_by_default_a_clients_departure_ends_its_local_jobs_and_the_next_a
                                             description="the ended job in the next agent")
             assert adopted.get("jobState") == "COMPLETED" and adopted.get("jobStatus") == "KILLED"
             await second.quit()
+
+
+def _shared(directory: str) -> list:
+    """Everything under ``directory`` that someone other than its owner may read or use."""
+    found = []
+    for root, dirs, files in os.walk(directory):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            if os.lstat(path).st_mode & 0o077:
+                found.append(f"{oct(os.lstat(path).st_mode & 0o777)} {os.path.relpath(path, directory)}")
+    return found
+
+
+async def test_every_file_in_the_state_directory_is_the_users_alone(tmp_path):
+    state = str(tmp_path / "state")
+    old = os.umask(0o022)  # as most users have it
+    try:
+        with trio.fail_after(60):
+            async with await spawn_agent(state) as client:
+                await start(client)
+                for text in ("one", "two"):
+                    job = await client.submit("/bin/sh", ["-c", f"echo {text}; echo {text} >&2"])
+                    await client.wait_job_state(job, "COMPLETED", 20)
+                assert _shared(state) == []  # the store's log, sockets, the keeper's files, kept output
+                first = client.job_key(job)
+                await client.quit()
+            # forgotten: the next keeper writes its journal anew
+            assert _run("forget", "--state-dir", state, str(first)).returncode == 0
+            async with await spawn_agent(state) as client:
+                await start(client)
+                job = await client.submit("/bin/echo", ["three"])
+                await client.wait_job_state(job, "COMPLETED", 20)
+                assert _shared(state) == []
+                await client.quit()
+    finally:
+        os.umask(old)
+    assert _shared(state) == []
+    assert os.path.exists(os.path.join(state, "local", JOURNAL))

@@ -276,6 +276,7 @@ class JobStore:
 
     def __init__(self, path: str) -> None:
         self.path = path
+        _private(path)
         try:
             self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
             self._check_version()  # before anything is changed in a newer agent's file
@@ -290,7 +291,9 @@ class JobStore:
             self._db.execute("SELECT count(*) FROM jobs").fetchone()
         except sqlite3.DatabaseError as exc:
             raise StoreError(f"the job store {path} cannot be used: {exc}") from None
-        os.chmod(path, 0o600)
+        for companion in (path, path + "-wal", path + "-shm"):
+            if os.path.exists(companion):
+                os.chmod(companion, 0o600)  # what an older agent made with the umask's mode
         self._pending: Dict[int, Dict[str, Any]] = {}
         #: submissions noted and not yet written: key -> the row's values
         self._submissions: Dict[int, tuple] = {}
@@ -517,6 +520,16 @@ class JobStore:
         keys = [k for (k,) in self._db.execute("SELECT key FROM jobs WHERE ended IS NOT NULL AND ended < ?", (when,))]
         self._db.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended < ?", (when,))
         return keys
+
+
+def _private(path: str) -> None:
+    """Make the database file with mode 0600 before SQLite opens it: SQLite gives its
+    ``-wal`` and ``-shm`` files the database's mode, and the umask's would let others read
+    the user's jobs."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    except OSError:
+        pass  # SQLite says what is wrong
 
 
 def open_store(directory: str) -> JobStore:

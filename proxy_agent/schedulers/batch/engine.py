@@ -1416,6 +1416,22 @@ class BatchBackend(Backend):
     async def terminate(self, job: int) -> None:
         tracked = await self._job_command(job, "delete")
         tracked.deleted = True
+        self._ended_before_start(tracked)
+
+    def _ended_before_start(self, tracked: _Job) -> None:
+        """A job the scheduler has deleted before it ran will never run: it ends now (and so
+        in the job store), not at the next poll, which an agent that ends first never makes."""
+        state = self.model.attr(tracked.element, K.STATE) if tracked.element in self.model else None
+        try:
+            current = JobState(state) if isinstance(state, str) else None
+        except ValueError:
+            current = None
+        if current is None or current.final or _started(current) or tracked.completed:
+            return
+        with self.model.batch():
+            self._set(tracked.process, {K.STATE: JobState.KILLED.value})
+            self._set(tracked.element, {K.STATE: JobState.KILLED.value, K.MESSAGE: "deleted on request before it started"})
+        self._completed(tracked)
 
     async def hold(self, job: int, held: bool) -> None:
         await self._job_command(job, "hold" if held else "release")
