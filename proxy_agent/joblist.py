@@ -20,6 +20,8 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
 
+from .config import ConfigError
+from .config import state_dir as configured_state_dir
 from .service import history
 from .service.jobs import JobState
 from .service.statedir import ROW_FIELDS, forget_jobs, job_output, list_jobs
@@ -194,8 +196,8 @@ def _filters(args: argparse.Namespace) -> List[Callable[[Dict[str, Any]], bool]]
 def build_parser(command: str) -> argparse.ArgumentParser:
     """The command line of ``proxy-agent COMMAND`` (one of :data:`COMMANDS`)."""
     parser = _Parser(prog=f"proxy-agent {command}")
-    parser.add_argument("--state-dir", metavar="DIR", default=default_state_dir(),
-                        help="the agent's state directory (default: %(default)s)")
+    parser.add_argument("--state-dir", metavar="DIR", default=configured_state_dir(default_state_dir()),
+                        help="the agent's state directory (default: %(default)s, or the configuration file's)")
     if command == "jobs":
         parser.description = ("List the jobs the agent keeps, with or without an agent running. "
                               "Filters may be combined; each takes comma-separated values.")
@@ -213,8 +215,8 @@ def build_parser(command: str) -> argparse.ArgumentParser:
                             "or how long ago (90m, 2h, 3d, 1w)")
         parser.add_argument("--until", metavar="WHEN", help="only jobs submitted at or before WHEN")
         parser.add_argument("--format", metavar="COLUMN[,...]",
-                            help=f"the columns to show, in order (default: {','.join(DEFAULT_COLUMNS)}; "
-                            f"available: {','.join(COLUMNS)}; with --json the fields: {','.join(ROW_FIELDS)})")
+                            help=f"the columns to show, in order, comma-separated (default: {', '.join(DEFAULT_COLUMNS)}; "
+                            f"available: {', '.join(COLUMNS)}; with --json the fields: {', '.join(ROW_FIELDS)})")
         parser.add_argument("--no-header", action="store_true", help="leave out the table's heading")
     elif command == "forget":
         parser.description = "Remove ended jobs from the agent's job list, with their kept output."
@@ -338,7 +340,11 @@ _RUN = {"jobs": _list, "forget": _forget, "output": _output}
 
 def main(argv: List[str]) -> int:
     command, rest = argv[0], argv[1:]
-    args = build_parser(command).parse_args(rest)
+    try:
+        args = build_parser(command).parse_args(rest)
+    except ConfigError as exc:
+        print(f"proxy-agent {command}: {exc}", file=sys.stderr)
+        return 2
     try:
         return _RUN[command](args)
     except UsageError as exc:

@@ -55,8 +55,11 @@ def subprocess_env(**extra: str) -> dict:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PROXY_AGENT_TOKEN", None)
-    # Every agent a test starts gets a state directory of its own (one agent per directory).
+    # Every agent a test starts gets a state directory of its own (one agent per directory),
+    # and no configuration file but one a test writes there (never the user's own).
     env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="proxy-agent-test-state-")
+    env["XDG_CONFIG_HOME"] = env["XDG_STATE_HOME"]
+    env.pop("PROXY_AGENT_CONFIG", None)
     env.update(extra)
     return env
 

@@ -171,6 +171,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def manual() -> str:
+    """``proxy-console --man``: the manual page, made from the same parsers as ``--help``."""
+    from ..manpage import manual_page
+    from .deploy import build_parser as deploy_parser
+
+    return manual_page("proxy-console", "drive a proxy agent by hand or from scripts", build_parser(),
+                       [("proxy-console deploy", deploy_parser())], [
+        ("console commands", ["Several commands may share a line, separated by ';'. JOB is a job's id (as "
+                              "proxy-agent jobs shows it), its jobSubId, its name, or '.' for the job submitted last."]
+         + [(spec.usage, spec.summary) for spec in COMMANDS]),
+        ("exit status", ["0 every command succeeded; 1 a command failed (the error line names it); a job's own exit "
+                         "status when submit --wait, wait or cosubmit ends with a job that failed (128 + N for a job "
+                         "killed by signal N), as sbatch --wait gives it; 2 usage error; 3 the session could not "
+                         "start or was lost; 4 the agent violated the protocol; 130 interrupted."]),
+        ("see also", ["proxy-agent(1); the project's docs/console.md."]),
+    ])
+
+
 def split_spawn(argv: Sequence[str]) -> Tuple[List[str], Optional[List[str]]]:
     """Cut ``--spawn COMMAND...`` off the end of the console's arguments."""
     argv = list(argv)
@@ -519,6 +537,9 @@ async def amain(args: argparse.Namespace, spawn_argv: Optional[List[str]]) -> in
 @entry_point
 def main(argv: Optional[Sequence[str]] = None) -> int:
     words = list(sys.argv[1:] if argv is None else argv)
+    if words == ["--man"]:
+        sys.stdout.write(manual())
+        return EXIT_OK
     if words[:1] == ["deploy"]:
         from .deploy import main as deploy_main
 

@@ -151,11 +151,23 @@ async def _watch_signals(server: InvokeServer) -> None:
             server.stop(name)
 
 
+def _configured_state_dir() -> str:
+    """The agent's state directory unless the server was given one: the configuration
+    file's, else the default (a file that cannot be read is logged, not fatal)."""
+    from ...config import ConfigError, state_dir
+
+    try:
+        return state_dir(default_state_dir())
+    except ConfigError as exc:
+        log.warning("%s", exc)
+        return default_state_dir()
+
+
 async def serve(args: Optional[argparse.Namespace], refusal: Optional[str]) -> str:
     pipes = ProtocolPipes()
     try:
         settings = AgentSettings(
-            (args.state_dir if args else None) or default_state_dir(),
+            (args.state_dir if args else None) or _configured_state_dir(),
             schedulers=[args.scheduler] if args and args.scheduler else ["local"],
             agent_options=args.agent_option if args else (),
         )
