@@ -271,3 +271,30 @@ def test_the_consoles_output_follows_a_running_job_printing_each_line_once(tmp_p
     lines = [line.split("] ", 1)[1] for line in run.stdout.splitlines() if line.startswith("[")]
     assert sorted(lines) == ["a", "b", "c"]
     assert run.stdout.rstrip().endswith("COMPLETED FAILED (exit status 4)")
+
+
+@pytest.mark.parametrize("dialect", ["native", "default"])
+async def test_get_output_gives_any_part_of_the_kept_output_in_either_dialect(tmp_path, dialect):
+    from proxy_agent.client import CommandFailed
+
+    state = str(tmp_path / "state")
+    script = 'echo "été $PROXY_AGENT_PROCESS_INDEX"; echo "second"; echo "oops" >&2'
+    with trio.fail_after(60):
+        async with await AgentClient.spawn(agent_argv("--state-dir", state), env=subprocess_env(),
+                                           dialect=dialect) as client:
+            await start(client)
+            job = await client.submit("/bin/sh", ["-c", script], count=2)
+            await client.wait_job_state(job, "COMPLETED", 20)
+            kept = await client.kept_output(job)
+            assert [(p.rank, p.stream, p.lines) for p in kept.streams] == [
+                (0, "stdout", ["été 0", "second"]), (0, "stderr", ["oops"]),
+                (1, "stdout", ["été 1", "second"]), (1, "stderr", ["oops"])]
+            assert kept.key == client.job_key(job) and client.violations == []
+            later = await client.kept_output(kept.key, stream="stdout", rank=1, skip={(1, "stdout"): 1})
+            assert [(p.rank, p.first, p.lines) for p in later.streams] == [(1, 1, ["second"])]
+            with pytest.raises(CommandFailed) as unknown:
+                await client.kept_output(kept.key + 1000)
+            assert unknown.value.code == 10 and "no output is kept" in unknown.value.message
+            bad = await client.raw(0x10, [f"jobId={job}", "skip=stdout"])
+            assert bad.completion.code == 4 and "is not RANK.STREAM:LINES" in bad.completion.message
+            await client.quit()

@@ -24,6 +24,7 @@ from proxy_agent.protocol.messages import (
     MessageLevel,
     NewElements,
     Ok,
+    OutputEvent,
     ProcessChange,
     RemoveAll,
     RemoveElements,
@@ -108,6 +109,7 @@ SAMPLES = {
     EventId.REMOVE_QUEUE: RemoveElements(7, ElementKind.QUEUE, rs("110")),
     EventId.FILTER_DEF: FilterDef(8, ["opaque", "filter=x"]),
     EventId.ATTR_DEF: AttrDef(8, [STATE, PROCS]),
+    EventId.OUTPUT: OutputEvent(9, "1042", 1, "stderr", 12, 0, "a line\nwith = and : in it\n\nafter an empty one"),
 }
 
 
@@ -138,11 +140,13 @@ def test_event_ids_match_the_reference_numbering():
         "REMOVE_ALL": 240, "REMOVE_JOB": 241, "REMOVE_MACHINE": 242, "REMOVE_NODE": 243,
         "REMOVE_PROCESS": 244, "REMOVE_QUEUE": 245,
         "FILTER_DEF": 250, "ATTR_DEF": 251,
+        "OUTPUT": 260,  # this agent's own (answers GET_OUTPUT)
     }
     assert {e.name: int(e) for e in EventId} == expected
     assert {c.name: int(c) for c in CommandId} == {
         "QUIT": 0, "INIT": 1, "MODEL_DEF": 2, "START_EVENTS": 3, "STOP_EVENTS": 4, "SUBMIT_JOB": 5,
         "TERMINATE_JOB": 6, "MOVE_JOB": 7, "CHANGE_JOB": 8, "LIST_FILTERS": 9, "SET_FILTERS": 10,
+        "GET_OUTPUT": 16,  # this agent's own, clear of the PTP 4.0 client's 7..13
     }
 
 

@@ -149,6 +149,7 @@ VALID_ARGS = {
     CommandId.MOVE_JOB: ("jobId=1042", "queueId=110"),
     CommandId.CHANGE_JOB: ("jobId=1042", "jobState=SUSPENDED"),
     CommandId.SET_FILTERS: ("nodeState=UP",),
+    CommandId.GET_OUTPUT: ("jobId=1042", "skip=0.stdout:3"),
 }
 LEGAL = {
     Phase.INITIALIZE: {CommandId.INIT, CommandId.QUIT},

@@ -163,7 +163,7 @@ def test_event_table_matches_the_code():
 
 
 def test_command_table_matches_the_code():
-    rows = [row for row in table_rows(r"[0-9A-F]") if row[1] in CommandId.__members__]
+    rows = [row for row in table_rows(r"[0-9A-F]{1,2}") if row[1] in CommandId.__members__]  # ids in hex
     assert {row[1]: int(row[0], 16) for row in rows} == {c.name: c.value for c in CommandId}
 
 
