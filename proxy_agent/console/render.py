@@ -197,24 +197,25 @@ def model_record(state: ClientState) -> Dict[str, Any]:
 
 
 def element_summary(element: Element, values: Optional[Dict[str, List[str]]] = None,
-                    state: Optional[ClientState] = None) -> str:
+                    state: Optional[ClientState] = None, *, carried_only: bool = False) -> str:
     """``job 42 hello RUNNING``, ``node 1003 n17 DOWN`` (a job by its id: see :func:`job_label`).
 
     With ``values`` (the attributes one event carried) the state and status are those the
-    event set, not the element's current ones: an event shown late still says what it said.
+    event set, not the element's current ones: an event shown late still says what it said;
+    with ``carried_only``, an event that carried none shows none.
     """
     parts = [element.kind, element_label(state, element)]
     name = _carried(values, "name") or element.name
     if name:
         parts.append(_quote(name) if " " in name else visible(name))
-    state = _carried(values, STATE_KEYS.get(element.kind, "")) or element.state
-    if state:
-        parts.append(visible(state))
+    shown = _carried(values, STATE_KEYS.get(element.kind, "")) or (None if carried_only else element.state)
+    if shown:
+        parts.append(visible(shown))
     status = _carried(values, f"{element.kind}Status")
-    if status is None:
+    if status is None and not carried_only:
         current = element.get(f"{element.kind}Status")
         status = current if isinstance(current, str) else None
-    if status and status != state:
+    if status and status != shown:
         parts.append(visible(status))
     return " ".join(parts)
 
@@ -331,7 +332,7 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
                     continue
                 state_key = f"{kind}State"
                 rest = _attrs_text(attrs, (state_key,) + tuple(_QUIET_KEYS))
-                lines.append(f"{element_summary(element, attrs, state)} {rest}".rstrip())
+                lines.append(f"{element_summary(element, attrs, state, carried_only=True)} {rest}".rstrip())
         return lines
     if isinstance(event, RemoveProcesses):
         return [f"processes {event.ids} of job {job_label(state, event.job_id)} removed"]
