@@ -27,10 +27,11 @@ Server look, unless they are given ``--state-dir``.
 
 from __future__ import annotations
 
-import configparser
-import difflib
 import os
-from typing import Any, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence
+
+if TYPE_CHECKING:  # configparser is imported when there is a file to read
+    import configparser
 
 __all__ = ["ENVIRONMENT", "FILE_NAME", "ConfigError", "config_arguments", "config_path", "state_dir"]
 
@@ -60,9 +61,11 @@ def config_path() -> Optional[str]:
     return os.path.join(base, "proxy-agent", FILE_NAME)
 
 
-def _read(path: Optional[str]) -> Optional[configparser.ConfigParser]:
+def _read(path: Optional[str]) -> "Optional[configparser.ConfigParser]":
     if path is None or not os.path.exists(path):
         return None
+    import configparser
+
     parser = configparser.ConfigParser(interpolation=None)
     try:
         with open(path, encoding="utf-8") as handle:
@@ -106,6 +109,8 @@ def config_arguments(parser: Any, backends: Sequence[str], path: Optional[str] =
             if action is None or option in _NOT_IN_THE_FILE:
                 known = [name if section == AGENT_SECTION else name[len(section) + 1:] for name in options
                          if (section == AGENT_SECTION or name.startswith(section + "-")) and name not in _NOT_IN_THE_FILE]
+                import difflib
+
                 guess = difflib.get_close_matches(key, known, n=1)
                 hint = f" (did you mean {guess[0]}?)" if guess else ""
                 what = "is chosen on the command line only" if option in _NOT_IN_THE_FILE else "is no option"

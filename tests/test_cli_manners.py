@@ -95,7 +95,10 @@ def _run_on_a_terminal(argv, seconds: float = 30.0):
                     written += os.read(controller, 4096)
                 except OSError:
                     break
-        status = process.poll()
+        try:  # the terminal closes as the program ends: its status comes a moment later
+            status = process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            status = None
         try:
             while select.select([controller], [], [], 0.1)[0]:
                 chunk = os.read(controller, 4096)

@@ -544,9 +544,6 @@ class LocalBackend(Backend):
             model = self.model
             for index, pid in enumerate(record.pids):
                 model.update(record.process_keys[index], {K.PID: str(pid)})
-            if record.pids:
-                # the job's own id on this host: its process group, led by process 0
-                model.update(record.key, {K.NATIVE_ID: str(record.pids[0])})
 
     def _notice(self, message: dict) -> None:
         op = message.get("op")
@@ -563,7 +560,9 @@ class LocalBackend(Backend):
             with model.batch():
                 live = [p for i, p in enumerate(record.process_keys) if not record.reported[i]]
                 model.update_many(live, _RUNNING)
-                model.update(record.key, _RUNNING)
+                # the job's own id on this host, its process group (led by process 0), comes
+                # with its RUNNING: one change of the job
+                model.update(record.key, {**_RUNNING, K.NATIVE_ID: str(record.pids[0])} if record.pids else _RUNNING)
             if record.canceled:  # terminated while its processes were being started
                 self._spawn_soon(self._signal, record, "terminate")
         elif op == "failed" and record is not None:

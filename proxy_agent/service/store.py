@@ -518,7 +518,8 @@ class JobStore:
     def forget_ended_before(self, when: float) -> List[int]:
         self.write_submissions()
         keys = [k for (k,) in self._db.execute("SELECT key FROM jobs WHERE ended IS NOT NULL AND ended < ?", (when,))]
-        self._db.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended < ?", (when,))
+        if keys:  # (an agent looks every hour: most looks write nothing)
+            self._db.execute("DELETE FROM jobs WHERE ended IS NOT NULL AND ended < ?", (when,))
         return keys
 
 
