@@ -455,6 +455,9 @@ def _signal_text(signal: str) -> str:
     return common.signal_name(int(signal)) if signal.isdigit() else signal
 
 
+_FINAL_STATE_NAMES = frozenset(state.value for state in JobState if state.final)
+
+
 def _started(state: JobState) -> bool:
     return state.started or state.final or state is JobState.FINISHING
 
@@ -1399,7 +1402,7 @@ class BatchBackend(Backend):
     async def _job_command(self, job: int, op: str, queue: str = "") -> _Job:
         tracked = self._tracked(job)
         label = self.system.label
-        if tracked.completed and not self.system.commands_after_end:
+        if (tracked.completed or self._shown_ended(tracked)) and not self.system.commands_after_end:
             raise JobError(f"{label} job {tracked.native_id} has ended already", ErrorKind.OPERATION_FAILED)
         record = self._table.record(tracked.native_id) or NativeJob(
             tracked.native_id, native_state=str(self.model.attr(tracked.element, K.NATIVE_STATE) or ""))
@@ -1418,9 +1421,16 @@ class BatchBackend(Backend):
         tracked.deleted = True
         self._ended_before_start(tracked)
 
+    def _shown_ended(self, tracked: _Job) -> bool:
+        """The model shows the job ended (deleted before it started, before a poll said so)."""
+        state = self.model.attr(tracked.element, K.STATE) if tracked.element in self.model else None
+        return state in _FINAL_STATE_NAMES
+
     def _ended_before_start(self, tracked: _Job) -> None:
-        """A job the scheduler has deleted before it ran will never run: it ends now (and so
-        in the job store), not at the next poll, which an agent that ends first never makes."""
+        """A job the scheduler has deleted before it ran will never run: it is KILLED now (and
+        so in the job store), not at the next poll, which an agent that ends first never
+        makes.  The next poll still asks the scheduler how it ended, which may say more (a
+        job held in an error state FAILED, and why)."""
         state = self.model.attr(tracked.element, K.STATE) if tracked.element in self.model else None
         try:
             current = JobState(state) if isinstance(state, str) else None
@@ -1431,7 +1441,6 @@ class BatchBackend(Backend):
         with self.model.batch():
             self._set(tracked.process, {K.STATE: JobState.KILLED.value})
             self._set(tracked.element, {K.STATE: JobState.KILLED.value, K.MESSAGE: "deleted on request before it started"})
-        self._completed(tracked)
 
     async def hold(self, job: int, held: bool) -> None:
         await self._job_command(job, "hold" if held else "release")
