@@ -72,8 +72,9 @@ def test_each_manual_page_says_what_help_says(program, help_commands):
 # --------------------------------------------------------------------------- completion
 
 
-def _bash_complete(script: str, *words: str) -> list:
-    """What bash completes the last of ``words`` to, with ``script`` loaded."""
+def _bash_complete(script: str, *words: str, bin_dir: str = "") -> list:
+    """What bash completes the last of ``words`` to, with ``script`` loaded (``bin_dir``
+    first on the PATH)."""
     function = "_" + words[0].replace("-", "_")
     program = "\n".join([
         script,
@@ -82,7 +83,8 @@ def _bash_complete(script: str, *words: str) -> list:
         f"{function}",
         'printf "%s\\n" "${COMPREPLY[@]}"',
     ])
-    env = subprocess_env(PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    env = subprocess_env(PATH=os.pathsep.join(filter(None, [bin_dir, os.path.dirname(sys.executable),
+                                                             os.environ.get("PATH", "")])))
     done = subprocess.run(["bash", "--norc", "--noprofile", "-c", program], capture_output=True, text=True,
                           timeout=60, env=env)
     assert done.returncode == 0, done.stderr
@@ -110,8 +112,14 @@ def test_bash_completes_options_values_commands_and_job_ids(tmp_path):
     for key in (31, 32):
         store.record_submission(key, "local", "local:default", JobSpec("/bin/true"))
     store.close()
-    # the job ids `output` takes, from the job list of the state directory given
-    assert _bash_complete(script, "proxy-agent", "output", "--state-dir", str(tmp_path / "statedir"), "3") == ["31", "32"]
+    # the job ids `output` takes, from the job list of the state directory given (by the
+    # proxy-agent found on the PATH: this checkout's)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "proxy-agent").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m proxy_agent "$@"\n')
+    (bin_dir / "proxy-agent").chmod(0o755)
+    assert _bash_complete(script, "proxy-agent", "output", "--state-dir", str(tmp_path / "statedir"), "3",
+                          bin_dir=str(bin_dir)) == ["31", "32"]
 
 
 @pytest.mark.skipif(shutil.which("zsh") is None, reason="no zsh on this machine")
