@@ -644,8 +644,8 @@ def _configured(argv: List[str]) -> List[str]:
     from .config import ConfigError, config_arguments, config_path
 
     path = config_path()
-    if path is None or not os.path.exists(path):
-        return argv
+    if path is None or not os.path.exists(path) or any(a in ("-h", "--help", "--version") for a in argv):
+        return argv  # (help and version are said whatever the file holds)
     parser = build_parser()
     words = config_arguments(parser, list(BACKENDS), path)
     if words:

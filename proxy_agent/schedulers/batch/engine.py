@@ -985,6 +985,8 @@ class BatchBackend(Backend):
         if tracked.element not in model:
             return
         state = self.system.job_state(job)
+        if tracked.deleted and not _started(state) and self._shown_ended(tracked):
+            return  # a listing made before it was deleted: a deleted job does not wait again
         queue = self._queue_for(job.queue, tracked.queue)
         if queue != tracked.queue:
             model.move(tracked.element, queue)
