@@ -24,7 +24,8 @@ from .schedulers.base import BACKENDS, backend_class
 from .server import ServerLimits, Sessions, serve_listeners, serve_stream
 from .service.coalloc.manager import CoallocManager, RuntimeSettings
 from .service.service import JobService
-from .service.store import JobStore, StateDirInUse, StateLock, StoreError, default_state_dir, open_store
+from .service.store import (JobStore, StateDirInUse, StateLock, StoreError, StoreUnwritable, default_state_dir,
+                            open_store)
 from .transport import (
     connect_tcp,
     load_or_create_token,
@@ -421,13 +422,17 @@ class StateDir:
         self.usable = True
         try:
             self.store = open_store(self.directory)
+        except StoreUnwritable as exc:
+            self.problem = (f"the job store cannot be used now ({exc.message}); it is left as it is for the next "
+                            "agent, and jobs submitted to this one will not survive a restart")
+            return
         except StoreError as exc:
             self.problem = f"the job store cannot be used ({exc.message}); jobs will not survive a restart"
             return
         damaged = getattr(self.store, "damaged_copy", None)
         if damaged:
-            self.problem = (f"the job store was damaged and has been kept as {damaged}; a new one was started, and "
-                            "the jobs the old one held are not followed")
+            self.problem = (f"the job store could not be read ({self.store.damage}); it was kept as {damaged}, a new "
+                            "one was started, and the jobs the old one held are not followed")
 
     def advertise(self, unix: Optional[str]) -> None:
         about = {"pid": os.getpid()}

@@ -505,7 +505,6 @@ async def test_a_program_that_cannot_be_executed_fails_the_job(local, tmp_path):
     garbage.write_bytes(b"\x00\x01\x02 no executable format")
     garbage.chmod(0o755)
     job = await local.submit_ptp(job_attrs((A.EXEC_PATH, str(garbage)), (A.JOB_NUM_PROCS, "2")))
-    assert local.model.attr(job, K.STATE) == "QUEUING"
     attrs = await ended(local, job)
     assert attrs[K.STATE] == "FAILED" and attrs[K.NATIVE_STATE] == "NOT_STARTED"
     assert "Exec format error" in attrs[K.MESSAGE]

@@ -16,6 +16,8 @@ from typing import Callable, List, Optional
 
 import trio
 
+from .custodian import EXIT_ANOTHER
+
 log = logging.getLogger("proxy_agent.schedulers.keeper")
 
 __all__ = ["KeeperError", "KeeperLink", "open_keeper"]
@@ -180,7 +182,9 @@ async def open_keeper(directory: str) -> KeeperLink:
         log.info("started a keeper for %s (pid %d)", directory, process.pid)
         with trio.move_on_after(_START_TIMEOUT):
             while stream is None:
-                if process.returncode is not None or process.poll() is not None:
+                # A keeper that found another one serving the directory leaves at once; that
+                # one (its custodian starting a new keeper, say) answers soon.
+                if process.poll() is not None and process.returncode != EXIT_ANOTHER:
                     break
                 await trio.sleep(0.005)
                 stream = await _connect(path)
