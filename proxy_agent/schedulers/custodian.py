@@ -10,10 +10,11 @@ small process that does nothing but this:
   (``PR_SET_CHILD_SUBREAPER``): when the keeper dies, its children (the jobs' processes)
   become the custodian's, not init's, and the custodian reaps them and keeps their exit
   statuses;
-* the keeper hands it a duplicate of the read end of every job process's output pipes as
-  soon as the processes have started (``SCM_RIGHTS`` over a socket pair), with their pids,
+* the keeper hands it a duplicate of the read end of every job process's output pipes
+  before the process starts (``SCM_RIGHTS`` over a socket pair), then its pid once it has,
   and tells it the exit status of each process it reaps; so a pipe always has a reader and
-  its data stays in the kernel until a keeper reads it;
+  its data stays in the kernel until a keeper reads it, and a job whose pipes the custodian
+  holds without pids is one the keeper died starting;
 * when the keeper dies (killed, crashed), the custodian starts a new one at once (a fork of
   itself: no interpreter start-up), and the new keeper asks for everything: the pipes, the
   pids, the exit statuses the custodian knows, and the processes it holds that belong to no
@@ -35,12 +36,13 @@ would then lose its running jobs, which the next keeper reports with the reason.
 Messages are JSON objects, one per datagram of a ``SOCK_SEQPACKET`` pair, descriptors
 alongside (at most :data:`FDS_PER_MESSAGE` per message):
 
-* keeper -> custodian: ``hold`` (key, procs: [[rank, pid, [streams]]...] + one descriptor per
-  stream), ``reaped`` (codes: {pid: status}), ``release`` (keys), ``handover``, ``sweep``
-  (alive: the keys of the jobs still running);
+* keeper -> custodian: ``hold`` (key, procs: [[rank, pid or 0, [streams]]...] + one
+  descriptor per stream), ``pids`` (key, pids: the job's processes', by rank), ``reaped``
+  (codes: {pid: status}), ``release`` (keys), ``handover``, ``sweep`` (alive: the keys of the
+  jobs still running);
 * custodian -> keeper: ``exited`` (pid, code) for a held process it reaped; in answer to
-  ``handover``: ``held`` (procs: [[key, rank, pid, code, [streams]]...] + descriptors; as
-  many as it takes), ``strays`` ({key: [pids]}), ``handover-end``.
+  ``handover``: ``held`` (procs: [[key, rank, pid or 0, code, [streams]]...] + descriptors;
+  as many as it takes), ``strays`` ({key: [pids]}), ``handover-end``.
 
 Standard library only, like the keeper.
 """
@@ -51,6 +53,7 @@ import fcntl
 import json
 import os
 import secrets
+import select
 import selectors
 import signal
 import socket
@@ -104,6 +107,16 @@ class CustodianLink:
             return
         self.outbox.append((_compact(message), list(fds or ())))
         self.flush()
+
+    def deliver(self, message: dict, fds: Optional[List[int]] = None, bound: float = 5.0) -> bool:
+        """Send a message and wait (at most ``bound`` seconds) until the kernel has it: what
+        must be with the other end before anything else happens.  False if it is not."""
+        self.send(message, fds)
+        deadline = time.monotonic() + bound
+        while self.outbox and not self.closed and time.monotonic() < deadline:
+            select.select([], [self.sock], [], max(0.0, deadline - time.monotonic()))
+            self.flush()
+        return not self.outbox and not self.closed
 
     def flush(self) -> bool:
         """Send what is queued; True if nothing is left."""
@@ -172,7 +185,9 @@ class Custodian:
         self.lock_fd = -1
         #: the marker of every job process started under this custodian (see reaper.MARKER)
         self.instance = f"{os.getpid()}-{secrets.token_hex(4)}"
-        self.held: Dict[int, _Held] = {}  # pid -> held process
+        #: (key, rank) -> held process, and the same by pid once it has one
+        self.held: Dict[Tuple[int, int], _Held] = {}
+        self.by_pid: Dict[int, _Held] = {}
         self.keeper_pid: Optional[int] = None
         self.keeper_started = 0.0
         self.link: Optional[CustodianLink] = None
@@ -311,7 +326,7 @@ class Custodian:
         """Leaving: nothing is held any more (a keeper that leaves on purpose has ended its
         jobs; after a signal with no keeper left, they are ended here)."""
         for held in self.held.values():
-            if held.code is None and self.closing:
+            if held.code is None and held.pid and self.closing:
                 try:
                     os.killpg(held.pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
@@ -322,6 +337,7 @@ class Custodian:
                 except OSError:
                     pass
         self.held.clear()
+        self.by_pid.clear()
 
     # ------------------------------------------------------------------ children
 
@@ -338,7 +354,7 @@ class Custodian:
             if pid == self.keeper_pid:
                 keeper_status = status
                 continue
-            held = self.held.get(pid)
+            held = self.by_pid.get(pid)
             if held is not None and held.code is None:
                 held.code = os.waitstatus_to_exitcode(status)
                 if self.link is not None and self.keeper_pid is not None:
@@ -350,7 +366,7 @@ class Custodian:
         """Children of the custodian it does not hold, by the job their marker names."""
         found: Dict[int, List[int]] = {}
         prefix = self.instance + "/"
-        for pid in _children() - set(self.held) - {self.keeper_pid}:
+        for pid in _children() - set(self.by_pid) - {self.keeper_pid}:
             mark = _marker(pid)
             if mark and mark.startswith(prefix):
                 job = mark[len(prefix):]
@@ -372,9 +388,16 @@ class Custodian:
                 if op == "hold":
                     self._hold(message, fds)
                     fds = []
+                elif op == "pids":
+                    key = int(message["key"])
+                    for rank, pid in enumerate(message.get("pids", [])):
+                        held = self.held.get((key, rank))
+                        if held is not None:
+                            held.pid = int(pid)
+                            self.by_pid[held.pid] = held
                 elif op == "reaped":
                     for pid, code in message.get("codes", {}).items():
-                        held = self.held.get(int(pid))
+                        held = self.by_pid.get(int(pid))
                         if held is not None and held.code is None:
                             held.code = int(code)
                 elif op == "release":
@@ -383,7 +406,7 @@ class Custodian:
                     self._hand_over(link)
                 elif op == "sweep" and self.reaper is not None:
                     alive = {str(key) for key in message.get("alive", [])}
-                    self.reaper.sweep(self.held.keys(), alive.__contains__)
+                    self.reaper.sweep(self.by_pid.keys(), alive.__contains__)
             except (ValueError, KeyError, TypeError) as exc:
                 print(f"custodian: bad message from the keeper ({exc}): {message!r:.200}", file=sys.stderr)
             for fd in fds:  # descriptors that came with a message that does not keep them
@@ -397,19 +420,25 @@ class Custodian:
             for stream in streams:
                 mine[stream] = fds[at]
                 at += 1
-            old = self.held.pop(int(pid), None)
-            if old is not None:
-                for fd in old.fds.values():
-                    os.close(fd)
-            self.held[int(pid)] = _Held(key, int(rank), int(pid), mine)
+            self._drop((key, int(rank)))
+            held = self.held[(key, int(rank))] = _Held(key, int(rank), int(pid), mine)
+            if held.pid:
+                self.by_pid[held.pid] = held
         for fd in fds[at:]:
             os.close(fd)
 
+    def _drop(self, where: Tuple[int, int]) -> None:
+        held = self.held.pop(where, None)
+        if held is None:
+            return
+        if self.by_pid.get(held.pid) is held:
+            del self.by_pid[held.pid]
+        for fd in held.fds.values():
+            os.close(fd)
+
     def _release(self, keys: set) -> None:
-        for pid in [pid for pid, held in self.held.items() if held.key in keys]:
-            held = self.held.pop(pid)
-            for fd in held.fds.values():
-                os.close(fd)
+        for where in [where for where in self.held if where[0] in keys]:
+            self._drop(where)
 
     def _hand_over(self, link: CustodianLink) -> None:
         """Everything a new keeper needs to take the running jobs back."""

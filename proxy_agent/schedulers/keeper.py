@@ -239,8 +239,31 @@ class Keeper:
             self.jobs[key] = job
             mark = f"{entry.get('mark', '')}/{key}"
             procs = held.get(key)
-            if not procs:
-                self._end_untaken(job, mark, strays.get(key, []), entry.get("mark") == self.reaper.instance)
+            ours = custodian is not None and entry.get("mark") == self.reaper.instance
+            if not procs and ours and not strays.get(key) and isinstance(entry.get("request"), dict):
+                # recorded, and nothing of it was handed to the custodian, which happens
+                # before any process starts: it never started.  It starts now.
+                del self.jobs[key]
+                request = entry["request"]
+                try:
+                    self._spawn(int(request["key"]), request["argv"], request["env"], request["cwd"],
+                                int(request["count"]))
+                except (KeyError, TypeError, ValueError) as exc:
+                    job = self.jobs[key] = job
+                    self._end_untaken(job, mark, [], f"its request could not be read back ({exc})")
+                continue
+            if not procs or any(not pid for pid, _code, _fds in procs.values()):
+                for pid, _code, fds in (procs or {}).values():
+                    for fd in fds.values():
+                        os.close(fd)
+                if procs:
+                    self.released.append(key)
+                started = [pid for pid, _code, _fds in (procs or {}).values() if pid]
+                self._end_untaken(job, mark, strays.get(key, []) + started,
+                                  "the keeper ended while it was starting the job's processes, so how far it ran is "
+                                  "not known; it is not started again" if ours else
+                                  "the job's processes ended with the keeper and the custodian that ran them (both "
+                                  "were killed, or the machine went down), so its end is not known")
                 continue
             self.live[key] = job
             for rank in range(max(procs) + 1):
@@ -268,8 +291,8 @@ class Keeper:
         if strays:  # processes that left their jobs: ended with them, by the sweep
             self.sweep_due = True
 
-    def _end_untaken(self, job: _Job, mark: str, strays: List[int], same_custodian: bool) -> None:
-        """A running job nothing of which the custodian holds: ended, its processes too."""
+    def _end_untaken(self, job: _Job, mark: str, strays: List[int], why: str) -> None:
+        """A running job that cannot be taken back: ended, its processes too, saying why."""
         pids = set(strays) | set(_marked_processes(mark))
         for pid in pids:
             try:
@@ -280,11 +303,8 @@ class Keeper:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
-        if same_custodian:
-            why = "the keeper ended while it was starting the job's processes"
-        else:
-            why = "the keeper running the job ended and nothing held its processes' output and exit status"
-        why += f"; {len(pids)} of its processes that had started were ended" if pids else "; none of it ran"
+        if pids:
+            why += f"; {len(pids)} of its processes still running were ended"
         job.done = True
         job.ended = time.time()
         self._write_status(job, why)
@@ -459,7 +479,7 @@ class Keeper:
         # Every job is in the journal before its processes start: one write for all the
         # spawn requests that came together.  The agent hears that they are recorded at once,
         # before they are started (it answers the submissions then).
-        refused = self._record_started(requests)
+        refused = self._record_started(requests, lines)
         if self.recorded:
             self._send({"op": "recorded", "keys": self.recorded})
             self.recorded = []
@@ -476,18 +496,18 @@ class Keeper:
             except (ValueError, KeyError, TypeError, AttributeError) as exc:
                 self._send({"op": "error", "error": f"bad request: {exc}"})
 
-    def _record_started(self, requests: list) -> Dict[int, str]:
-        """Journal the jobs about to start, synced to the disk; the keys that could not be
-        recorded (nothing of them runs), with why."""
+    def _record_started(self, requests: list, lines: List[bytes]) -> Dict[int, str]:
+        """Journal the jobs about to start, with their requests as the agent sent them (a
+        keeper that replaces one that died before it started them starts them), synced to the
+        disk; the keys that could not be recorded (nothing of them runs), with why."""
         entries = []
         keys = []
-        now = time.time()
-        mark = self.reaper.instance
-        for request in requests:
+        head = f'{{"started":{time.time()!r},"mark":{json.dumps(self.reaper.instance)},"key":'.encode()
+        for request, line in zip(requests, lines):
             if isinstance(request, dict) and request.get("op") == "spawn":
                 key = request.get("key")
                 if isinstance(key, int) and key not in self.jobs and isinstance(request.get("argv"), list):
-                    entries.append({"key": key, "started": now, "mark": mark})
+                    entries.append(b"%s%d,\"request\":%s}\n" % (head, key, line.strip()))
                     keys.append(key)
         if not entries:
             return {}
@@ -495,7 +515,7 @@ class Keeper:
         if error is None and self.journal_pending:
             error = self._write_journal()  # what is pending goes first, whole
         if error is None:
-            error = self._append_journal(b"".join(_journal_line(entry) for entry in entries), sync=True)
+            error = self._append_journal(b"".join(entries), sync=True)
         if error:
             return {key: error for key in keys}
         self.recorded = keys
@@ -650,12 +670,31 @@ class Keeper:
         self.seen.add(key)
         self.jobs[key] = job
         self.live[key] = job
+        pipes: List[Tuple[int, int, int, int]] = []
         try:
+            for _rank in range(count):
+                out_r, out_w = os.pipe()
+                try:
+                    err_r, err_w = os.pipe()
+                except OSError:
+                    os.close(out_r)
+                    os.close(out_w)
+                    raise
+                pipes.append((out_r, out_w, err_r, err_w))
+            # The custodian holds the pipes before anything starts: a keeper that dies from
+            # here on leaves a job that may have started (see _take_back)
+            self._hold(key, [(rank, 0, {"stdout": p[0], "stderr": p[2]}) for rank, p in enumerate(pipes)])
             for rank in range(count):
-                self._start_process(job, rank, argv, env, cwd, count)
+                self._start_process(job, rank, argv, env, cwd, count, pipes[rank])
         except OSError as exc:
+            for out_r, out_w, err_r, err_w in pipes[len(job.processes):]:
+                for fd in (out_r, out_w, err_r, err_w):
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass  # (closed by _start_process when its start failed)
             _kill_group(job.pgid, signal.SIGKILL)  # those that did start: they end as the job fails
-            self._hold(job)  # (their ends are recorded like any other)
+            self._tell_pids(job)  # (their ends are recorded like any other)
             error = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
             self._send({"op": "failed", "key": key, "error": error, "started": len(job.processes)})
             if not job.processes:
@@ -664,18 +703,18 @@ class Keeper:
                 self.live.pop(key, None)
                 job.ended = time.time()
                 self._write_status(job, error)
+                if self.custodian is not None:
+                    self.released.append(key)
             return
-        self._hold(job)
+        self._tell_pids(job)
         self._send({"op": "spawned", "key": key, "pids": [p.pid for p in job.processes]})
 
-    def _start_process(self, job: _Job, rank: int, argv, env, cwd, count) -> None:
+    def _start_process(self, job: _Job, rank: int, argv, env, cwd, count, pipe: Tuple[int, int, int, int]) -> None:
         env = dict(env)
         env["PROXY_AGENT_PROCESS_INDEX"] = str(rank)
         env["PROXY_AGENT_NUM_PROCS"] = str(count)
-        if self.reaper is not None:
-            env[MARKER] = self.reaper.mark(job.key)
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
+        env[MARKER] = self.reaper.mark(job.key)
+        out_r, out_w, err_r, err_w = pipe
         popen = None
         try:
             if _SPAWN and "/" in argv[0]:
@@ -922,21 +961,30 @@ class Keeper:
 
     # ------------------------------------------------------------------ the custodian
 
-    def _hold(self, job: _Job) -> None:
-        """Hand the custodian the job's pipes and pids (see :mod:`.custodian`)."""
+    def _hold(self, key: int, procs: List[Tuple[int, int, Dict[str, int]]]) -> None:
+        """Hand the custodian the read ends of a job's pipes: (rank, pid (0: not started
+        yet), {stream: fd}) (see :mod:`.custodian`)."""
         custodian = self.custodian
-        if custodian is None or not job.processes:
+        if custodian is None or not procs:
             return
-        procs: List[list] = []
+        batch: List[list] = []
         fds: List[int] = []
-        for process in job.processes:
-            streams = list(process.fds)
-            if procs and len(fds) + len(streams) > FDS_PER_MESSAGE:
-                custodian.send({"op": "hold", "key": job.key, "procs": procs}, fds)
-                procs, fds = [], []
-            procs.append([process.rank, process.pid, streams])
-            fds.extend(process.fds[stream] for stream in streams)
-        custodian.send({"op": "hold", "key": job.key, "procs": procs}, fds)
+        delivered = True
+        for rank, pid, streams in procs:
+            if batch and len(fds) + len(streams) > FDS_PER_MESSAGE:
+                delivered = custodian.deliver({"op": "hold", "key": key, "procs": batch}, fds) and delivered
+                batch, fds = [], []
+            batch.append([rank, pid, list(streams)])
+            fds.extend(streams.values())
+        # with the custodian before the processes start (else a job the keeper dies starting
+        # would look as if it had never started, and be started again)
+        if not (custodian.deliver({"op": "hold", "key": key, "procs": batch}, fds) and delivered):
+            self._custodian_gone()
+
+    def _tell_pids(self, job: _Job) -> None:
+        """The custodian learns the pids of a job's processes once they have started."""
+        if self.custodian is not None and job.processes:
+            self.custodian.send({"op": "pids", "key": job.key, "pids": [p.pid for p in job.processes]})
 
     def _tell_custodian(self) -> None:
         custodian = self.custodian
