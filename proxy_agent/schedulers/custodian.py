@@ -67,7 +67,7 @@ try:  # the package's reaper when run from the package
 except ImportError:  # pragma: no cover
     from reaper import MARKER, OrphanReaper, _children, _marker, set_name  # type: ignore[no-redef]
 
-__all__ = ["Custodian", "CustodianLink", "EXIT_ANOTHER", "FDS_PER_MESSAGE", "LOCK"]
+__all__ = ["Custodian", "CustodianLink", "EXIT_ANOTHER", "FDS_PER_MESSAGE", "LOCK", "say"]
 
 #: The lock file of a keeper directory (held by its custodian and its keeper).
 LOCK = "keeper.lock"
@@ -81,6 +81,15 @@ _MESSAGE = 1 << 17
 #: waits, twice as long each time, up to _RESTART_MAX seconds.
 _QUICK_DEATH = 5.0
 _RESTART_MAX = 30.0
+
+
+def say(text: str) -> None:
+    """A line in the keeper's log (its stderr), dated; never an error, even on a full disk
+    (where the line is lost)."""
+    try:
+        os.write(2, f"{time.strftime('%Y-%m-%d %H:%M:%S')} {text}\n".encode("utf-8", "replace"))
+    except OSError:
+        pass
 
 
 def _compact(message: dict) -> bytes:
@@ -287,9 +296,8 @@ class Custodian:
                         os.close(fd)
                 code = self.run_keeper(self.dir, CustodianLink(theirs), self.instance)
             except BaseException:  # noqa: BLE001 - told in the keeper's log, then the keeper is gone
-                traceback.print_exc()
+                say("keeper: failed:\n" + traceback.format_exc())
             finally:
-                sys.stderr.flush()
                 os._exit(code)
         theirs.close()
         if self.link is not None:
@@ -317,9 +325,9 @@ class Custodian:
         self.failures = self.failures + 1 if lived < _QUICK_DEATH else 0
         delay = 0.0 if self.failures <= 1 else min(_RESTART_MAX, 0.25 * 2 ** self.failures)
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} custodian {os.getpid()}: the keeper (pid {pid}) ended ({how}) "
-              f"after {lived:.1f} s, holding {len({h.key for h in self.held.values()})} running jobs; starting "
-              "another" + (f" in {delay:g} s" if delay else ""), file=sys.stderr, flush=True)
+        say(f"custodian {os.getpid()}: the keeper (pid {pid}) ended ({how}) after {lived:.1f} s, holding "
+            f"{len({h.key for h in self.held.values()})} running jobs; starting another"
+            + (f" in {delay:g} s" if delay else ""))
         self.restart_at = time.monotonic() + delay
 
     def _end_held(self) -> None:
@@ -408,7 +416,7 @@ class Custodian:
                     alive = {str(key) for key in message.get("alive", [])}
                     self.reaper.sweep(self.by_pid.keys(), alive.__contains__)
             except (ValueError, KeyError, TypeError) as exc:
-                print(f"custodian: bad message from the keeper ({exc}): {message!r:.200}", file=sys.stderr)
+                say(f"custodian: bad message from the keeper ({exc}): {message!r:.200}")
             for fd in fds:  # descriptors that came with a message that does not keep them
                 os.close(fd)
 
@@ -460,7 +468,7 @@ class Custodian:
 def custodian_main(directory: str, run_keeper: Callable[[str, CustodianLink, str], int]) -> int:
     custodian = Custodian(directory, run_keeper)
     if not custodian.take_lock():
-        print(f"custodian: another keeper serves {custodian.dir}", file=sys.stderr)
+        say(f"custodian: another keeper serves {custodian.dir}")
         return EXIT_ANOTHER
     return custodian.run()
 

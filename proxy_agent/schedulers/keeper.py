@@ -49,7 +49,7 @@ import sys
 import time
 from typing import Dict, List, Optional, Tuple
 
-from .custodian import FDS_PER_MESSAGE, CustodianLink, custodian_main, marker_of
+from .custodian import FDS_PER_MESSAGE, CustodianLink, custodian_main, marker_of, say
 from .reaper import MARKER, OrphanReaper, set_name
 
 #: How far (bytes) an output file may run ahead of what the connected agent has read.
@@ -262,8 +262,8 @@ class Keeper:
                 self._end_untaken(job, mark, strays.get(key, []) + started,
                                   "the keeper ended while it was starting the job's processes, so how far it ran is "
                                   "not known; it is not started again" if ours else
-                                  "the job's processes ended with the keeper and the custodian that ran them (both "
-                                  "were killed, or the machine went down), so its end is not known")
+                                  "the keeper and the custodian that ran the job both ended (killed, or the machine "
+                                  "went down), so it could not be taken back and its end is not known")
                 continue
             self.live[key] = job
             for rank in range(max(procs) + 1):
@@ -835,8 +835,7 @@ class Keeper:
             self.disk_full_at = time.monotonic()
         if not self.drop_logged:
             self.drop_logged = True
-            print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} keeper: output of job {job.key} dropped: {exc.strerror or exc}",
-                  file=sys.stderr, flush=True)
+            say(f"keeper: output of job {job.key} dropped: {exc.strerror or exc}")
 
     def _tell_drops(self) -> None:
         """Tell the agent how much output each file has lost so far (totals, and where the
@@ -1023,8 +1022,8 @@ class Keeper:
         except (KeyError, ValueError):
             pass
         custodian.close()
-        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} keeper: the custodian is gone; the jobs run on, but if this "
-              "keeper ends, its running jobs cannot be taken back", file=sys.stderr, flush=True)
+        say("keeper: the custodian is gone; the jobs run on, but if this keeper ends, its running jobs cannot be "
+            "taken back")
 
     def _drain_and_close(self, fd: int) -> None:
         entry = self.by_fd.get(fd)

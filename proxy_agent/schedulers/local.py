@@ -158,7 +158,8 @@ class _Job:
     """A local job this agent follows (dropped once it has ended and its output is read)."""
 
     __slots__ = ("key", "process_keys", "files", "canceled", "suspended", "started", "pids", "codes",
-                 "reported", "done", "finished", "start_error", "recorded", "spawn_line", "refused", "error", "lost")
+                 "reported", "done", "finished", "start_error", "recorded", "spawn_line", "refused", "error", "lost",
+                 "waiting")
 
     def __init__(self, key: int, process_keys: List[int], directory: str) -> None:
         self.key = key
@@ -191,6 +192,8 @@ class _Job:
         self.error: Optional[str] = None
         #: rank -> why its exit status is not known
         self.lost: Dict[int, str] = {}
+        #: while its submission is not answered: the keeper's news of it, held (None after)
+        self.waiting: Optional[List[dict]] = None
 
 
 class _Launch:
@@ -402,8 +405,9 @@ class LocalBackend(Backend):
                 record.done = True
                 self._settle(record)
                 continue
+            record.recorded.set()  # the keeper has it
             if not record.started and info.get("pids"):
-                self._notice({"op": "spawned", "key": record.key, "pids": info["pids"]})
+                self._notices([{"op": "spawned", "key": record.key, "pids": info["pids"]}])
             elif not record.recorded.is_set() and info.get("done"):
                 record.start_error = info.get("error") or "the job's processes could not be started"
                 record.recorded.set()
@@ -457,6 +461,7 @@ class LocalBackend(Backend):
             raise SubmitError(exc.message, ErrorKind.UNAVAILABLE) from None
         job_id = self._add_job(spec, launch.name, launch.path, launch.cwd, launch.num_procs, _PENDING, key)
         record = self._jobs[job_id]
+        record.waiting = []
         record.spawn_line = self._spawn_request(job_id, launch)
         try:
             await keeper.send_line(record.spawn_line)
@@ -469,6 +474,7 @@ class LocalBackend(Backend):
         if record.refused is not None:
             self._withdraw(record)
             raise SubmitError(record.refused, ErrorKind.UNAVAILABLE)
+        self._answered(record)
         return job_id
 
     def _withdraw(self, record: _Job) -> None:
@@ -675,6 +681,7 @@ class LocalBackend(Backend):
         round go first, in a change of their own (every process's differs; their RUNNING,
         the same for all, then goes in one range)."""
         model = self.model
+        messages = self._withhold(messages)
         with model.batch():
             for message in messages:
                 if message.get("op") == "spawned":
@@ -693,6 +700,34 @@ class LocalBackend(Backend):
             with model.batch():
                 for message in change:
                     self._notice(message)
+
+    def _withhold(self, messages: List[dict]) -> List[dict]:
+        """The news of jobs whose submission has not been answered yet waits until it has
+        been (see :meth:`submit`): a client first hears of a job as the keeper recorded it,
+        then of its start and end, as when the answer came before the keeper's."""
+        kept = None
+        for index, message in enumerate(messages):
+            key = message.get("key")
+            record = self._jobs.get(key) if isinstance(key, int) else None
+            if record is not None and record.waiting is not None and message.get("op") != "recorded" \
+                    and not (message.get("op") == "failed" and message.get("refused")):
+                if kept is None:
+                    kept = messages[:index]
+                record.waiting.append(message)
+            elif kept is not None:
+                kept.append(message)
+        return messages if kept is None else kept
+
+    def _answered(self, record: _Job) -> None:
+        """A submission has been answered: its job's news that waited goes to the model, once
+        the client has been told of the job."""
+        waiting, record.waiting = record.waiting, None
+        if waiting:
+            async def hear() -> None:
+                await trio.lowlevel.checkpoint()
+                self._notices(waiting)
+
+            self._spawn_soon(hear)
 
     def _set_pids(self, message: dict) -> None:
         key = message.get("key")
