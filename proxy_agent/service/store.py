@@ -318,6 +318,21 @@ def transient(exc: BaseException) -> bool:
     return any(part in text for part in _TRANSIENT_TEXTS)
 
 
+def _explained(exc: BaseException, path: str) -> str:
+    """SQLite's words for an error, and what lies behind a vague one: SQLite calls a full
+    disk an I/O error when the file it cannot grow is its shared-memory file."""
+    text = str(exc)
+    if "full" in text:
+        return text
+    try:
+        info = os.statvfs(os.path.dirname(path) or ".")
+    except OSError:
+        return text
+    if info.f_bavail * info.f_frsize < 64 * 1024:
+        return f"{text}: no space left on the disk of {os.path.dirname(path)}"
+    return text
+
+
 class _OwedBefore(dict):
     """What :meth:`JobStore.record_delivered` replaced among offsets still owed (None: none
     was owed), for :meth:`JobStore.restore_delivered`."""
@@ -372,7 +387,7 @@ class JobStore:
         try:
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
-            raise self._failure(exc, "opened") from None
+            raise self._failure(exc, "written") from None
         try:
             self._check_version(db, path)  # before anything is changed in a newer agent's file
             _check_pages(db)
@@ -388,7 +403,7 @@ class JobStore:
         except BaseException as exc:
             db.close()
             if isinstance(exc, sqlite3.Error):
-                raise self._failure(exc, "opened") from None
+                raise self._failure(exc, "written") from None
             raise
         try:
             os.chmod(path, 0o600)
@@ -398,7 +413,7 @@ class JobStore:
 
     def _failure(self, exc: sqlite3.Error, doing: str) -> Exception:
         if transient(exc):
-            return StoreUnwritable(f"the job store {self.path} cannot be {doing} now: {exc}")
+            return StoreUnwritable(f"the job store {self.path} cannot be {doing} now: {_explained(exc, self.path)}")
         return StoreDamaged(f"the job store {self.path} cannot be used: {exc}")
 
     @classmethod
@@ -531,7 +546,7 @@ class JobStore:
         """A write failed: owed if the store cannot be written now, raised if it is damaged."""
         if not transient(exc):
             raise exc
-        self._set_unwritable(f"the job store {self.path} cannot be written now: {exc}")
+        self._set_unwritable(f"the job store {self.path} cannot be written now: {_explained(exc, self.path)}")
 
     @property
     def owes(self) -> bool:
