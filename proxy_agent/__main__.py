@@ -139,8 +139,9 @@ def _add_options(parser: Any, backends: Optional[Sequence[str]]) -> None:
                          help="the Unix socket the processes of multi-part jobs on this host reach the agent at "
                          "(default: runtime.sock in the state directory)")
     runtime.add_argument("--runtime-tcp", metavar="HOST[:PORT]|auto|none", default="auto",
-                         help="where processes on other hosts reach the agent; auto: every interface, any port, "
-                         "when a batch scheduler runs")
+                         help="where processes on other hosts reach the agent; auto: the addresses this host's name "
+                         "(or --runtime-advertise) resolves to, any port, when a batch scheduler runs; 0.0.0.0 or :PORT "
+                         "for every interface")
     runtime.add_argument("--runtime-advertise", metavar="NAME",
                          help="the host name compute nodes reach the agent by (default: this host's name)")
     for name in BACKENDS:
@@ -382,7 +383,7 @@ def runtime_settings(args: argparse.Namespace, names: Sequence[str], state: "Sta
     tcp_port = 0
     if tcp == "auto":
         if any(name not in ("local", "sim") for name in names):
-            tcp_host = "0.0.0.0"
+            tcp_host = "auto"  # the addresses compute nodes reach this host by (see RuntimeServer)
     elif tcp != "none":
         host, sep, port = tcp.rpartition(":")
         if not sep:
