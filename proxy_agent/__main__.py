@@ -4,6 +4,16 @@ from __future__ import annotations
 
 import gc
 
+if __name__ == "__main__":  # python -m proxy_agent: a signal during the imports ends it quietly
+
+    def _stopped_while_loading(signum, frame):  # nothing exists yet: nothing to clean up
+        raise SystemExit(0)
+
+    import signal as _signal
+
+    for _signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(_signum, _stopped_while_loading)
+
 # Start-up makes tens of thousands of objects that live as long as the agent; the collector
 # would walk them again and again (full collections included) while they are made.  It waits
 # until the imports are done, and then leaves them out of its walks.
@@ -494,6 +504,7 @@ async def _open_transport(args: argparse.Namespace, config: PtpConfig):
             listener = await open_unix_listener(args.unix)
         except OSError as exc:
             raise OSError(f"cannot listen on {args.unix}: {_reason(exc)}") from None
+        _START.made(args.unix)
         print(f"proxy-agent listening on {args.unix}", file=sys.stderr, flush=True)
         return "unix", [listener], config
     return "stdio", open_stdio(), config
@@ -501,6 +512,77 @@ async def _open_transport(args: argparse.Namespace, config: PtpConfig):
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
+
+
+class _StartSignals:
+    """SIGTERM, SIGINT and SIGHUP at any moment of start-up end the agent cleanly (exit status
+    0, its socket files removed), before it can say goodbye to clients the usual way
+    (:func:`_watch_signals`, which takes over once it runs).  Before trio runs, a signal
+    stops the start-up where it is (:class:`_Stopped`); once it runs, it cancels the agent."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
+        self.raising = False
+        self._cancel = None
+        self._token = None
+        #: socket files the agent made: path -> inode (only those are removed)
+        self._made: Dict[str, int] = {}
+
+    def install(self) -> Dict[int, Any]:
+        """Take the signals; what handled them before (see :meth:`restore`)."""
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        self.raising = True
+        return {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+
+    @staticmethod
+    def restore(previous: Dict[int, Any]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        if self._cancel is not None:
+            self._token.run_sync_soon(self._cancel)  # type: ignore[union-attr]
+        elif self.raising:
+            raise _Stopped(signum)
+
+    def made(self, path: str) -> None:
+        try:
+            self._made[path] = os.stat(path).st_ino
+        except OSError:
+            pass
+
+    async def run(self, args: argparse.Namespace, service: JobService, state: "StateDir") -> int:
+        """:func:`amain`, cancelled by a signal until it watches for them itself; its socket
+        files removed however it ends."""
+        with trio.CancelScope() as scope:
+            self._token, self._cancel = trio.lowlevel.current_trio_token(), scope.cancel
+            if self.received is not None:
+                scope.cancel()
+            try:
+                return await amain(args, service, state)
+            finally:
+                self._cancel = None
+                for path, inode in self._made.items():
+                    try:
+                        if os.stat(path).st_ino == inode:
+                            os.unlink(path)
+                    except OSError:
+                        pass
+        log.info("stopped by %s while starting", signal.Signals(self.received or signal.SIGTERM).name)
+        return 0
+
+
+class _Stopped(BaseException):
+    """A signal arrived while the agent was starting, before trio ran."""
+
+
+_START = _StartSignals()
 
 
 async def amain(args: argparse.Namespace, service: JobService, state: "StateDir") -> int:
@@ -516,6 +598,7 @@ async def amain(args: argparse.Namespace, service: JobService, state: "StateDir"
         path = os.path.join(state.directory, "agent.sock")
         try:
             local_listener = await open_unix_listener(path)
+            _START.made(path)
             state.advertise(path)
         except OSError as exc:
             log.warning("cannot listen on %s: %s", path, exc)
@@ -558,6 +641,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .joblist import main as joblist_main
 
         return joblist_main(argv)
+    previous = _START.install()
+    try:
+        return _main(argv)
+    except _Stopped:
+        return 0
+    finally:
+        _START.restore(previous)
+
+
+def _main(argv: List[str]) -> int:
     args = parse_arguments(argv)
     try:
         names = _scheduler_names(args.scheduler)
@@ -582,8 +675,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"proxy-agent: {exc}", file=sys.stderr)
         return 2
     args.env_token = os.environ.pop(TOKEN_VARIABLE, None)
+    _START.raising = False  # from here a signal is recorded, and cancels the agent once trio runs
     try:
-        return trio.run(amain, args, service, state)
+        return trio.run(_START.run, args, service, state)
     except KeyboardInterrupt:
         return 0
     except (OSError, ValueError) as exc:  # set-up failures not caught above
