@@ -28,7 +28,7 @@ small process that does nothing but this:
 
 The custodian holds ``keeper.lock`` in the directory for its life (and the keeper inherits
 it): one custodian per directory.  A second one started there leaves at once with exit
-status :data:`EXIT_ANOTHER`.  When the keeper leaves of its own accord (exit status 0: idle,
+status :data:`EXIT_ANOTHER` (0).  When the keeper leaves of its own accord (exit status 0: idle,
 or every job ended on request) the custodian leaves too.  If the custodian itself is killed,
 the keeper goes on as before (its jobs are its children); only a later death of the keeper
 would then lose its running jobs, which the next keeper reports with the reason.
@@ -52,7 +52,6 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import secrets
 import select
 import selectors
 import signal
@@ -71,8 +70,9 @@ __all__ = ["Custodian", "CustodianLink", "EXIT_ANOTHER", "FDS_PER_MESSAGE", "LOC
 
 #: The lock file of a keeper directory (held by its custodian and its keeper).
 LOCK = "keeper.lock"
-#: Exit status of a custodian started where another one serves.
-EXIT_ANOTHER = 3
+#: Exit status of a custodian started where another one serves (nothing went wrong: that one
+#: answers).
+EXIT_ANOTHER = 0
 #: Descriptors passed in one message (the kernel takes at most 253).
 FDS_PER_MESSAGE = 240
 #: Largest message (a datagram of the socket pair).
@@ -192,6 +192,8 @@ class Custodian:
         self.dir = os.path.abspath(directory)
         self.run_keeper = run_keeper
         self.lock_fd = -1
+        import secrets
+
         #: the marker of every job process started under this custodian (see reaper.MARKER)
         self.instance = f"{os.getpid()}-{secrets.token_hex(4)}"
         #: (key, rank) -> held process, and the same by pid once it has one

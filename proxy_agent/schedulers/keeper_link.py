@@ -16,8 +16,6 @@ from typing import Callable, List, Optional
 
 import trio
 
-from .custodian import EXIT_ANOTHER
-
 log = logging.getLogger("proxy_agent.schedulers.keeper")
 
 __all__ = ["KeeperError", "KeeperLink", "open_keeper"]
@@ -182,9 +180,9 @@ async def open_keeper(directory: str) -> KeeperLink:
         log.info("started a keeper for %s (pid %d)", directory, process.pid)
         with trio.move_on_after(_START_TIMEOUT):
             while stream is None:
-                # A keeper that found another one serving the directory leaves at once; that
-                # one (its custodian starting a new keeper, say) answers soon.
-                if process.poll() is not None and process.returncode != EXIT_ANOTHER:
+                # A keeper that found another one serving the directory leaves at once, with
+                # status 0; that one (its custodian starting a new keeper, say) answers soon.
+                if process.poll() is not None and process.returncode != 0:
                     break
                 await trio.sleep(0.005)
                 stream = await _connect(path)
