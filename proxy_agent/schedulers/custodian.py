@@ -37,7 +37,8 @@ Messages are JSON objects, one per datagram of a ``SOCK_SEQPACKET`` pair, descri
 alongside (at most :data:`FDS_PER_MESSAGE` per message):
 
 * keeper -> custodian: ``hold`` (key, procs: [[rank, pid or 0, [streams]]...] + one
-  descriptor per stream), ``pids`` (key, pids: the job's processes', by rank), ``reaped``
+  descriptor per stream; started: {key: pids by rank} of the jobs started since the last
+  message), ``pids`` (started, alone: at the end of a round), ``reaped``
   (codes: {pid: status}), ``release`` (keys), ``handover``, ``sweep`` (alive: the keys of the
   jobs still running);
 * custodian -> keeper: ``exited`` (pid, code) for a held process it reaped; in answer to
@@ -395,16 +396,16 @@ class Custodian:
             message, fds = got
             op = message.get("op")
             try:
+                if op in ("hold", "pids"):
+                    for key, pids in message.get("started", {}).items():  # before the new pipes
+                        for rank, pid in enumerate(pids):
+                            held = self.held.get((int(key), rank))
+                            if held is not None:
+                                held.pid = int(pid)
+                                self.by_pid[held.pid] = held
                 if op == "hold":
                     self._hold(message, fds)
                     fds = []
-                elif op == "pids":
-                    key = int(message["key"])
-                    for rank, pid in enumerate(message.get("pids", [])):
-                        held = self.held.get((key, rank))
-                        if held is not None:
-                            held.pid = int(pid)
-                            self.by_pid[held.pid] = held
                 elif op == "reaped":
                     for pid, code in message.get("codes", {}).items():
                         held = self.by_pid.get(int(pid))

@@ -191,6 +191,8 @@ class Keeper:
         #: news for the custodian, sent at the end of the round: statuses reaped, jobs ended
         self.reaped: Dict[str, int] = {}
         self.released: List[int] = []
+        #: the pids of jobs just started: key -> pids by rank (see _tell_pids)
+        self.pids_untold: Dict[str, List[int]] = {}
         #: files whose dropped output the agent has not been told of yet
         self.drops_untold: Dict[Tuple[int, Tuple[int, str]], None] = {}
         #: when the disk last had no room for output or the journal (new jobs are refused for a while)
@@ -969,26 +971,34 @@ class Keeper:
         batch: List[list] = []
         fds: List[int] = []
         delivered = True
+        # the pids of the jobs started since the last message go with it (one message a job)
+        started, self.pids_untold = self.pids_untold, {}
         for rank, pid, streams in procs:
             if batch and len(fds) + len(streams) > FDS_PER_MESSAGE:
-                delivered = custodian.deliver({"op": "hold", "key": key, "procs": batch}, fds) and delivered
-                batch, fds = [], []
+                delivered = custodian.deliver({"op": "hold", "key": key, "procs": batch, "started": started},
+                                              fds) and delivered
+                batch, fds, started = [], [], {}
             batch.append([rank, pid, list(streams)])
             fds.extend(streams.values())
         # with the custodian before the processes start (else a job the keeper dies starting
         # would look as if it had never started, and be started again)
-        if not (custodian.deliver({"op": "hold", "key": key, "procs": batch}, fds) and delivered):
+        if not (custodian.deliver({"op": "hold", "key": key, "procs": batch, "started": started}, fds)
+                and delivered):
             self._custodian_gone()
 
     def _tell_pids(self, job: _Job) -> None:
-        """The custodian learns the pids of a job's processes once they have started."""
+        """The custodian learns the pids of a job's processes once they have started: with
+        the next job's pipes, or at the end of the round."""
         if self.custodian is not None and job.processes:
-            self.custodian.send({"op": "pids", "key": job.key, "pids": [p.pid for p in job.processes]})
+            self.pids_untold[str(job.key)] = [p.pid for p in job.processes]
 
     def _tell_custodian(self) -> None:
         custodian = self.custodian
         if custodian is None:
             return
+        if self.pids_untold:
+            custodian.send({"op": "pids", "started": self.pids_untold})
+            self.pids_untold = {}
         if self.reaped:
             custodian.send({"op": "reaped", "codes": self.reaped})
             self.reaped = {}
