@@ -904,12 +904,14 @@ def _create(path: str) -> None:
             db.close()  # the last connection: its log goes into the file
         os.chmod(temporary, 0o600)
         os.replace(temporary, path)
-    except (sqlite3.Error, OSError) as exc:
+    except BaseException as exc:
         for leftover in (temporary, temporary + "-wal", temporary + "-shm", temporary + "-journal"):
             try:
                 os.unlink(leftover)
             except OSError:
                 pass
+        if not isinstance(exc, (sqlite3.Error, OSError)):
+            raise  # (a signal stopping the agent, say: nothing is left behind)
         why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
         raise StoreUnwritable(f"the job store {path} cannot be made now: {why}") from None
 
