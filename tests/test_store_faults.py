@@ -193,3 +193,42 @@ async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_
         finally:
             if filler is not None and filler.exists():
                 filler.unlink()
+
+
+async def test_a_read_only_store_is_kept_its_writes_owed_and_written_once_it_can_be(tmp_path):
+    """(An immutable file, which not even root may write: what a read-only store is to a user.)"""
+    from proxy_agent.schedulers.sim import SimBackend
+    from proxy_agent.service.jobs import SubmitError
+    from proxy_agent.service.service import JobService
+
+    path = a_store_with_jobs(tmp_path, 3)
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("this file system cannot make a file immutable (chattr +i)")
+    try:
+        store = open_store(str(tmp_path))
+        assert store.unwritable and "readonly" in store.unwritable
+        assert not list(tmp_path.glob("jobs.sqlite.damaged-*"))
+        service = JobService(store=store)
+        service.add_backend(SimBackend(service.model, None, service.context(state_dir=str(tmp_path))))
+        assert [text for _, text in service.standing] == [
+            f"{store.unwritable}; new jobs are refused until it can be written, and what the agent owes it is kept "
+            "and written then (retrying)"]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            with trio.fail_after(10):
+                await service.ready.wait()
+            with pytest.raises(SubmitError, match="the job is refused: .*cannot be written now"):
+                await service.submit(JobSpec("/bin/true"))
+            store.note_state(2, "KILLED", "CANCELLED", "gone", True)  # owed
+            service._write_store()
+            assert store.owes
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+            with trio.fail_after(10):
+                while store.unwritable is not None:  # the service retries every half second
+                    await trio.sleep(0.1)
+            assert not store.owes and service.standing == []
+            assert store.job(2).state == "KILLED"
+            await service.submit(JobSpec("/bin/true"))  # accepted again
+            nursery.cancel_scope.cancel()
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)

@@ -8,8 +8,8 @@ in its environment.
 The processes are not the agent's children: the keeper of the state directory
 (:mod:`.keeper`, a small standard-library program in a session of its own) starts them,
 copies their output into files, records how they end, and goes on when the agent dies.  A
-submission is answered once the keeper has recorded the job in its journal (synced to the
-disk) and started it, so an accepted job is never lost; a keeper that dies is replaced by its
+submission is answered once the keeper has recorded the job in its journal, synced to the
+disk, before it starts it: an accepted job is never lost.  A keeper that dies is replaced by its
 custodian (:mod:`.custodian`), and the agent reconnects to the new keeper at once and goes on
 with every job it took back.  The
 agent reads the output files (:class:`_File`) as the keeper says they grow, and tells the
@@ -408,9 +408,6 @@ class LocalBackend(Backend):
             record.recorded.set()  # the keeper has it
             if not record.started and info.get("pids"):
                 self._notices([{"op": "spawned", "key": record.key, "pids": info["pids"]}])
-            elif not record.recorded.is_set() and info.get("done"):
-                record.start_error = info.get("error") or "the job's processes could not be started"
-                record.recorded.set()
             for rank, why in (info.get("lost_codes") or {}).items():
                 record.lost[int(rank)] = why
             for rank, code in enumerate(info.get("codes", [])):
@@ -714,6 +711,8 @@ class LocalBackend(Backend):
                 if kept is None:
                     kept = messages[:index]
                 record.waiting.append(message)
+                record.recorded.set()  # news of it: the keeper has it (a keeper from before
+                #                        "recorded" existed says "spawned" first)
             elif kept is not None:
                 kept.append(message)
         return messages if kept is None else kept

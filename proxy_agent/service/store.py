@@ -318,6 +318,13 @@ def transient(exc: BaseException) -> bool:
     return any(part in text for part in _TRANSIENT_TEXTS)
 
 
+def _read_only(exc: BaseException) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return code & 0xFF == 8  # SQLITE_READONLY and its extended codes
+    return "readonly" in str(exc).lower()
+
+
 def _explained(exc: BaseException, path: str) -> str:
     """SQLite's words for an error, and what lies behind a vague one: SQLite calls a full
     disk an I/O error when the file it cannot grow is its shared-memory file."""
@@ -400,6 +407,13 @@ class JobStore:
             db.execute("PRAGMA wal_autocheckpoint=0")
             self._migrate(db)
             _check_content(db)
+            # SQLite opens a file it may not write read-only, without a word: a change that is
+            # taken back says so now
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            finally:
+                db.execute("ROLLBACK")
         except BaseException as exc:
             db.close()
             if isinstance(exc, sqlite3.Error):
@@ -546,6 +560,8 @@ class JobStore:
         """A write failed: owed if the store cannot be written now, raised if it is damaged."""
         if not transient(exc):
             raise exc
+        if _read_only(exc):
+            self._reading_only = True  # the connection stays read-only: a new one is needed
         self._set_unwritable(f"the job store {self.path} cannot be written now: {_explained(exc, self.path)}")
 
     @property

@@ -108,9 +108,7 @@ class PtpSession:
         self._closing_since: Optional[float] = None
         #: the frames that end the stream (SHUTDOWN...), written after everything else
         self._final = bytearray()
-        #: what the writer has in hand and how much of it is written; an early write's rest
-        self._inflight: Optional[bytes] = None
-        self._inflight_sent = 0
+        #: the rest of an early write: its bytes and how much of them went (the writer goes on)
         self._resume: Optional[Tuple[bytes, int]] = None
         self._writer_done = trio.Event()
         self._nursery: Optional[trio.Nursery] = None
@@ -260,48 +258,40 @@ class PtpSession:
         written then ends at a frame's end (the rest is not written)."""
         stream = self.stream
         view = memoryview(data)
-        self._inflight, self._inflight_sent = data, sent
-        try:
-            if first_at_once:
-                # ...written at once, before any other task runs: the time in which a killed
-                # agent would lose them is that of one system call
-                sent += write_now(stream, view[sent:])
-                self._inflight_sent = sent
-            waits = hasattr(stream, "wait_send_all_might_not_block")
-            target = len(data)
-            while sent < target:
-                if cut and self._closing_since is not None and target == len(data) and self._past(CLOSE_SOFT):
-                    target = _frame_end(data, sent)  # finish the frame being written, no more
-                    if sent >= target:
-                        break
-                written = write_now(stream, view[sent:target])
-                if written:
-                    sent += written
-                    self._inflight_sent = sent
-                    continue
-                if not waits:
-                    await stream.send_all(view[sent:target])
-                    sent = target
+        if first_at_once:
+            # ...written at once, before any other task runs: the time in which a killed
+            # agent would lose them is that of one system call
+            sent += write_now(stream, view[sent:])
+        waits = hasattr(stream, "wait_send_all_might_not_block")
+        target = len(data)
+        while sent < target:
+            if cut and self._closing_since is not None and target == len(data) and self._past(CLOSE_SOFT):
+                target = _frame_end(data, sent)  # finish the frame being written, no more
+                if sent >= target:
                     break
-                if self._closing_since is None:
+            written = write_now(stream, view[sent:target])
+            if written:
+                sent += written
+                continue
+            if not waits:
+                await stream.send_all(view[sent:target])
+                sent = target
+                break
+            if self._closing_since is None:
+                await stream.wait_send_all_might_not_block()
+            else:
+                with trio.move_on_after(max(0.0, self._closing_since + CLOSE_BOUND - trio.current_time())):
                     await stream.wait_send_all_might_not_block()
-                else:
-                    with trio.move_on_after(max(0.0, self._closing_since + CLOSE_BOUND - trio.current_time())):
-                        await stream.wait_send_all_might_not_block()
-                    if self._past(CLOSE_BOUND):
-                        log.warning("%s took nothing for %g s; closing the connection", self.peer, CLOSE_BOUND)
-                        raise trio.ClosedResourceError("the client does not read")
-                written = write_now(stream, view[sent:target])
-                if written:
-                    sent += written
-                    self._inflight_sent = sent
-                elif sent < target:
-                    await stream.send_all(view[sent:target])  # says why it cannot, or waits
-                    sent = target
-            self._inflight_sent = sent
-            return target == len(data)
-        finally:
-            self._inflight = None
+                if self._past(CLOSE_BOUND):
+                    log.warning("%s took nothing for %g s; closing the connection", self.peer, CLOSE_BOUND)
+                    raise trio.ClosedResourceError("the client does not read")
+            written = write_now(stream, view[sent:target])
+            if written:
+                sent += written
+            elif sent < target:
+                await stream.send_all(view[sent:target])  # says why it cannot, or waits
+                sent = target
+        return target == len(data)
 
     def _past(self, bound: float) -> bool:
         return self._closing_since is not None and trio.current_time() - self._closing_since >= bound
