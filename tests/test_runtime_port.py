@@ -107,6 +107,7 @@ async def test_unauthenticated_peers_cost_bounded_memory_and_never_lock_out_loca
                 held.append(stream)
             await trio.sleep(0.5)
             grown = rss_kib(pid) - before
+            print(f"agent RSS {before} KiB before, grew by {grown} KiB")
             assert grown < 16 * 1024, f"the agent grew by {grown} KiB"
 
             # hundreds of idle connections: a handful stay, the rest are closed
