@@ -194,4 +194,18 @@ async def open_keeper(directory: str) -> KeeperLink:
             except OSError:
                 pass
             raise KeeperError(f"the keeper for {directory} did not start" + (f": {tail}" if tail else ""))
+        if process.poll() is None and _custodian_of(directory) not in (None, process.pid):
+            # it found another keeper serving (the one that answered) and is leaving: reaped
+            with trio.move_on_after(2):
+                await process.wait()
     return KeeperLink(stream, directory)
+
+
+def _custodian_of(directory: str) -> Optional[int]:
+    """The pid of the custodian serving ``directory``, as its lock file says."""
+    try:
+        with open(os.path.join(directory, "keeper.lock"), "rb") as lock:
+            pid = json.loads(lock.read() or b"{}").get("custodian")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) else None
