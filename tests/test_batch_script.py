@@ -18,7 +18,8 @@ import pytest
 from hypothesis import given, settings, HealthCheck
 from hypothesis import strategies as st
 
-from proxy_agent.schedulers import slurm_parse as sp
+from proxy_agent.schedulers.batch.slurm import parse as sp
+from proxy_agent.schedulers.batch.slurm import system as slurm_system
 from proxy_agent.schedulers.batch import (
     SLURM,
     BatchScriptError,
@@ -306,7 +307,7 @@ def test_arguments_survive_real_sbatch_and_srun(tmp_path):
         q = subprocess.run(sp.scontrol_job_argv(job_id), env=env, capture_output=True, text=True, timeout=20)
         jobs = sp.parse_scontrol_jobs(q.stdout)
         state = jobs[0].state if jobs else ""
-        if sp.map_job_state(state)[0] == "COMPLETED":
+        if slurm_system.STATE_TABLE.map(state).final:
             break
         time.sleep(0.5)
     assert state == "COMPLETED", state

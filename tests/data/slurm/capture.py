@@ -6,7 +6,7 @@
 Needs a running cluster whose node has at least 2 CPUs and partitions ``debug`` (default)
 and ``long`` (as scripts/slurm-up makes), and root (it drains the node and stops a partition
 for a moment). It submits jobs that end in known states, then jobs that are running, pending
-and held, and saves the output of every query of ``slurm_parse`` in text and, where this
+and held, and saves the output of every query of ``batch.slurm.parse`` in text and, where this
 SLURM has it, JSON, into ``tests/data/slurm/<version>/``. ``roles.json`` there maps each job's
 role to its id and the state it was meant to reach, which the tests check. It takes about
 two minutes (one job has to hit its time limit) and cancels everything it started.
@@ -23,7 +23,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..", "..", "..")))
 
-from proxy_agent.schedulers import batch, slurm_parse as sp  # noqa: E402
+from proxy_agent.schedulers import batch
+from proxy_agent.schedulers.batch.slurm import parse as sp  # noqa: E402
 
 WORK = "/tmp/proxy-agent-capture"
 ODD_NAME = 'spaces | and "quotes" $(x) `y`'

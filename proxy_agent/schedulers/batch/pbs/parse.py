@@ -49,7 +49,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
-from .records import NativeJob, NativeNode, NativeQueue
+from ..records import NativeJob, NativeNode, NativeQueue
 
 __all__ = [
     "FAMILY_OPENPBS",

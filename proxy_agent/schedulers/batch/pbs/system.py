@@ -1,7 +1,7 @@
 """PBS as a batch system: commands as argv, which parser reads each, state tables.
 
 One :class:`PbsSystem` per family (OpenPBS / PBS Professional, or Torque), chosen by probing
-(:func:`~.pbs_parse.detect_family` on the output of the probe argv). The batch engine runs
+(:func:`~.parse.detect_family` on the output of the probe argv). The batch engine runs
 the commands named here with a timeout, hands their stdout to the matching ``parse_*``
 method and diffs the records. Pure: nothing here runs a command.
 
@@ -31,11 +31,11 @@ from typing import List, Optional, Tuple
 
 import attrs
 
-from ...service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, StateTable, SubmitError
-from . import pbs_parse as P
-from .pbs_script import PbsSubmission, PbsUnsupported, build_submission
-from .records import NativeJob, NativeNode, NativeQueue
-from .script import BatchScriptError
+from ....service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, StateTable, SubmitError
+from . import parse as P
+from .directives import PbsSubmission, PbsUnsupported, build_submission
+from ..records import NativeJob, NativeNode, NativeQueue
+from ..script import BatchScriptError
 
 __all__ = [
     "OPENPBS_STATES",

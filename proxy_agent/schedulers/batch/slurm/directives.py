@@ -9,12 +9,12 @@ sbatch sees it.
 What each field becomes
 -----------------------
 ``account`` --account, ``wall_time`` (seconds) --time and ``memory`` (MB per node) --mem
-are written by :mod:`.script`; ``gpus`` --gpus=N; ``gres``
+are written by :mod:`..script`; ``gpus`` --gpus=N; ``gres``
 --gres (``name[:type][:count]``, comma separated); ``qos`` --qos; ``constraint``
 --constraint (node features with SLURM's ``& | , [] () *`` operators); ``exclusive``
 --exclusive; ``array`` --array (``1-10:2,15`` and ``%N`` for N tasks at once; every task
 appends to the job's output files, --open-mode=append, so the output of each is kept);
-``prologue`` is written into the script (see :mod:`.script`); ``native_options`` are
+``prologue`` is written into the script (see :mod:`..script`); ``native_options`` are
 further sbatch options, each checked against :data:`SBATCH_OPTIONS`.
 """
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 import re
 from typing import Dict, List, Optional, Sequence
 
-from ...service.jobs import ErrorKind, JobSpec, SubmitError
-from .script import FORBIDDEN_IN_LINE, line_problem
+from ....service.jobs import ErrorKind, JobSpec, SubmitError
+from ..script import FORBIDDEN_IN_LINE, line_problem
 
 __all__ = ["SBATCH_OPTIONS", "batch_options", "check_native_options", "check_prologue"]
 
@@ -82,7 +82,7 @@ def _array(text: str) -> str:
 
 def batch_options(spec: JobSpec) -> List[str]:
     """sbatch options for the batch fields of ``spec`` beyond account, time and memory
-    (:mod:`.script` writes those): GPUs, generic resources, QoS, constraint, exclusive,
+    (:mod:`..script` writes those): GPUs, generic resources, QoS, constraint, exclusive,
     array and the native options.  SubmitError naming the field whose value SLURM could not take."""
     opts: List[str] = []
     if spec.gpus is not None:

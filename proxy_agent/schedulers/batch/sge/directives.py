@@ -49,7 +49,7 @@ import attrs
 
 from proxy_agent.service.jobs import ErrorKind, JobSpec, SubmitError
 
-from .script import line_problem
+from ..script import line_problem
 
 __all__ = [
     "SgeSettings",

@@ -42,7 +42,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import attrs
 
-from .records import NativeJob, NativeNode, NativeQueue
+from ..records import NativeJob, NativeNode, NativeQueue
 
 __all__ = [
     "SgeParseError",

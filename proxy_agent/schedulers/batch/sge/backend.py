@@ -1,7 +1,7 @@
 """The Grid Engine backend (``--scheduler sge``): Grid Engine on the batch engine.
 
-Everything Grid Engine-specific is in :mod:`.sge` (commands and state letters),
-:mod:`.sge_parse` (answers) and :mod:`.sge_script` (qsub options and job script); this
+Everything Grid Engine-specific is in :mod:`.system` (commands and state letters),
+:mod:`.parse` (answers) and :mod:`.directives` (qsub options and job script); this
 module tells the engine which to use when:
 
 * the version from ``qstat -help`` (its first line, ``SGE 8.1.9``);
@@ -20,11 +20,11 @@ from typing import List, Optional, Sequence, Tuple
 
 import attrs
 
-from ...service.attributes import AttrInfo, ValueType
-from ...service.jobs import ErrorKind, JobSpec, JobState, StateTable, SubmitError
-from . import sge, sge_parse, sge_script
-from .engine import BatchBackend, BatchOptions, BatchSystem, CommandResult, Run, one_line
-from .records import NativeJob, NativeQueue
+from ....service.attributes import AttrInfo, ValueType
+from ....service.jobs import ErrorKind, JobSpec, JobState, StateTable, SubmitError
+from . import directives as sge_script, parse as sge_parse, system as sge
+from ..engine import BatchBackend, BatchOptions, BatchSystem, CommandResult, Run, one_line
+from ..records import NativeJob, NativeQueue
 
 __all__ = ["SgeBackend", "SgeOptions", "SgeSystem"]
 

@@ -6,7 +6,7 @@ Both PBS families take the same shape of submission, built here from the neutral
 * Every scheduler option is an element of qsub's argv; the script reaches qsub on **stdin**.
   stdin rather than a file: nothing to create, clean up or race on, no path to quote, and
   both families read a script from stdin when no script operand is given (as sbatch does for
-  the SLURM dialect in :mod:`.script`).
+  the SLURM dialect in :mod:`..script`).
 * ``-C ''`` turns off qsub's scanning of the script for ``#PBS`` directives. The script
   holds none, but an environment value or a prologue line could contain a line starting with
   ``#PBS`` (inside quotes, harmless to bash) which qsub would otherwise obey.
@@ -34,10 +34,10 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import attrs
 
-from ...service.jobs import JobSpec
-from .pbs_parse import FAMILY_OPENPBS, FAMILY_TORQUE
-from .script import BatchScriptError
-from .script import single_line as _line
+from ....service.jobs import JobSpec
+from .parse import FAMILY_OPENPBS, FAMILY_TORQUE
+from ..script import BatchScriptError
+from ..script import single_line as _line
 
 __all__ = [
     "PbsUnsupported",

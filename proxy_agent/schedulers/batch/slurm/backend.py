@@ -1,7 +1,7 @@
 """The SLURM backend (``--scheduler slurm``): SLURM on the batch engine.
 
-Everything SLURM-specific is in :mod:`proxy_agent.schedulers.slurm_parse` (commands and
-parsers) and :mod:`.slurm` (states, records, attributes); this module tells the engine which
+Everything SLURM-specific is in :mod:`.parse` (commands and
+parsers) and :mod:`.system` (states, records, attributes); this module tells the engine which
 to use when:
 
 * the version from ``sinfo --version``; the cluster's name (the machine's name) and how
@@ -14,8 +14,8 @@ to use when:
 * jobs that left the listing, together: ``scontrol show job`` for the first
   :attr:`SlurmSystem.MAX_SCONTROL_LOOKUPS` (while the controller remembers them), then one
   ``sacct`` for the rest, from the accounting database or the job-completion log;
-* submission with ``sbatch --parsable``, the script (:mod:`.script`) on its stdin, options
-  as argv elements (the batch settings checked by :mod:`.slurm_options`); output file names may hold SLURM's patterns (``%j``...) and are
+* submission with ``sbatch --parsable``, the script (:mod:`..script`) on its stdin, options
+  as argv elements (the batch settings checked by :mod:`.directives`); output file names may hold SLURM's patterns (``%j``...) and are
   followed once the job id expands them; ``scancel``, ``scontrol hold``/``release``/
   ``suspend``/``resume`` and ``scontrol update Partition=``.
 """
@@ -29,14 +29,16 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import attrs
 
-from ...service.attributes import AttrInfo, ValueType
-from ...service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
-from .. import slurm_parse as sp
-from ..slurm_parse import SlurmJob
-from . import script, slurm, slurm_options
-from .engine import DISPLAY_ATTRIBUTES, BatchBackend, BatchOptions, BatchSystem, CommandFailed, CommandResult, \
-    Parse, Run
-from .records import NativeJob
+from ....service.attributes import AttrInfo, ValueType
+from ....service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
+from . import parse as sp
+from .parse import SlurmJob
+from .. import script
+from . import directives as slurm_options, system as slurm
+from ....service.model import K
+from ..engine import DISPLAY_ATTRIBUTES, BatchBackend, BatchOptions, BatchSystem, CommandFailed, CommandResult, \
+    Parse, Run, job_values, node_values, queue_values
+from ..records import NativeJob
 
 __all__ = ["SlurmBackend", "SlurmOptions", "SlurmSystem"]
 
@@ -325,3 +327,38 @@ class SlurmBackend(BatchBackend):
             partition = AttrInfo(slurm.PARTITION, ValueType.STRING, "Partition", description, settable=True)
         return [*slurm.DISPLAY_ATTRIBUTES, *(a for a in DISPLAY_ATTRIBUTES if a.name not in mine), partition,
                 *slurm.SUBMIT_ATTRIBUTES]
+
+
+# ---------------------------------------------------------------------- one record at a time
+
+_SYSTEM = SlurmSystem()
+
+
+def job_service_state(job: SlurmJob) -> JobState:
+    """The service state of a job's record (a pending job held by its user or an
+    administrator is HOLD)."""
+    return slurm.service_state(slurm.native_word(job.state), job.reason)
+
+
+def job_attributes(job: SlurmJob) -> Dict[str, str]:
+    """The attributes a listed job shows (every key, ``""`` where SLURM has no value)."""
+    return {K.EXIT_CODE: "", K.SIGNAL: "", **job_values(_SYSTEM, slurm.native_job(job))[0]}
+
+
+def process_attributes(job: SlurmJob, node_id: Optional[int] = None) -> Dict[str, Any]:
+    """The attributes of a job's process 0 that follow from the job's record."""
+    out: Dict[str, Any] = {k: v for k, v in job_values(_SYSTEM, slurm.native_job(job))[1].items() if v != ""}
+    if node_id is not None:
+        out[K.NODE] = node_id
+    return out
+
+
+def node_attributes(node: sp.SlurmNode) -> Dict[str, str]:
+    """A node's attributes (every key; the node number is the caller's)."""
+    return node_values(slurm.native_node(node))
+
+
+def partition_attributes(part: sp.SlurmPartition) -> Dict[str, str]:
+    """A partition's queue attributes (every key)."""
+    queue = slurm.native_queue(part)
+    return queue_values(queue, queue.is_default)
