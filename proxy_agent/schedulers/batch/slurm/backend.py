@@ -33,7 +33,6 @@ from ....service.attributes import AttrInfo, ValueType
 from ....service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
 from . import parse as sp
 from .parse import SlurmJob
-from .. import script
 from . import directives as slurm_options, system as slurm
 from ....service.model import K
 from ..engine import DISPLAY_ATTRIBUTES, BatchBackend, BatchOptions, BatchSystem, CommandFailed, CommandResult, \
@@ -214,21 +213,11 @@ class SlurmSystem(BatchSystem):
         if named and named != partition:
             raise SubmitError(f"the queue given is partition {partition!r} but partition is {named!r}; "
                               "give one of them", ErrorKind.BAD_REQUEST)
-        extra = ["--hold"] if spec.hold else []
-        if spec.begin_time:
-            extra.append("--begin=" + spec.begin_time)
-        extra += slurm_options.batch_options(spec)
+        spec = attrs.evolve(spec, queue=partition, working_dir=spec.working_dir or None, nodes=spec.nodes or None,
+                            account=spec.account or None, prologue=slurm_options.check_prologue(spec.prologue))
         try:
-            script_spec = script.ScriptSpec(
-                executable=spec.executable, arguments=spec.arguments, environment=spec.environment,
-                working_dir=spec.working_dir or None, num_procs=spec.num_procs, nodes=spec.nodes or None,
-                cpus_per_task=spec.cpus_per_task, memory=str(spec.memory) if spec.memory else None,
-                time_limit=slurm.slurm_duration(spec.wall_time) if spec.wall_time else None, queue=partition,
-                account=spec.account or None, job_name=spec.display_name, stdout_path=spec.stdout_path,
-                stderr_path=spec.stderr_path, extra_options=extra,
-                prologue=slurm_options.check_prologue(spec.prologue))
-            return script.submit_argv(script_spec), script.render_script(script_spec).encode("utf-8")
-        except (script.BatchScriptError, ValueError) as exc:
+            return slurm_options.submit_argv(spec), slurm_options.job_script(spec).encode("utf-8")
+        except ValueError as exc:
             raise SubmitError(str(exc), ErrorKind.BAD_REQUEST) from None
 
     def parse_submitted(self, result: CommandResult) -> str:
