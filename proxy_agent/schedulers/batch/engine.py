@@ -5,9 +5,15 @@ parsers of their answers into the neutral records of :mod:`.records`, its state 
 its submission dialect.  :class:`BatchBackend` does the rest, the same way for every system:
 
 * **Polling**: one status query per poll for every job shown (the agent user's, or every
-  user's with ``--all-users``), the queues every ``info_interval`` (a minute, or four polls,
-  and at the next poll when a job names a queue not listed) and the hosts every
-  ``node_interval`` (the same unless the system asks for more).  Queries of one poll run
+  user's with ``--all-users``) and, in the same poll, one listing of the queues (their
+  states, slots and figures, and the limits the listing carries), so what the clients see
+  of a queue is never older than one poll; the hosts every ``node_interval`` (a minute, or
+  four polls, and at the next poll when a job names a queue not listed).
+* **Queue definitions** a second command must read (:meth:`BatchSystem.queue_details`,
+  Grid Engine's ``qconf -sq``) are read again every ``info_interval`` (the
+  ``--SYSTEM-definitions-interval`` option, five minutes by default), for a queue not read
+  yet or whose reading failed at the next poll, and for every queue at the first poll after
+  the scheduler answers again (its daemon may have restarted with other definitions).  Queries of one poll run
   side by side; a big answer is parsed in a worker thread.  A system may ask a listing its
   own way (:meth:`BatchSystem.fetch`: SLURM tries JSON, then text).  After a submission
   or a job command the engine polls every ``fast_poll_interval`` for a while.  A job's
@@ -209,10 +215,13 @@ class BatchSystem(abc.ABC):
     def parse_queues(self, text: str) -> List[NativeQueue]:
         return []
 
-    async def queue_details(self, queues: List[NativeQueue], run: Run) -> List[NativeQueue]:
-        """Complete new queues' records (limits a second command knows); called when the set
-        of queue names changes."""
-        return queues
+    #: the fields of a queue's record that :meth:`queue_details` fills in
+    detail_fields: ClassVar[Tuple[str, ...]] = ()
+
+    async def queue_details(self, queues: List[NativeQueue], run: Run) -> Dict[str, NativeQueue]:
+        """Queues' records completed with what a second command knows (their limits), by
+        name; a queue left out could not be read (it is asked again at the next poll)."""
+        return {queue.name: queue for queue in queues}
 
     def nodes_argv(self) -> Optional[Sequence[str]]:
         return None
@@ -408,12 +417,16 @@ _MISSING: Any = object()
 
 #: Seconds between two polls unless ``--NAME-poll-interval`` says otherwise.
 DEFAULT_POLL_INTERVAL = 15.0
+#: seconds between two readings of the queues' definitions beyond their listing (at most)
+DEFAULT_DEFINITIONS_INTERVAL = 300.0
 
 
 @attrs.frozen
 class BatchOptions:
     #: seconds between two polls
     poll_interval: float = DEFAULT_POLL_INTERVAL
+    #: seconds between two readings of the queues' definitions beyond their listing
+    definitions_interval: float = DEFAULT_DEFINITIONS_INTERVAL
 
 
 @attrs.define(eq=False)
@@ -560,9 +573,11 @@ class BatchBackend(Backend):
         self.command_timeout = command_timeout
         self.fast_poll_interval = min(fast_poll_interval, self.poll_interval)
         self.fast_poll_duration = fast_poll_duration
-        self.info_interval = info_interval if info_interval is not None else max(60.0, 4 * self.poll_interval)
+        #: seconds between two readings of the queues' definitions (BatchSystem.queue_details)
+        self.info_interval = info_interval if info_interval is not None else \
+            float(getattr(self.options, "definitions_interval", DEFAULT_DEFINITIONS_INTERVAL))
         #: seconds between two node queries (at most as often as the jobs are polled)
-        self.node_interval = node_interval if node_interval is not None else self.info_interval
+        self.node_interval = node_interval if node_interval is not None else max(60.0, 4 * self.poll_interval)
         self.time_used_interval = time_used_interval
         self.output_interval = output_interval
         self.output_drain_grace = output_drain_grace
@@ -579,6 +594,10 @@ class BatchBackend(Backend):
         self._machine: Optional[int] = None
         self._queues: Dict[str, int] = {}
         self._queue_records: Dict[str, NativeQueue] = {}
+        #: each queue's definitions as last read by BatchSystem.queue_details
+        self._definitions: Dict[str, NativeQueue] = {}
+        #: read every queue's definitions at the next poll
+        self._definitions_due = False
         self._default: Optional[str] = None
         self._queues_stale = False
         #: whether the queues' job figures may have changed since they were last counted
@@ -610,7 +629,15 @@ class BatchBackend(Backend):
         group.add_argument(f"--{cls.name}-poll-interval", dest=f"{cls.name}_poll_interval", type=float,
                            default=DEFAULT_POLL_INTERVAL, metavar="SECONDS",
                            help="seconds between two polls of the scheduler (default: %(default)s)")
+        cls.add_definitions_argument(group)
         cls.add_more_arguments(group)
+
+    @classmethod
+    def add_definitions_argument(cls, group) -> None:
+        group.add_argument(f"--{cls.name}-definitions-interval", dest=f"{cls.name}_definitions_interval", type=float,
+                           default=DEFAULT_DEFINITIONS_INTERVAL, metavar="SECONDS",
+                           help="seconds between two readings of the queues' definitions (limits) beyond what "
+                                "every poll lists, at most 300 (default: %(default)s)")
 
     @classmethod
     def add_more_arguments(cls, group) -> None:
@@ -621,7 +648,11 @@ class BatchBackend(Backend):
         interval = getattr(args, f"{cls.name}_poll_interval", DEFAULT_POLL_INTERVAL)
         if not 0.1 <= interval <= 3600:
             raise ValueError(f"--{cls.name}-poll-interval must be between 0.1 and 3600 seconds, got {interval:g}")
-        return BatchOptions(poll_interval=interval)
+        definitions = getattr(args, f"{cls.name}_definitions_interval", DEFAULT_DEFINITIONS_INTERVAL)
+        if not 0.1 <= definitions <= 300:
+            raise ValueError(f"--{cls.name}-definitions-interval must be between 0.1 and 300 seconds, "
+                             f"got {definitions:g}")
+        return BatchOptions(poll_interval=interval, definitions_interval=definitions)
 
     @classmethod
     def default_options(cls) -> BatchOptions:
@@ -719,9 +750,10 @@ class BatchBackend(Backend):
                 await self._wake.wait()
             self._wake = trio.Event()
             began = trio.current_time()
-            info = trio.current_time() >= next_info or self._queues_stale
+            info = trio.current_time() >= next_info or self._definitions_due
+            self._definitions_due = False
+            nodes = self._queues_stale or trio.current_time() >= next_nodes
             self._queues_stale = False
-            nodes = info or trio.current_time() >= next_nodes
             try:
                 errors = await self._poll(info=info, nodes=nodes)
                 if trio.current_time() >= next_time_used:
@@ -758,13 +790,12 @@ class BatchBackend(Backend):
                     results[what] = answer
 
         async with trio.open_nursery() as nursery:
-            if info:
-                nursery.start_soon(fetch, "queues")
+            nursery.start_soon(fetch, "queues")
             if info or nodes:
                 nursery.start_soon(fetch, "nodes")
             nursery.start_soon(fetch, "jobs")
         if "queues" in results:
-            await self._apply_queues(results["queues"])
+            await self._apply_queues(results["queues"], reread=info)
         if "nodes" in results:
             self._apply_nodes(results["nodes"])
         if "jobs" in results:
@@ -791,6 +822,7 @@ class BatchBackend(Backend):
                 self._notify("ERROR", f"{label} query failed (retrying): {text}")
         elif self._failures:
             log.info("%s answers again after %d failed polls", label, self._failures)
+            self._definitions_due = True  # it may have restarted with other definitions
             self._notify("INFO", f"{label} answers again")
             self._failures = 0
             self.last_error = self._reported = None
@@ -822,18 +854,27 @@ class BatchBackend(Backend):
 
     # ------------------------------------------------------------------ queues and nodes
 
-    async def _apply_queues(self, queues: List[NativeQueue]) -> None:
+    async def _apply_queues(self, queues: List[NativeQueue], reread: bool = False) -> None:
         listed = {q.name: q for q in queues if q.name}
-        if set(listed) != set(self._queue_records):
+        definitions = self._definitions
+        for name in [n for n in definitions if n not in listed]:
+            del definitions[name]
+        unread = [q for name, q in listed.items() if reread or name not in definitions]
+        if unread:
             try:
-                queues = await self.system.queue_details(list(listed.values()), self.run_cmd)
-                listed = {q.name: q for q in queues if q.name}
+                definitions.update(await self.system.queue_details(unread, self.run_cmd))
             except (ServiceError, ValueError) as exc:
                 log.info("%s queue details unavailable: %s", self.system.label, exc)
+        fields = self.system.detail_fields
+        if fields:
+            listed = {name: attrs.evolve(q, **{f: getattr(definitions[name], f) for f in fields})
+                      if name in definitions else q for name, q in listed.items()}
         default = next((q.name for q in listed.values() if q.is_default), None) or next(iter(listed), None)
         with self.model.batch():
             for name, queue in listed.items():
                 values = queue_values(queue, name == default)
+                if queue.free_slots is None:
+                    del values[K.FREE_SLOTS]  # counted from the jobs (_update_figures)
                 key = self._queues.get(name)
                 if key is None:
                     values[K.BACKEND] = self.name

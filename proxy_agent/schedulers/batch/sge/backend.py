@@ -7,8 +7,9 @@ module tells the engine which to use when:
 * the version from ``qstat -help`` (its first line, ``SGE 8.1.9``);
 * jobs from one ``qstat -xml -r`` per poll (``-u '*'`` with ``--all-users``); a job in an
   error state (``Eqw``) gets its error from ``qstat -j``;
-* cluster queues from ``qstat -f -xml`` (slots, states, running jobs) and their wall-time
-  limit from ``qconf -sq`` when the set of queues changes; hosts from ``qhost -q -xml``;
+* cluster queues from ``qstat -f -xml`` (slots, states, running jobs) at every poll, and
+  their wall-time limit from ``qconf -sq`` (see the engine: at the definitions interval,
+  for a new queue, and after the master answers again); hosts from ``qhost -q -xml``;
 * a job that left the listing from ``qacct -j`` (exit status, signal, deleted or failed);
 * submission with ``qsub -terse``, the script on its stdin; ``qdel``, ``qhold``/``qrls``,
   ``qmod -sj``/``-usj`` and ``qalter -q``, each answer read (not only its exit status).
@@ -16,7 +17,7 @@ module tells the engine which to use when:
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import attrs
 
@@ -61,13 +62,15 @@ class SgeSystem(BatchSystem):
     def parse_queues(self, text: str) -> List[NativeQueue]:
         return sge_parse.parse_queues(text)
 
-    async def queue_details(self, queues: List[NativeQueue], run: Run) -> List[NativeQueue]:
-        out = []
+    detail_fields = ("max_time",)
+
+    async def queue_details(self, queues: List[NativeQueue], run: Run) -> Dict[str, NativeQueue]:
+        out = {}
         for queue in queues:
             result = await run(sge.queue_config_argv(queue.name), check=False)
             if result.returncode == 0:
-                queue = attrs.evolve(queue, max_time=sge_parse.queue_max_time(sge_parse.parse_queue_config(result.out)))
-            out.append(queue)
+                out[queue.name] = attrs.evolve(
+                    queue, max_time=sge_parse.queue_max_time(sge_parse.parse_queue_config(result.out)))
         return out
 
     def nodes_argv(self) -> Sequence[str]:
@@ -148,7 +151,7 @@ class SgeBackend(BatchBackend):
         pe = getattr(args, "sge_pe", "smp") or ""
         if not pe.replace("_", "").replace("-", "").replace(".", "").isalnum():
             raise ValueError(f"--sge-pe {pe!r} is not a parallel environment name")
-        return SgeOptions(poll_interval=base.poll_interval, pe=pe)
+        return SgeOptions(poll_interval=base.poll_interval, definitions_interval=base.definitions_interval, pe=pe)
 
     @classmethod
     def default_options(cls) -> SgeOptions:

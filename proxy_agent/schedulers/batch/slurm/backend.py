@@ -275,8 +275,8 @@ class SlurmBackend(BatchBackend):
                  partition_interval: Optional[float] = None, **kwargs: Any) -> None:
         self._json_choice = (prefer_json, squeue_json)
         interval = (options or SlurmOptions()).poll_interval
-        kwargs.setdefault("info_interval", partition_interval if partition_interval is not None
-                          else max(30.0, 6 * interval))
+        if partition_interval is not None:
+            kwargs.setdefault("info_interval", partition_interval)
         kwargs.setdefault("node_interval", interval)  # a drained node shows at the next poll
         super().__init__(model, options, context, fast_poll_interval=fast_poll_interval, max_backoff=max_backoff,
                          **kwargs)
@@ -295,10 +295,12 @@ class SlurmBackend(BatchBackend):
         group.add_argument("--slurm-poll-interval", "--poll-interval", dest="slurm_poll_interval", type=float,
                            default=5.0, metavar="SECONDS",
                            help="seconds between two polls of the cluster (default: %(default)s)")
+        cls.add_definitions_argument(group)
 
     @classmethod
     def options_from_args(cls, args) -> SlurmOptions:
-        return SlurmOptions(poll_interval=super().options_from_args(args).poll_interval)
+        base = super().options_from_args(args)
+        return SlurmOptions(poll_interval=base.poll_interval, definitions_interval=base.definitions_interval)
 
     @classmethod
     def default_options(cls) -> SlurmOptions:
