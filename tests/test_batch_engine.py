@@ -205,6 +205,21 @@ async def test_listed_jobs_become_model_changes_and_queue_figures(nursery, tmp_p
     assert model.attr(q1, K.WAITING) == "1" and model.attr(q1, K.RUNNING) == "2"
 
 
+async def test_hosts_stay_when_the_record_of_the_end_has_none(nursery, tmp_path):
+    """PBS without job history blanks a job's hosts when it ends: what the clients were
+    shown of where the job ran stays."""
+    scheduler = Scheduler()
+    scheduler.listed = {"5": NativeJob("5", queue="q1", native_state="run", hosts=("n1", "n2"))}
+    harness = await start(nursery, tmp_path, scheduler)
+    model = harness.model
+    (key,) = [k for k in model.keys(Kind.JOB) if model.attr(k, K.NATIVE_ID) == "5"]
+    assert model.attr(key, K.HOSTS) == "n1,n2"
+    scheduler.finals["5"] = NativeJob("5", queue="q1", native_state="done", exit_code=0)
+    del scheduler.listed["5"]
+    await harness.wait_ended(key, 5)
+    assert model.attr(key, K.STATE) == "FINISHED" and model.attr(key, K.HOSTS) == "n1,n2"
+
+
 async def test_a_job_gone_without_a_record_is_deleted_or_killed(nursery, tmp_path):
     scheduler = Scheduler()
     scheduler.listed = {"7": NativeJob("7", queue="q1", native_state="wait"),

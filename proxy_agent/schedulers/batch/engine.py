@@ -427,6 +427,8 @@ class BatchOptions:
     poll_interval: float = DEFAULT_POLL_INTERVAL
     #: seconds between two readings of the queues' definitions beyond their listing
     definitions_interval: float = DEFAULT_DEFINITIONS_INTERVAL
+    #: the directory of the system's commands (None: found on PATH)
+    commands_dir: Optional[str] = None
 
 
 @attrs.define(eq=False)
@@ -587,6 +589,8 @@ class BatchBackend(Backend):
         self.spool_max_age = common.SPOOL_MAX_AGE
         self.parse_in_thread_above = parse_in_thread_above
         self.user = user or common.current_user()
+        #: where the system's commands are (None: found on PATH)
+        self.commands_dir: Optional[str] = getattr(self.options, "commands_dir", None)
         self._runner = runner or run_command
         self.version_text = ""
         #: the last failure of a query (None while they work)
@@ -630,7 +634,14 @@ class BatchBackend(Backend):
                            default=DEFAULT_POLL_INTERVAL, metavar="SECONDS",
                            help="seconds between two polls of the scheduler (default: %(default)s)")
         cls.add_definitions_argument(group)
+        cls.add_commands_argument(group)
         cls.add_more_arguments(group)
+
+    @classmethod
+    def add_commands_argument(cls, group) -> None:
+        group.add_argument(f"--{cls.name}-commands", dest=f"{cls.name}_commands", metavar="DIR",
+                           help="the directory of the scheduler's commands (default: found on PATH; for a host "
+                                "where another batch system's commands of the same names come first)")
 
     @classmethod
     def add_definitions_argument(cls, group) -> None:
@@ -652,7 +663,11 @@ class BatchBackend(Backend):
         if not 0.1 <= definitions <= 300:
             raise ValueError(f"--{cls.name}-definitions-interval must be between 0.1 and 300 seconds, "
                              f"got {definitions:g}")
-        return BatchOptions(poll_interval=interval, definitions_interval=definitions)
+        commands = getattr(args, f"{cls.name}_commands", None)
+        if commands is not None and not os.path.isdir(commands):
+            raise ValueError(f"--{cls.name}-commands {commands}: no such directory")
+        return BatchOptions(poll_interval=interval, definitions_interval=definitions,
+                            commands_dir=os.path.abspath(commands) if commands else None)
 
     @classmethod
     def default_options(cls) -> BatchOptions:
@@ -668,6 +683,8 @@ class BatchBackend(Backend):
 
     async def run_cmd(self, argv: Sequence[str], stdin: Optional[bytes] = None, check: bool = True,
                       env: Optional[Mapping[str, str]] = None) -> CommandResult:
+        if self.commands_dir and "/" not in argv[0]:
+            argv = [os.path.join(self.commands_dir, argv[0]), *argv[1:]]
         shown = " ".join(argv[:3])
         try:
             with trio.fail_after(self.command_timeout):
@@ -1029,6 +1046,10 @@ class BatchBackend(Backend):
             tracked.queue = queue
         values, process = self._job_values(job, tracked)
         values[K.QUEUE] = queue
+        if not job.hosts and state not in (JobState.QUEUING, JobState.HOLD):
+            # A record of a job that ran or ends without its hosts (PBS blanks them at the end
+            # unless it keeps job history) does not say it had none: what was shown stays.
+            del values[K.HOSTS]
         node = self._node_of(job)
         if node is not None:
             tracked.node = process[K.NODE] = node

@@ -151,7 +151,8 @@ class SgeBackend(BatchBackend):
         pe = getattr(args, "sge_pe", "smp") or ""
         if not pe.replace("_", "").replace("-", "").replace(".", "").isalnum():
             raise ValueError(f"--sge-pe {pe!r} is not a parallel environment name")
-        return SgeOptions(poll_interval=base.poll_interval, definitions_interval=base.definitions_interval, pe=pe)
+        return SgeOptions(poll_interval=base.poll_interval, definitions_interval=base.definitions_interval,
+                          commands_dir=base.commands_dir, pe=pe)
 
     @classmethod
     def default_options(cls) -> SgeOptions:

@@ -296,11 +296,13 @@ class SlurmBackend(BatchBackend):
                            default=5.0, metavar="SECONDS",
                            help="seconds between two polls of the cluster (default: %(default)s)")
         cls.add_definitions_argument(group)
+        cls.add_commands_argument(group)
 
     @classmethod
     def options_from_args(cls, args) -> SlurmOptions:
         base = super().options_from_args(args)
-        return SlurmOptions(poll_interval=base.poll_interval, definitions_interval=base.definitions_interval)
+        return SlurmOptions(poll_interval=base.poll_interval, definitions_interval=base.definitions_interval,
+                            commands_dir=base.commands_dir)
 
     @classmethod
     def default_options(cls) -> SlurmOptions:
