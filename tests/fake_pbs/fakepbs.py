@@ -69,7 +69,7 @@ def server():
     with open(os.path.join(root, "lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = os.path.join(root, "state.json")
-        state = {"next": 100, "jobs": {}}
+        state = {"next": 0, "jobs": {}}  # a fresh server numbers its jobs from 0
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 state = json.load(f)
