@@ -4,6 +4,7 @@ checked where each can be made to happen on purpose."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -38,6 +39,9 @@ class Scheduler:
         self.calls: List[Tuple[str, ...]] = []
         self.submitted: Dict[str, Tuple[str, str]] = {}
         self.next_id = 100
+        #: seconds a submit command takes after the job is listed (0: listed only later)
+        self.listed_while_submitting = 0.0
+        self.user = getpass.getuser()
 
     async def run(self, argv: Sequence[str], stdin: Optional[bytes], env) -> CommandResult:
         argv = tuple(argv)
@@ -56,6 +60,10 @@ class Scheduler:
             self.next_id += 1
             job_id = str(self.next_id)
             self.submitted[job_id] = (argv[1], argv[2])
+            if self.listed_while_submitting:
+                # the server has the job (and lists it) before the submit command answers
+                self.listed[job_id] = NativeJob(job_id, user=self.user, queue="q1", native_state="held")
+                await trio.sleep(self.listed_while_submitting)
             return CommandResult(argv, 0, job_id.encode(), b"")
         if argv[0] == "final":
             record = self.finals.get(argv[1])
@@ -203,6 +211,31 @@ async def test_listed_jobs_become_model_changes_and_queue_figures(nursery, tmp_p
     await wait_for(lambda: model.attr(jobs["1"], K.STATE) == "RUNNING", 2)
     assert model.attr(jobs["1"], K.HOSTS) == "n1"
     assert model.attr(q1, K.WAITING) == "1" and model.attr(q1, K.RUNNING) == "2"
+
+
+async def test_a_job_listed_before_its_submit_command_answers_appears_once_as_submitted(nursery, tmp_path):
+    """A listing that shows the job while the submit command still runs does not make it
+    somebody's job first (then taken over as the submitted one): the clients see the
+    submitted job once, with its reference, from the start."""
+    scheduler = Scheduler()
+    scheduler.listed_while_submitting = 0.5  # five polls of 0.1 s run meanwhile
+    harness = await start(nursery, tmp_path, scheduler, fast_poll_interval=0.1, user=scheduler.user)
+    model = harness.model
+
+    class Created(ChangeSink):
+        jobs: List[Tuple[int, object]] = []
+
+        def created(self, element) -> None:
+            if element.kind is Kind.JOB:
+                self.jobs.append((element.key, model.attr(element.key, K.CLIENT_REF)))
+
+    created = Created()
+    model.subscribe(created)
+    key = await harness.service.submit(JobSpec("prog", client_ref="held-one", hold=True))
+    await trio.sleep(0.5)  # more listings show it
+    assert created.jobs == [(key, "held-one")]
+    assert [k for k in model.keys(Kind.JOB)] == [key]
+    assert model.attr(key, K.NATIVE_STATE) == "held" and model.attr(key, K.STATE) == "HOLD"
 
 
 async def test_hosts_stay_when_the_record_of_the_end_has_none(nursery, tmp_path):

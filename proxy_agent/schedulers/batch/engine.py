@@ -362,6 +362,11 @@ class JobTable:
         self._records[job_id] = None
         self._expected[job_id] = generation
 
+    def forget(self, job_id: str) -> None:
+        """As if the last listing had not shown the job: the next one reports it new."""
+        self._keys.pop(job_id, None)
+        self._records.pop(job_id, None)
+
     def retire(self, job_id: str) -> None:
         self._keys.pop(job_id, None)
         self._records.pop(job_id, None)
@@ -617,6 +622,8 @@ class BatchBackend(Backend):
         self._reported: Optional[str] = None
         self._wake = trio.Event()
         self._fast_until = 0.0
+        #: submit commands running
+        self._submitting = 0
         self._nursery: Optional[trio.Nursery] = None
 
     # ------------------------------------------------------------------ to be given
@@ -997,7 +1004,16 @@ class BatchBackend(Backend):
     async def _apply_listing(self, jobs: List[NativeJob], generation: int) -> bool:
         """Apply a listing; whether it changed anything."""
         changes = self._table.apply(jobs, generation)
-        fresh = changes.added + changes.changed
+        added = changes.added
+        if self._submitting and added:
+            # A job of this user new to the listing while a submit command runs may be that
+            # submission's: it is left to the next listing, when the submission has named its
+            # job (else it would show as somebody's job, then be taken over as the submitted one).
+            mine = [job for job in added if not job.user or job.user == self.user]
+            for job in mine:
+                self._table.forget(job.job_id)
+            added = [job for job in added if job.user and job.user != self.user]
+        fresh = added + changes.changed
         if fresh:
             try:
                 fresh = await self.system.explain(fresh, self.run_cmd)
@@ -1199,12 +1215,15 @@ class BatchBackend(Backend):
             named["stderr"] = stderr
         # Files left by an earlier run under the same names are not this job's output.
         stale = {stream: _signature(os.path.join(base, path)) for stream, path in named.items()}
+        self._submitting += 1
         try:
             # The submit command may pass its environment to the job.
             result = await self.run_cmd(argv, stdin=stdin, check=False, env=dict(os.environ))
         except CommandFailed as exc:
             message = exc.message + ("; the job may or may not have been submitted" if exc.timed_out else "")
             raise SubmitError(message, ErrorKind.UNAVAILABLE) from None
+        finally:
+            self._submitting -= 1
         native_id = self.system.parse_submitted(result)
         follow = {}
         for stream, path in named.items():
