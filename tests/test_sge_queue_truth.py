@@ -186,3 +186,36 @@ async def test_queue_figures_follow_the_agents_own_jobs_and_the_broker_ranks_on_
                                             20, description="the broker's choice")
                 assert client.element(job.parent).name == two, job.get("brokerReason")
                 assert job.get("brokerReason") == "FastestQueue: 0 waiting of 2 slots, 2 free"
+
+
+async def test_a_job_no_queue_will_ever_run_says_so_in_grid_engines_words(tmp_path):
+    """A job asking for more wall time than its queue allows waits in qw for ever: the
+    client hears so at the first poll after the scheduler looked at it, in Grid Engine's
+    own words; a job that only waits its turn hears nothing of the kind."""
+    native_ids: List[str] = []
+    with throwaway_queues(tmp_path, native_ids, n={"h_rt": "01:00:00", "slots": "1"}) as (queue,):
+        with trio.fail_after(120):
+            async with agent(tmp_path) as client:
+                await _attribute(client, queue, "maxTime", "3600")
+                never = await client.submit("/bin/true", queue=f"sge:{queue}", timeLimit="2:00:00")
+                native_ids.append(client.job(never).get("nativeId"))
+                waits = await client.submit("/bin/sleep", ["60"], queue=f"sge:{queue}", hold=True)
+                native_ids.append(client.job(waits).get("nativeId"))
+                await client.wait_for(lambda: "cannot run" in (client.job(never).get("jobStatusMessage") or ""), 60,
+                                      description="the reason the job never starts")
+                message = client.job(never).get("jobStatusMessage")
+                assert message.startswith("will not start as submitted: ")
+                assert f'(-l h_rt=7200) cannot run in queue "{queue}"' in message
+                assert client.job(never).get("jobStatus") == "QUEUING"
+                assert not client.job(waits).get("jobStatusMessage")
+
+
+def test_which_notes_mean_never():
+    from proxy_agent.schedulers.batch.sge.backend import never_runs
+    assert never_runs('cannot run in queue "all.q" because it is not contained in its hard queue list (-q); '
+                      '(-l h_rt=72000) cannot run in queue "short.q" because of cluster queue')
+    assert not never_runs('queue instance "all.q@vm" dropped because it is full')
+    assert not never_runs('(-l h_rt=72000) cannot run in queue "short.q" because of cluster queue; '
+                          'queue instance "long.q@vm" dropped because it is disabled')
+    assert not never_runs("cannot run because it exceeds limit \"/////\" in rule \"max_slots/1\"")
+    assert not never_runs("")

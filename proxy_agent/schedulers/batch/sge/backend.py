@@ -17,26 +17,81 @@ module tells the engine which to use when:
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+import re
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import attrs
 
 from ....service.attributes import AttrInfo, ValueType
-from ....service.jobs import ErrorKind, JobSpec, JobState, StateTable, SubmitError
+from ....service.jobs import NEVER_STARTS, ErrorKind, JobSpec, JobState, StateTable, SubmitError
 from . import directives as sge_script, parse as sge_parse, system as sge
-from ..engine import BatchBackend, BatchOptions, BatchSystem, CommandResult, Run, one_line
+from ..engine import BatchBackend, BatchOptions, BatchSystem, CommandResult, Parse, Run, one_line
 from ..records import NativeJob, NativeQueue
 
 __all__ = ["SgeBackend", "SgeOptions", "SgeSystem"]
 
 _ACCOUNTING = ("exited", "failed")
+#: a note of the scheduler that a place can never take the job (not that it is busy now)
+_CANNOT_RUN = re.compile(r"cannot run (in queue|in PE|at host|globally)")
+
+
+def never_runs(note: str) -> bool:
+    """Whether the scheduler's notes on a pending job (``;``-separated) say that no queue
+    can ever run it as submitted: each one says a place cannot run it, none that a place is
+    busy, full, disabled or the job over a quota for now."""
+    notes = [n.strip() for n in note.split(";") if n.strip()]
+    return bool(notes) and all(_CANNOT_RUN.search(n) for n in notes)
 
 
 class SgeSystem(BatchSystem):
     label = "Grid Engine"
+    #: seconds after a job is first listed waiting during which the scheduler's notes on it
+    #: are asked for at each poll (until one says it can never run)
+    NOTE_WINDOW = 600.0
+    #: jobs asked about in one poll
+    NOTE_BATCH = 100
 
     def __init__(self, settings: sge_script.SgeSettings = sge_script.DEFAULT_SETTINGS) -> None:
         self.settings = settings
+        #: job number -> when it was first listed waiting without a note
+        self._waiting_since: Dict[str, float] = {}
+        #: job number -> the scheduler's words on why it can never run
+        self._never: Dict[str, str] = {}
+
+    async def fetch(self, what: str, user: Optional[str], run: Run, parse: Parse) -> Any:
+        answer = await super().fetch(what, user, run, parse)
+        if what != "jobs" or answer is None:
+            return answer
+        return await self._with_never_notes(answer, run)
+
+    async def _with_never_notes(self, jobs: List[NativeJob], run: Run) -> List[NativeJob]:
+        """A job waiting (``qw``) that no queue can ever run shows Grid Engine's own words on
+        why (``(-l h_rt=72000) cannot run in queue "short.q" ...``), from the first poll after
+        the scheduler looked at it: ``qstat -j`` for the waiting jobs not yet explained, for
+        :data:`NOTE_WINDOW` seconds after each was first listed."""
+        waiting = {job.job_id.partition(".")[0] for job in jobs if job.native_state == "qw"}
+        for table in (self._waiting_since, self._never):
+            for number in [n for n in table if n not in waiting]:
+                del table[number]
+        now = time.monotonic()
+        ask = [n for n in sorted(waiting) if n not in self._never
+               and now - self._waiting_since.setdefault(n, now) < self.NOTE_WINDOW][:self.NOTE_BATCH]
+        if ask:
+            result = await run(sge.detail_argv(ask), check=False)
+            if result.returncode == 0:
+                try:
+                    details = sge_parse.parse_job_detail(result.out)
+                except sge_parse.SgeParseError:
+                    details = []
+                for detail in details:
+                    if never_runs(detail.reason):
+                        self._never[detail.job_id.partition(".")[0]] = f"{NEVER_STARTS}{detail.reason}"
+        if not self._never:
+            return jobs
+        return [attrs.evolve(job, reason=self._never[job.job_id.partition(".")[0]])
+                if job.native_state == "qw" and job.job_id.partition(".")[0] in self._never else job
+                for job in jobs]
 
     @property
     def state_table(self) -> StateTable:
