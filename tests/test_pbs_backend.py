@@ -198,6 +198,18 @@ async def test_the_commands_are_found_where_the_option_says(tmp_path):
         assert client.job_output(job, "stdout") == "from PBS\n" and status(client, job) == "FINISHED"
 
 
+async def test_a_job_that_can_never_run_says_so_in_the_schedulers_words(tmp_path):
+    async with server(tmp_path, "openpbs") as client:
+        job = await client.submit("/bin/true", name="pa-pbs-never", count=64)  # more than every node has
+        await client.wait_for(lambda: "Can Never Run" in (client.job(job).get("jobStatusMessage") or ""), 30,
+                              description="the scheduler's comment")
+        message = client.job(job).get("jobStatusMessage")
+        assert message.startswith("will not start as submitted: Can Never Run: Insufficient amount of resource")
+        assert status(client, job) == "QUEUING"
+        await client.terminate(job)
+        await wait_status(client, job, "KILLED")
+
+
 async def test_torque_final_state_from_tracejob(tmp_path):
     # Torque forgets completed jobs at once here: the end comes from tracejob.
     async with server(tmp_path, "torque", FAKE_PBS_KEEP_COMPLETED="0") as client:

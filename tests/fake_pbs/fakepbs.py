@@ -104,7 +104,12 @@ def advance(root: str, state: dict) -> None:
     for job in list(state["jobs"].values()):
         if job.get("array"):
             continue
-        if job["state"] in ("Q", "W") and now >= max(job["queued_since"] + wait, job.get("begin") or 0):
+        total = sum(cpus for _name, cpus in NODES)
+        if job["state"] == "Q" and job["procs"] > total:
+            # what the real scheduler says of a job asking for more than every node has
+            job["comment"] = (f"Can Never Run: Insufficient amount of resource: ncpus "
+                              f"(R: {job['procs']} A: {total} T: {total})")
+        elif job["state"] in ("Q", "W") and now >= max(job["queued_since"] + wait, job.get("begin") or 0):
             start(root, job)
         elif job["state"] in ("R", "S", "E"):
             exit_path = os.path.join(root, "jobs", f"{job['seq']}.exit")
@@ -639,6 +644,8 @@ def job_attributes(job: dict) -> dict:
     attributes["Keep_Files"] = job["keep"]
     attributes["Output_Path"] = f"{os.uname().nodename}:{job['stdout']}"
     attributes["Priority"] = 0
+    if job.get("comment"):
+        attributes["comment"] = job["comment"]
     resource_list = {"ncpus": job["procs"], "nodect": 1}
     resource_list.update({k: v for k, v in job["res"].items() if k in ("select", "place", "walltime", "mem")})
     attributes["Resource_List"] = resource_list

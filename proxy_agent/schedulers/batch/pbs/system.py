@@ -31,7 +31,8 @@ from typing import List, Optional, Tuple
 
 import attrs
 
-from ....service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, StateTable, SubmitError
+from ....service.jobs import NEVER_STARTS, ErrorKind, JobError, JobSpec, JobState, ServiceError, StateTable, \
+    SubmitError
 from . import parse as P
 from .directives import PbsSubmission, PbsUnsupported, build_submission
 from ..records import NativeJob, NativeNode, NativeQueue
@@ -111,6 +112,19 @@ def node_state(native: str) -> str:
     return "UP"
 
 
+#: the scheduler's comment on a queued job that no node or queue can ever run as it asks
+_NEVER = re.compile(r"^Can Never Run\b|would never run", re.IGNORECASE)
+
+
+def _never_runs(job: NativeJob) -> NativeJob:
+    """A queued job the scheduler says can never run (``Can Never Run: Insufficient amount
+    of resource: ncpus (R: 4 A: 2 T: 2)``, ``Not Running: Job would never run``) says so
+    first, in the scheduler's words."""
+    if job.native_state == "Q" and _NEVER.search(job.reason):
+        return attrs.evolve(job, reason=NEVER_STARTS + job.reason)
+    return job
+
+
 def queue_state(enabled: bool, started: bool) -> str:
     """A queue takes and starts jobs (NORMAL) only when both enabled and started."""
     return "NORMAL" if enabled and started else "STOPPED"
@@ -164,7 +178,7 @@ class PbsSystem:
         """Jobs of the status listing (only ``user``'s when given). For Torque the arrays,
         which ``-t`` lists only as their elements, get a derived parent record each."""
         if self.openpbs:
-            return P.parse_openpbs_jobs(stdout, user)
+            return [_never_runs(job) for job in P.parse_openpbs_jobs(stdout, user)]
         jobs = P.parse_torque_jobs(stdout, user)
         return jobs + P.array_parents(jobs)
 
