@@ -219,3 +219,33 @@ def test_which_notes_mean_never():
                           'queue instance "long.q@vm" dropped because it is disabled')
     assert not never_runs("cannot run because it exceeds limit \"/////\" in rule \"max_slots/1\"")
     assert not never_runs("")
+
+
+async def test_an_array_job_is_one_job_with_its_tasks(tmp_path):
+    """An array shows as the job submitted, with its tasks as they run, as SLURM's and PBS's
+    do: never a job per group of waiting tasks (``N.2-4:1``), and nothing left DELETED."""
+    native_ids: List[str] = []
+    with throwaway_queues(tmp_path, native_ids, t={"slots": "2"}) as (queue,):
+        with trio.fail_after(150):
+            async with agent(tmp_path) as client:
+                await _attribute(client, queue, "freeSlots", "2")
+                job = await client.submit("/bin/sh", ["-c", "sleep 3; echo task $SGE_TASK_ID"], queue=f"sge:{queue}",
+                                          name="pa-sge-tasks", array="1-4")
+                number = client.job(job).get("nativeId")
+                native_ids.append(number)
+                seen = set()
+
+                def array_elements():
+                    elements = {j.get("nativeId"): j for j in client.jobs.values()
+                                if (j.get("nativeId") or "").split(".")[0] == number}
+                    seen.update(elements)
+                    return elements
+
+                await client.wait_for(lambda: any("." in n for n in array_elements()), 60,
+                                      description="a task running")
+                assert client.job(job).get("jobStatus") == "RUNNING"
+                await client.wait_job_state(job, "COMPLETED", timeout=120)
+                elements = array_elements()
+                assert seen <= {number, *(f"{number}.{t}" for t in range(1, 5))}, seen
+                assert {e.get("jobStatus") for e in elements.values()} == {"FINISHED"}
+                assert client.job(job).get("jobStatus") == "FINISHED"

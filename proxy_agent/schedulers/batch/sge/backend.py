@@ -109,7 +109,7 @@ class SgeSystem(BatchSystem):
         return sge.status_argv(all_users=user is None, user=user)
 
     def parse_status(self, text: str, user: Optional[str]) -> List[NativeJob]:
-        return sge_parse.parse_jobs(text)
+        return sge_parse.with_arrays(sge_parse.parse_jobs(text))
 
     def queues_argv(self) -> Sequence[str]:
         return sge.queues_argv()
