@@ -59,7 +59,8 @@ def submit_held(count: int, env: dict, first: int = 0, workers: int = 4) -> list
 
 def slurm_config(env: dict) -> dict:
     shown = subprocess.run(["scontrol", "show", "config"], capture_output=True, text=True, timeout=60, env=env)
-    return dict(line.split(" = ", 1) for line in map(str.strip, shown.stdout.splitlines()) if " = " in line)
+    pairs = (line.split(" = ", 1) for line in shown.stdout.splitlines() if " = " in line)
+    return {key.strip(): value.strip() for key, value in pairs}
 
 
 def restart_controller(conf: str, env: dict) -> None:
@@ -86,7 +87,12 @@ def set_max_job_count(conf: str, value: str, env: dict) -> str:
     lines = [line for line in old.splitlines() if not re.match(r"\s*MaxJobCount\s*=", line, re.IGNORECASE)]
     with open(conf, "w") as f:
         f.write("\n".join(lines + [f"MaxJobCount={value}"]) + "\n")
-    restart_controller(conf, env)
+    try:
+        restart_controller(conf, env)
+    except BaseException:
+        with open(conf, "w") as f:
+            f.write(old)
+        raise
     return old
 
 
