@@ -3,21 +3,24 @@
 idle, and how soon a job's end reaches its client.
 
     .venv/bin/python scripts/bench_batch_scale.py [--jobs 10000] [--interval 5] [--window 60]
-                                                  [--ends 7] [--max-job-count N]
+                                                  [--ends 5] [--job-seconds 15] [--max-job-count N]
 
 1. Submits ``--jobs`` held jobs (``sbatch --hold``, named ``pa-bench-scale-N``) to the
    cluster of scripts/slurm-up.  SLURM keeps at most ``MaxJobCount`` jobs (10,000 by
    default, other users' included): ``--max-job-count N`` raises it for the run (it edits the
    cluster's slurm.conf and restarts slurmctld, and puts both back at the end; running jobs
    survive a restart of the controller).
-2. Starts an agent (``--scheduler slurm --slurm-poll-interval INTERVAL``) with a client
-   subscribed to its events, and times how long after its start the client has every job;
-   then submits another 10 % held jobs at once and times how long after the last one the
-   client has them too (both against the poll interval).
+2. Starts an agent (``--scheduler slurm``, with ``--slurm-poll-interval INTERVAL`` if given:
+   without it the agent's default applies, 5 s and idle polls of a long listing spaced to
+   take at most 0.8 % of a core) with a client subscribed to its events, and times how long
+   after its start the client has every job.
 3. Measures, over ``--window`` seconds, the CPU time of the agent process and of the
-   commands it ran (squeue and the like), from /proc, each as % of one core.
-4. Submits ``--ends`` short jobs through the agent, one after the other; each writes the
-   time it ends as its last act; the latency is from then to the client seeing the job
+   commands it ran (squeue and the like), from /proc, each as % of one core, and counts the
+   polls (the ``squeue`` children seen); then submits another 10 % held jobs at once and
+   times how long after the last one the client has them too, against the poll interval.
+4. Submits ``--ends`` jobs through the agent, one after the other, each running
+   ``--job-seconds`` (past the quick polls that follow a submission); each writes the time it
+   ends as its last act; the latency is from then to the client seeing the job
    COMPLETED.  Prints the median, and the median over the poll interval.
 
 Every job it submitted is cancelled at the end.
@@ -43,6 +46,23 @@ import trio  # noqa: E402
 
 from bench_batch_idle import cpu_seconds, delete_slurm  # noqa: E402
 from proxy_agent.client import AgentClient  # noqa: E402
+
+
+def squeue_children(pid: int) -> set:
+    """The pids of the agent's children running squeue now."""
+    found = set()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read()
+        except OSError:
+            continue
+        name = fields[fields.index("(") + 1:fields.rindex(")")]
+        if name == "squeue" and int(fields[fields.rindex(")") + 2:].split()[1]) == pid:
+            found.add(int(entry))
+    return found
 
 
 def submit_held(count: int, env: dict, first: int = 0, workers: int = 4) -> list:
@@ -97,8 +117,9 @@ def set_max_job_count(conf: str, value: str, env: dict) -> str:
 
 
 async def measure(args, env: dict, cwd: str, ids: list) -> None:
-    interval = args.interval
-    argv = [sys.executable, "-m", "proxy_agent", "--scheduler", "slurm", "--slurm-poll-interval", str(interval)]
+    interval = args.interval or 5.0
+    argv = [sys.executable, "-m", "proxy_agent", "--scheduler", "slurm",
+            *(("--slurm-poll-interval", str(args.interval)) if args.interval else ())]
     async with await AgentClient.spawn(argv, env=env, cwd=cwd) as client:
         started = time.perf_counter()
         await client.init()
@@ -113,6 +134,22 @@ async def measure(args, env: dict, cwd: str, ids: list) -> None:
         print(f"the client had all {len(ids)} jobs {took:.1f} s after the agent started "
               f"(poll interval {interval:g} s; start-up included)")
 
+        await trio.sleep(2 * interval)  # past the first polls
+        pid = client.process.pid
+        own0, children0 = cpu_seconds(pid)
+        t0 = time.perf_counter()
+        polls = set()
+        while time.perf_counter() - t0 < args.window:
+            polls.update(squeue_children(pid))
+            await trio.sleep(0.02)
+        own1, children1 = cpu_seconds(pid)
+        elapsed = time.perf_counter() - t0
+        own, children = (own1 - own0) / elapsed * 100, (children1 - children0) / elapsed * 100
+        every = elapsed / len(polls) if polls else float("inf")
+        print(f"idle, {len(ids)} held jobs, {elapsed:.0f} s window: {len(polls)} polls (one every {every:.1f} s)")
+        print(f"  agent process {own:.2f} % of a core, its commands {children:.2f} %, together {own + children:.2f} %")
+        interval = every if polls else interval
+
         more = max(1, len(ids) // 10)
         burst = await trio.to_thread.run_sync(submit_held, more, env, len(ids))
         ids.extend(burst)
@@ -122,21 +159,10 @@ async def measure(args, env: dict, cwd: str, ids: list) -> None:
         print(f"{more} more held jobs: the client had them {lag:.2f} s after the last was submitted "
               f"({lag / interval:.2f} poll intervals)")
 
-        await trio.sleep(2 * interval)  # past the polls that followed the burst
-        pid = client.process.pid
-        own0, children0 = cpu_seconds(pid)
-        t0 = time.perf_counter()
-        await trio.sleep(args.window)
-        own1, children1 = cpu_seconds(pid)
-        elapsed = time.perf_counter() - t0
-        own, children = (own1 - own0) / elapsed * 100, (children1 - children0) / elapsed * 100
-        print(f"idle, {len(ids)} held jobs, poll every {interval:g} s, {elapsed:.0f} s window:")
-        print(f"  agent process {own:.2f} % of a core, its commands {children:.2f} %, together {own + children:.2f} %")
-
         latencies = []
         for n in range(args.ends):
             stamp = os.path.join(cwd, f"end-{n}")
-            job = await client.submit("/bin/sh", ["-c", f"sleep 1; date +%s.%N > {stamp}"],
+            job = await client.submit("/bin/sh", ["-c", f"sleep {args.job_seconds}; date +%s.%N > {stamp}"],
                                       name=f"pa-bench-scale-end-{n}")
             native = client.job(job).get("nativeId")
             if native:
@@ -155,9 +181,13 @@ async def measure(args, env: dict, cwd: str, ids: list) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=10_000)
-    parser.add_argument("--interval", type=float, default=5.0, help="seconds between polls (default: %(default)s)")
+    parser.add_argument("--interval", type=float, default=None,
+                        help="--slurm-poll-interval for the agent (default: none, the agent's own default)")
     parser.add_argument("--window", type=float, default=60.0)
-    parser.add_argument("--ends", type=int, default=7)
+    parser.add_argument("--ends", type=int, default=5)
+    parser.add_argument("--job-seconds", type=float, default=15.0,
+                        help="how long each of those jobs runs: longer than the agent's quick polls after a "
+                             "submission (ten seconds), so that its end is seen by an idle poll")
     parser.add_argument("--max-job-count", default=None, metavar="N",
                         help="raise SLURM's MaxJobCount to N for the run (restarts slurmctld, twice)")
     args = parser.parse_args()

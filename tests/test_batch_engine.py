@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import time
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -41,6 +42,8 @@ class Scheduler:
         self.next_id = 100
         #: seconds a submit command takes after the job is listed (0: listed only later)
         self.listed_while_submitting = 0.0
+        #: CPU seconds a status query costs
+        self.status_cpu = 0.0
         self.user = getpass.getuser()
 
     async def run(self, argv: Sequence[str], stdin: Optional[bytes], env) -> CommandResult:
@@ -50,6 +53,9 @@ class Scheduler:
         if self.failing and argv[0] != "submit":
             return CommandResult(argv, 1, b"", self.failing.encode())
         if argv[0] == "status":
+            spent = time.process_time() + self.status_cpu
+            while time.process_time() < spent:  # what answering costs
+                pass
             if self.garbage:
                 return CommandResult(argv, 0, b"<<not json", b"")
             data = [attrs.asdict(job) for job in self.listed.values()]
@@ -236,6 +242,21 @@ async def test_a_job_listed_before_its_submit_command_answers_appears_once_as_su
     assert created.jobs == [(key, "held-one")]
     assert [k for k in model.keys(Kind.JOB)] == [key]
     assert model.attr(key, K.NATIVE_STATE) == "held" and model.attr(key, K.STATE) == "HOLD"
+
+
+async def test_idle_polls_that_cost_much_are_spaced_to_the_cpu_budget(nursery, tmp_path):
+    """With a CPU budget (the default without a poll interval given), a listing that costs
+    50 ms to poll is polled about once a second at 5 % of a core, not every 0.1 s."""
+    scheduler = Scheduler()
+    scheduler.status_cpu = 0.05
+    backend = FakeBackend(ServiceModel(), BatchOptions(poll_interval=0.1, cpu_budget=0.05), runner=scheduler.run,
+                          spool_dir=str(tmp_path / "spool"))
+    await start_backend(nursery, backend)
+    await trio.sleep(1.0)  # past the first polls, which set the pace
+    before = sum(1 for call in scheduler.calls if call[0] == "status")
+    await trio.sleep(3.0)
+    polls = sum(1 for call in scheduler.calls if call[0] == "status") - before
+    assert 1 <= polls <= 5, polls  # every 0.1 s it would be 20 or more
 
 
 async def test_hosts_stay_when_the_record_of_the_end_has_none(nursery, tmp_path):

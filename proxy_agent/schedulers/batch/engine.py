@@ -57,7 +57,9 @@ import logging
 import operator
 import os
 import re
+import resource
 import secrets
+import time
 from collections import deque
 from contextlib import contextmanager
 from typing import (
@@ -422,6 +424,9 @@ _MISSING: Any = object()
 
 #: Seconds between two polls unless ``--NAME-poll-interval`` says otherwise.
 DEFAULT_POLL_INTERVAL = 15.0
+#: the share of one core an agent's idle polls take at most when the poll interval is the
+#: default one (a big listing is then polled less often)
+DEFAULT_CPU_BUDGET = 0.008
 #: seconds between two readings of the queues' definitions beyond their listing (at most)
 DEFAULT_DEFINITIONS_INTERVAL = 300.0
 
@@ -434,6 +439,8 @@ class BatchOptions:
     definitions_interval: float = DEFAULT_DEFINITIONS_INTERVAL
     #: the directory of the system's commands (None: found on PATH)
     commands_dir: Optional[str] = None
+    #: the share of one core idle polling may take (None: no limit; see the engine)
+    cpu_budget: Optional[float] = None
 
 
 @attrs.define(eq=False)
@@ -465,6 +472,12 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 _READ_CHUNK = 1 << 18
 _ABANDON = ("abandon_on_cancel" if "abandon_on_cancel" in inspect.signature(trio.to_thread.run_sync).parameters
             else "cancellable")
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and of its children that have ended."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _text(value: Optional[int]) -> str:
@@ -589,6 +602,9 @@ class BatchBackend(Backend):
         self.output_interval = output_interval
         self.output_drain_grace = output_drain_grace
         self.max_backoff = max(max_backoff, self.poll_interval)
+        #: the share of one core idle polling may take (None: no limit): polls that cost more
+        #: are spaced further apart
+        self.cpu_budget: Optional[float] = getattr(self.options, "cpu_budget", None)
         self.spool_dir = spool_dir or os.path.join(os.path.expanduser("~"), ".proxy-agent", self.name)
         #: files in the spool directory older than this that no job follows are removed
         self.spool_max_age = common.SPOOL_MAX_AGE
@@ -624,6 +640,8 @@ class BatchBackend(Backend):
         self._fast_until = 0.0
         #: submit commands running
         self._submitting = 0
+        #: the CPU seconds (the agent's and its commands') of the last polls
+        self._poll_costs: Deque[float] = deque(maxlen=3)
         self._nursery: Optional[trio.Nursery] = None
 
     # ------------------------------------------------------------------ to be given
@@ -638,8 +656,7 @@ class BatchBackend(Backend):
     def add_arguments(cls, parser) -> None:
         group = parser.add_argument_group(f"{cls.summary.split(' (')[0]} ({cls.name})")
         group.add_argument(f"--{cls.name}-poll-interval", dest=f"{cls.name}_poll_interval", type=float,
-                           default=DEFAULT_POLL_INTERVAL, metavar="SECONDS",
-                           help="seconds between two polls of the scheduler (default: %(default)s)")
+                           default=None, metavar="SECONDS", help=cls.poll_interval_help())
         cls.add_definitions_argument(group)
         cls.add_commands_argument(group)
         cls.add_more_arguments(group)
@@ -649,6 +666,15 @@ class BatchBackend(Backend):
         group.add_argument(f"--{cls.name}-commands", dest=f"{cls.name}_commands", metavar="DIR",
                            help="the directory of the scheduler's commands (default: found on PATH; for a host "
                                 "where another batch system's commands of the same names come first)")
+
+    #: seconds between two polls unless an option says otherwise
+    default_poll_interval: ClassVar[float] = DEFAULT_POLL_INTERVAL
+
+    @classmethod
+    def poll_interval_help(cls) -> str:
+        return (f"seconds between two polls of the scheduler (default: {cls.default_poll_interval}); without "
+                f"this option, idle polls of a long listing are spaced to take at most "
+                f"{DEFAULT_CPU_BUDGET * 100:g} %% of a core")
 
     @classmethod
     def add_definitions_argument(cls, group) -> None:
@@ -663,7 +689,10 @@ class BatchBackend(Backend):
 
     @classmethod
     def options_from_args(cls, args) -> BatchOptions:
-        interval = getattr(args, f"{cls.name}_poll_interval", DEFAULT_POLL_INTERVAL)
+        interval = getattr(args, f"{cls.name}_poll_interval", None)
+        budget = DEFAULT_CPU_BUDGET if interval is None else None
+        if interval is None:
+            interval = cls.default_poll_interval
         if not 0.1 <= interval <= 3600:
             raise ValueError(f"--{cls.name}-poll-interval must be between 0.1 and 3600 seconds, got {interval:g}")
         definitions = getattr(args, f"{cls.name}_definitions_interval", DEFAULT_DEFINITIONS_INTERVAL)
@@ -674,7 +703,7 @@ class BatchBackend(Backend):
         if commands is not None and not os.path.isdir(commands):
             raise ValueError(f"--{cls.name}-commands {commands}: no such directory")
         return BatchOptions(poll_interval=interval, definitions_interval=definitions,
-                            commands_dir=os.path.abspath(commands) if commands else None)
+                            commands_dir=os.path.abspath(commands) if commands else None, cpu_budget=budget)
 
     @classmethod
     def default_options(cls) -> BatchOptions:
@@ -760,7 +789,13 @@ class BatchBackend(Backend):
             return min(self.poll_interval * 2 ** (self._failures - 1), self.max_backoff)
         if trio.current_time() < self._fast_until:
             return self.fast_poll_interval
-        return self.poll_interval
+        interval = self.poll_interval
+        if self.cpu_budget and self._poll_costs:
+            # Idle polls are spaced so that they take at most cpu_budget of a core: the cheapest
+            # of the last polls' CPU (the agent's and its commands') decides, so that a child
+            # of some other part of the agent, reaped meanwhile, does not.
+            interval = max(interval, min(min(self._poll_costs) / self.cpu_budget, self.max_backoff))
+        return interval
 
     async def _poll_loop(self) -> None:
         next_info = trio.current_time() + self.info_interval
@@ -774,6 +809,7 @@ class BatchBackend(Backend):
                 await self._wake.wait()
             self._wake = trio.Event()
             began = trio.current_time()
+            cpu = _cpu_seconds()
             info = trio.current_time() >= next_info or self._definitions_due
             self._definitions_due = False
             nodes = self._queues_stale or trio.current_time() >= next_nodes
@@ -787,6 +823,7 @@ class BatchBackend(Backend):
             except Exception as exc:  # noqa: BLE001 - one bad poll must not end the agent
                 log.exception("polling %s failed", self.system.label)
                 errors = [f"internal error while polling: {type(exc).__name__}: {exc}"]
+            self._poll_costs.append(_cpu_seconds() - cpu)
             self._report(errors)
             if info:
                 next_info = trio.current_time() + self.info_interval

@@ -207,7 +207,7 @@ class SgeBackend(BatchBackend):
         if not pe.replace("_", "").replace("-", "").replace(".", "").isalnum():
             raise ValueError(f"--sge-pe {pe!r} is not a parallel environment name")
         return SgeOptions(poll_interval=base.poll_interval, definitions_interval=base.definitions_interval,
-                          commands_dir=base.commands_dir, pe=pe)
+                          commands_dir=base.commands_dir, cpu_budget=base.cpu_budget, pe=pe)
 
     @classmethod
     def default_options(cls) -> SgeOptions:

@@ -64,6 +64,8 @@ class SlurmSystem(BatchSystem):
         self._json: Dict[str, bool] = {}
         #: the last listing's records and what they became: an unchanged record is not converted again
         self._converted: Dict[str, Tuple[SlurmJob, NativeJob]] = {}
+        #: each query's last answer and its records: the same answer is not parsed again
+        self._answers: Dict[str, Tuple[bytes, list]] = {}
 
     @property
     def state_table(self) -> StateTable:
@@ -145,20 +147,30 @@ class SlurmSystem(BatchSystem):
                 return lambda text: self._native_jobs(parser(text))
             return lambda text: [convert(r) for r in parser(text)]
 
+        async def parsed(parser: Callable[[str], list], data: bytes) -> list:
+            # An idle cluster answers the same bytes poll after poll (held jobs above all):
+            # they are read once.
+            last = self._answers.get(kind)
+            if last is not None and last[0] == data:
+                return last[1]
+            records = await parse(converted(parser), data)
+            self._answers[kind] = (data, records)
+            return records
+
         if self._json.get(kind):
             try:
                 result = await run(json_argv)
-                return await parse(converted(json_parser), result.stdout)
+                return await parsed(json_parser, result.stdout)
             except (CommandFailed, sp.SlurmError) as exc:
                 json_error = exc
             result = await run(text_argv)  # raises if SLURM itself is failing
-            records = await parse(converted(text_parser), result.stdout)
+            records = await parsed(text_parser, result.stdout)
             log.warning("%s does not work here (%s); using the text format from now on",
                         " ".join(json_argv[:3]), json_error)
             self._json[kind] = False
             return records
         result = await run(text_argv)
-        return await parse(converted(text_parser), result.stdout)
+        return await parsed(text_parser, result.stdout)
 
     def job_state(self, job: NativeJob) -> JobState:
         return slurm.service_state(job.native_state, job.reason)
@@ -269,6 +281,7 @@ class SlurmBackend(BatchBackend):
 
     name = "slurm"
     summary = "a SLURM cluster (squeue, sinfo, sbatch, scancel, scontrol, sacct)"
+    default_poll_interval = 5.0
 
     def __init__(self, model, options: Optional[SlurmOptions] = None, context=None, *, prefer_json: bool = True,
                  squeue_json: bool = False, fast_poll_interval: float = 0.5, max_backoff: float = 60.0,
@@ -293,8 +306,7 @@ class SlurmBackend(BatchBackend):
     def add_arguments(cls, parser) -> None:
         group = parser.add_argument_group("SLURM (slurm)")
         group.add_argument("--slurm-poll-interval", "--poll-interval", dest="slurm_poll_interval", type=float,
-                           default=5.0, metavar="SECONDS",
-                           help="seconds between two polls of the cluster (default: %(default)s)")
+                           default=None, metavar="SECONDS", help=cls.poll_interval_help())
         cls.add_definitions_argument(group)
         cls.add_commands_argument(group)
 
@@ -302,7 +314,7 @@ class SlurmBackend(BatchBackend):
     def options_from_args(cls, args) -> SlurmOptions:
         base = super().options_from_args(args)
         return SlurmOptions(poll_interval=base.poll_interval, definitions_interval=base.definitions_interval,
-                            commands_dir=base.commands_dir)
+                            commands_dir=base.commands_dir, cpu_budget=base.cpu_budget)
 
     @classmethod
     def default_options(cls) -> SlurmOptions:
