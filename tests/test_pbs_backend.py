@@ -210,6 +210,34 @@ async def test_a_job_that_can_never_run_says_so_in_the_schedulers_words(tmp_path
         await wait_status(client, job, "KILLED")
 
 
+async def test_a_queue_changed_with_qmgr_reaches_the_client_at_the_next_poll(tmp_path):
+    import subprocess
+
+    queue = OTHER_QUEUE["openpbs"]
+    env = dict(os.environ, FAKE_PBS_FAMILY="openpbs", FAKE_PBS_STATE=str(tmp_path / "state"))
+
+    def qmgr(setting: str) -> None:
+        done = subprocess.run([os.path.join(REAL_BIN or str(FAKE_BIN), "qmgr"), "-c", f"set queue {queue} {setting}"],
+                              capture_output=True, text=True, env=env, timeout=30)
+        assert done.returncode == 0, done.stderr
+
+    async with server(tmp_path, "openpbs") as client:
+        was = client.queue(queue).get("maxTime")
+        try:
+            qmgr("resources_max.walltime = 30:00:00")
+            # the queues are listed at every poll (0.5 s here)
+            await client.wait_for(lambda: client.queue(queue).get("maxTime") == str(30 * 3600), 5,
+                                  description=f"maxTime of {queue} (is {client.queue(queue).get('maxTime')})")
+            qmgr("enabled = False")
+            await client.wait_for(lambda: client.queue(queue).get("queueState") == "STOPPED", 5,
+                                  description=f"{queue} stopped")
+        finally:
+            qmgr("enabled = True")
+            if was:
+                hours, rest = divmod(int(was), 3600)
+                qmgr(f"resources_max.walltime = {hours:02d}:{rest // 60:02d}:{rest % 60:02d}")
+
+
 async def test_torque_final_state_from_tracejob(tmp_path):
     # Torque forgets completed jobs at once here: the end comes from tracejob.
     async with server(tmp_path, "torque", FAKE_PBS_KEEP_COMPLETED="0") as client:
