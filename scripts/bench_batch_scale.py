@@ -127,7 +127,8 @@ async def measure(args, env: dict, cwd: str, ids: list) -> None:
         await client.start_events()
 
         def mine() -> int:
-            return sum(1 for j in client.jobs.values() if (j.name or "").startswith("pa-bench-scale-"))
+            wanted = set(ids)
+            return sum(1 for j in client.jobs.values() if j.get("nativeId") in wanted)
 
         await client.wait_for(lambda: mine() >= len(ids), 600, description=f"{len(ids)} jobs")
         took = time.perf_counter() - started

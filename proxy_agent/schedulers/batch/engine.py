@@ -865,7 +865,7 @@ class BatchBackend(Backend):
                     self._figures_stale = True
             except ServiceError as exc:
                 errors["final states"] = exc.message
-            if self._figures_stale or "queues" in results:
+            if self._figures_stale:
                 self._update_figures()
         self._failing = bool(errors)
         self._update_machine()
@@ -947,6 +947,8 @@ class BatchBackend(Backend):
                 if name not in listed and not self.model.children(key):
                     self.model.remove(key)
                     del self._queues[name]
+        if listed != self._queue_records:
+            self._figures_stale = True  # the scheduler's own figures may have changed
         self._queue_records = listed
         self._default = default
 
