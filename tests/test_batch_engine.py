@@ -229,7 +229,8 @@ async def test_a_job_listed_before_its_submit_command_answers_appears_once_as_su
     model = harness.model
 
     class Created(ChangeSink):
-        jobs: List[Tuple[int, object]] = []
+        def __init__(self) -> None:
+            self.jobs: List[Tuple[int, object]] = []
 
         def created(self, element) -> None:
             if element.kind is Kind.JOB:
