@@ -134,6 +134,8 @@ async def test_model_output_and_exit_codes(tmp_path, family):
         assert json.loads(client.job_output(ok, "stdout")) == args
         assert status(client, ok) == "FINISHED" and client.job(ok).get("exitCode") == "0"
         assert not (tmp_path / "pwned").exists()
+        # where it ran stays known after its end (a real server without job history blanks it)
+        assert client.job(ok).get("hosts") in NODES, client.job(ok).get("hosts")
 
 
 async def test_cancel_hold_release_move(tmp_path, family):
