@@ -93,8 +93,6 @@ class PtpSession:
         self._ahead: Deque[Union[bytes, Iterator[bytes]]] = deque()
         self._wake = trio.Event()
         self._snapshot_started = False
-        # While above zero, model changes wait (a submission's OK goes out before its NEW_JOB).
-        self._hold = 0
         self._closing = False
         self._writer_done = trio.Event()
         self._nursery: Optional[trio.Nursery] = None
@@ -132,8 +130,7 @@ class PtpSession:
     def _has_model_work(self) -> bool:
         view = self.view
         return (
-            self._hold == 0
-            and not self.quit_requested
+            not self.quit_requested
             and view is not None
             and self._snapshot_started
             and self.session.events_flowing
@@ -321,8 +318,8 @@ class PtpSession:
                 received = session.receive(item)
                 if received.log:
                     log.warning("%s", received.log)
-                for reply in received.replies:
-                    self.emit(reply)
+                for reply, owner in received.answers():
+                    self.emit(reply, owner)
                 if received.close:
                     return
                 if received.command is not None:
@@ -348,8 +345,8 @@ class PtpSession:
     def _not_the_protocol(self, head: bytes) -> None:
         received = self.session.not_the_protocol(bytes(head))
         log.warning("%s: %s", self.peer, received.log)
-        for reply in received.replies:
-            self.emit(reply)
+        for reply, owner in received.answers():
+            self.emit(reply, owner)
 
     # ------------------------------------------------------------------ commands
 
@@ -530,13 +527,17 @@ class PtpSession:
         try:
             if cid is CommandId.SUBMIT_JOB:
                 spec = mapping.job_spec(attrs_, self._queue_ref, self._job_key)
-                self._hold += 1
+                view = self.view
+                sub_id = spec.client_ref or ""
+                # The job is held back from this client (nothing else is) until the OK is queued.
+                view.expect_submission(sub_id)
+                job: Optional[int] = None
                 try:
-                    key = await service.submit(spec)
-                    log.info("submitted %s as job %d", spec.client_ref, self.view.element_id(key))
+                    job = await service.submit(spec)
+                    log.info("submitted %s as job %d", spec.client_ref, view.element_id(job))
                     self.emit(Ok(tid), transaction)
                 finally:
-                    self._hold -= 1
+                    view.submitted(sub_id, job)
                     self._model_changed()
                 return
             elif cid is CommandId.TERMINATE_JOB:
