@@ -274,3 +274,41 @@ async def test_four_overlapping_launches_with_a_reused_tid_all_get_their_jobs(na
                 element = await client.wait_job_state(job, "COMPLETED", setup.wait)
                 told_as_a_launch(client, element)
             assert client.violations == []
+
+
+# --------------------------------------------------------------------------- whose jobs are told state by state
+
+
+async def test_each_client_is_told_its_own_jobs_state_by_state_and_others_merged(tmp_path):
+    """The rule holds in both dialects, for the jobs a client submitted itself: this project's
+    console (the native dialect) gets every state of its launch beside a slow submission too.
+    Jobs a client did not submit may be merged as before: an IDE whose events were stopped
+    while another client's job ran gets that job as one NEW_JOB saying COMPLETED."""
+    from agent_fixtures import BackgroundAgent
+
+    path = str(tmp_path / "agent.sock")
+    async with BackgroundAgent("--unix", path, "--scheduler", "local,sim", "--sim-submit-delay", SLOW, *SIM_FAST):
+        async with await AgentClient.connect_unix(path, reference=True) as ide:
+            await ide.init(base_id=IDE_BASE, extra=IDE_EXTRA)
+            await ide.model_def()
+            await ide.start_events()
+            await ide.stop_events()
+            async with await AgentClient.connect_unix(path) as console:
+                assert console.dialect == "native"
+                await console.init(base_id=1000)
+                await console.model_def()
+                await console.start_events()
+                slow = await console.send_command(CommandId.SUBMIT_JOB, job_attributes(
+                    "/bin/true", queue="sim:debug", sub_id=console.new_sub_id()))
+                job = await console.submit("/bin/true", queue="local:default")
+                done = await console.wait_job_state(job, "COMPLETED", 30)
+                assert not slow.done  # all of it while the slow submission was in flight
+                assert done.states == ["STARTING", "RUNNING", "COMPLETED"]
+                assert distinct(done.changed_states) == ["RUNNING", "COMPLETED"]
+                await console.reply(slow, 30)
+                await console.quit()
+            await ide.start_events()
+            theirs = await ide.wait_for(lambda: ide.find_job(done.sub_id), 10)
+            assert theirs.states == ["COMPLETED"] and theirs.changed_states == []
+            await ide.quit()
+            assert ide.violations == []

@@ -122,7 +122,7 @@ class _OwnJob:
     the client has not been told yet, each with the service state (``jobStatus``) it was last
     in, so that none is merged away (see the module documentation)."""
 
-    __slots__ = ("steps", "told", "told_running")
+    __slots__ = ("steps", "told", "told_running", "ran")
 
     def __init__(self, state: Optional[str]) -> None:
         #: (PTP state, service state) not yet told, oldest first; no two in a row alike
@@ -131,11 +131,15 @@ class _OwnJob:
         self.told: Optional[str] = None
         #: the client has been told RUNNING
         self.told_running = False
+        #: the job has been in a state that says it ran
+        self.ran = False
         if state is not None:
             self.note(state)
 
     def note(self, state: str) -> None:
         """The job is now in service state ``state``."""
+        if not self.ran and _ran(state):
+            self.ran = True
         coarse = mapping.PTP_JOB_STATE.get(state, _STARTING)
         steps = self.steps
         if steps:
@@ -159,7 +163,7 @@ class _OwnJob:
         if new and steps[0][0] != _STARTING:
             steps.insert(0, (_STARTING, _STARTING_STATUS))
         if (steps[-1][0] == _COMPLETED and not self.told_running and all(c != _RUNNING for c, _ in steps)
-                and any(_ran(state) for _, state in steps)):
+                and (self.ran or _ran(current))):
             steps.insert(len(steps) - 1, (_RUNNING, JobState.RUNNING.value))
         return steps
 
