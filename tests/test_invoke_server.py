@@ -985,3 +985,50 @@ async def test_a_destroy_and_the_jobs_end_in_either_order_give_one_final_notify(
             await pipes.send(b"EXIT\r\n")
         assert pipes.rest == [], (end_first, pipes.rest)
         assert jobs.cancelled in ([], [100])
+
+
+# --------------------------------------------------------------------------- the documented texts
+
+
+def documented_exchanges() -> List[Tuple[str, str]]:
+    """The ```exchange blocks of docs/invoke-server.md as (direction, line)."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "invoke-server.md").read_text()
+    lines = []
+    for block in re.finditer(r"^```exchange\n(.*?)^```$", text, re.MULTILINE | re.DOTALL):
+        for line in block.group(1).splitlines():
+            direction, _, content = line.partition(" ")
+            assert direction in (">", "<", "!"), line
+            lines.append((direction, content))
+    return lines
+
+
+async def test_the_documented_exchanges_are_what_the_server_says(tmp_path):
+    """Every error text and notify of docs/invoke-server.md's exchanges, played against the
+    server: requests sent in order, each reply and notify as written there (a short job may
+    also report PENDING and ACTIVE before its end), and nothing else."""
+    exchange = documented_exchanges()
+    assert len(exchange) > 20
+    expected_notifies = []
+    async with invoke_server(cwd=tmp_path) as client:
+        batch = []
+        for direction, line in exchange:
+            if direction == ">":
+                batch.append(line)
+                continue
+            if batch:
+                await client.send("".join(f"{request}\r\n" for request in batch).encode())
+                batch = []
+            if direction == "<":
+                assert await client.reply() == line
+            else:
+                expected_notifies.append(line)
+                assert await client.find_notify(lambda found, line=line: found == line) == line
+        assert not batch
+        assert await client.wait() == 0
+        await client.drain()
+    written = client.err.decode().split("\r\n")[:-1]
+    others = [line for line in written if line not in expected_notifies]
+    assert all(line.split(" ")[2] in ("PENDING", "ACTIVE") for line in others), others
+    assert all(len(lines) == 1 for lines in finals(client.err).values())
