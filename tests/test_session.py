@@ -314,6 +314,61 @@ def test_tid_reuse_while_open_gets_error_and_abandons_the_open_command(reuse):
     assert session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=c")).command is not None
 
 
+def test_default_dialect_carries_out_a_command_on_an_open_tid():
+    """As the PTP 4.0 client's own proxies do: both commands run, each gets its answer on the
+    TID, in whatever order the agent finishes them; the TID is open until both are answered."""
+    session = session_in(Phase.NORMAL, DEFAULT_INIT_ARGS)
+    first = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
+    second = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=b"))
+    assert second.command is not None and second.replies == []
+    assert not first.transaction.abandoned and session.open_on(9) == [first.transaction, second.transaction]
+    assert session.open_count(9) == 2
+    assert session.write(Ok(9), second.transaction) == Ok(9).encode()
+    assert session.is_open(9) and session.open_on(9) == [first.transaction]
+    assert session.write(SubmitJobError(9, "a", ErrorCode.SUBMIT_FAILED, "no"), first.transaction)
+    assert not session.is_open(9)
+    with pytest.raises(ProtocolViolation, match="already completed"):
+        session.send(Ok(9), second.transaction)
+
+
+def test_default_dialect_a_command_on_the_events_tid_leaves_events_on():
+    session = session_in(Phase.NORMAL, DEFAULT_INIT_ARGS)
+    listed = session.receive(cmd(CommandId.LIST_FILTERS, 3))
+    assert listed.command is not None and listed.replies == []
+    session.send(Ok(3), listed.transaction)
+    assert session.events_flowing and session.events_tid == 3
+    session.send(RemoveAll(3))  # still open for the client: its START_EVENTS is not answered
+    r = session.receive(cmd(CommandId.STOP_EVENTS, 3))
+    assert r.replies == [Ok(3), Ok(3)]
+    assert [owner.command_id for owner in r.owners] == [CommandId.START_EVENTS, CommandId.STOP_EVENTS]
+    for reply, owner in r.answers():
+        session.send(reply, owner)
+    assert not session.is_open(3) and session.phase is Phase.SUSPENDED
+
+
+def test_default_dialect_quit_on_an_open_tid_answers_its_holder_first():
+    session = session_in(Phase.NORMAL, DEFAULT_INIT_ARGS)
+    submit = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
+    r = session.receive(cmd(CommandId.QUIT, 9))
+    assert r.command is not None
+    assert [(type(e), e.tid) for e in r.replies] == [(Ok, 3), (Error, 9), (Shutdown, 9)]
+    for reply, owner in r.answers():
+        session.send(reply, owner)
+    assert session.phase is Phase.SHUTDOWN and session.open == {}
+    assert submit.transaction.abandoned and session.write(Ok(9), submit.transaction) == b""
+
+
+def test_default_dialect_a_malformed_frame_on_an_open_tid_leaves_the_holder_alone():
+    session = session_in(Phase.NORMAL, DEFAULT_INIT_ARGS)
+    submit = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
+    r = session.receive(FrameError(ErrorKind.BAD_HEADER, "broken", 5, 9))
+    ((error, owner),) = r.answers()
+    assert error.code == ErrorCode.MALFORMED_FRAME and owner is not submit.transaction
+    session.send(error, owner)
+    assert session.open_on(9) == [submit.transaction]
+    assert session.write(Ok(9), submit.transaction) == Ok(9).encode()
+
+
 def test_a_late_answer_is_not_taken_for_the_next_command_on_the_tid():
     session = session_in(Phase.NORMAL)
     first = session.receive(cmd(CommandId.TERMINATE_JOB, 9, "jobId=1"))
