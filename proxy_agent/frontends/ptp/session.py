@@ -138,13 +138,17 @@ class PtpSession:
         )
 
     def _model_changed(self) -> None:
-        """The model changed: while events flow, the change goes out at once.
+        """The model changed: while events flow and nothing waits to be written, the change
+        is queued at once; otherwise it waits in the view and goes out with the next write
+        (the writer takes the view's changes just before it writes).
 
-        Sending each mutation (or batch of mutations) as it happens keeps every state a job
-        passes through visible to the client; changes coalesce only while events are
-        stopped, or while the client is not keeping up with what was already queued.
+        Either way it is written as soon as it would have been, and the changes made while
+        bytes wait for the writer share its events: a burst of submissions costs a few
+        events, not a few per submission.  The states of the client's own jobs are kept one
+        by one in the view, so only other jobs' states merge, and only within one write
+        (or while events are stopped, or the client does not keep up).
         """
-        if len(self._out) < _WRITE_HIGH_WATER and self._has_model_work():
+        if not self._out and self._has_model_work():
             self._emit_model()
         self._poke()
 

@@ -1611,7 +1611,7 @@ class ModelView(ChangeSink):
         if slot is None:
             return self._new_events(Kind.JOB, new) if new else []
         rows: Dict[int, tuple] = {}
-        steps: List[WireEvent] = []
+        steps: List[Tuple[Element, List[Tuple[str, str]]]] = []
         done: List[int] = []
         for element in new:
             record = own.get(element.key)
@@ -1621,7 +1621,7 @@ class ModelView(ChangeSink):
             values = list(element.values)
             values[slot] = sequence[0][1]
             rows[element.key] = tuple(values)
-            steps.extend(self._state_events(element, sequence[1:-1]))
+            steps.append((element, sequence[1:-1]))
             if len(sequence) > 1:
                 changes.append((element, {slot}))
             record.told_all(sequence)
@@ -1632,7 +1632,7 @@ class ModelView(ChangeSink):
             if record is None or not record.steps:
                 continue
             sequence = record.sequence(self._state_of(element) or _STARTING_STATUS, new=False)
-            steps.extend(self._state_events(element, sequence[:-1]))
+            steps.append((element, sequence[:-1]))
             slots.add(slot)
             record.told_all(sequence)
             if record.told == _COMPLETED:
@@ -1640,16 +1640,23 @@ class ModelView(ChangeSink):
         for key in done:
             del own[key]
         events = self._new_events(Kind.JOB, new, rows) if new else []
-        events.extend(steps)
+        events.extend(self._state_events(steps))
         return events
 
-    def _state_events(self, element: Element, sequence: List[Tuple[str, str]]) -> List[WireEvent]:
-        """One JOB_CHANGE per state, saying only the state."""
-        job = str(self.base + element.key)
+    def _state_events(self, steps: List[Tuple[Element, List[Tuple[str, str]]]]) -> List[WireEvent]:
+        """JOB_CHANGE events saying only the state, each job's states in order, one event
+        per state of a job: the first states of all the jobs share an event (grouped by
+        state), then their second states, and so on."""
         events: List[WireEvent] = []
-        for _, state in sequence:
-            args = mapping.state_args(Kind.JOB, state)
-            events.append((EventId.JOB_CHANGE, ["1", job, str(len(args)), *args]))
+        base = self.base
+        rounds = max((len(sequence) for _, sequence in steps), default=0)
+        for index in range(rounds):
+            by_state: Dict[str, List[int]] = {}
+            for element, sequence in steps:
+                if index < len(sequence):
+                    by_state.setdefault(sequence[index][1], []).append(base + element.key)
+            built = [(_ids_text(sorted(ids)), mapping.state_args(Kind.JOB, state)) for state, ids in by_state.items()]
+            events.extend(self._grouped(EventId.JOB_CHANGE, [], built))
         return events
 
     def _refs(self, kind: Kind, members: List[Element]) -> str:
