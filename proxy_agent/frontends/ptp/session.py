@@ -7,8 +7,11 @@ Data flows one way each direction::
 
 Every outgoing event is checked by the session rules and encoded when it is queued, so the
 order on the wire is the order of the checks.  One writer task moves queued bytes to the
-stream; model changes are drained only when the writer has caught up, so a slow client makes
-changes coalesce in its view instead of piling up in a buffer.
+stream; model changes are drained when nothing waits to be written, or by the writer just
+before it writes, so a slow client makes changes coalesce in its view instead of piling up in
+a buffer (the jobs the client submitted keep every state: see ``view.py``).  A submission's
+job is held back from its client until the submission's OK is queued; nothing else waits
+for a submission.
 
 The session never stops the service: when it ends, its view unsubscribes and the jobs go on.
 """
