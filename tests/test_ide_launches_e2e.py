@@ -162,6 +162,14 @@ async def ide_session(setup: Setup, tmp_path, *, tid_pool: int = 4) -> AsyncIter
             stop_leftovers(tmp_path / "pbs-state")
 
 
+def keep_jobs(client: AgentClient) -> Dict[str, Element]:
+    """Every job of the client's mirror by jobSubId, kept once it is gone from the mirror too
+    (a scheduler's ended jobs leave the model after a while: the simulated one's at once)."""
+    kept: Dict[str, Element] = {}
+    client.add_listener(lambda traffic: kept.update(client.state.jobs_by_sub))
+    return kept
+
+
 def queue_id(client: AgentClient, ref: str) -> str:
     backend, _, name = ref.partition(":")
     for queue in client.queues.values():
@@ -224,6 +232,7 @@ async def test_a_launch_beside_a_slow_submission_completes(name, tmp_path):
     with trio.fail_after(60 + 2 * setup.wait):
         async with ide_session(setup, tmp_path) as client:
             client.add_listener(lambda traffic: wire.append(traffic) if traffic.direction == "in" else None)
+            kept = keep_jobs(client)
             # the slow submission first, as the IDE would send a launch's (not waited for here)
             slow_sub = client.new_sub_id()
             slow = await client.send_command(CommandId.SUBMIT_JOB, job_attributes(
@@ -236,7 +245,7 @@ async def test_a_launch_beside_a_slow_submission_completes(name, tmp_path):
                 # the launches were told RUNNING while the slow submission was still in flight
                 assert not slow.done
             await client.reply(slow, setup.wait)
-            slow_job = await client.wait_for(lambda: client.find_job(slow_sub), setup.wait)
+            slow_job = await client.wait_for(lambda: kept.get(slow_sub), setup.wait)
             for job in [*launched, slow_job]:
                 element = await client.wait_job_state(job, "COMPLETED", setup.wait)
                 told_as_a_launch(client, element)
