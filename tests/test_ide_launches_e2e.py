@@ -27,7 +27,7 @@ import getpass
 import os
 import subprocess
 from contextlib import asynccontextmanager
-from typing import AsyncIterator, Callable, Dict, List, Optional, Tuple
+from typing import AsyncIterator, Dict, List, Optional, Tuple
 
 import attrs
 import pytest
