@@ -16,6 +16,7 @@ import difflib
 import fnmatch
 import json
 import re
+import sqlite3
 import sys
 import time
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple
@@ -352,6 +353,9 @@ def main(argv: List[str]) -> int:
         return 2
     except StoreError as exc:
         print(f"proxy-agent {command}: {exc.message}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as exc:  # found damaged while reading
+        print(f"proxy-agent {command}: the job store in {args.state_dir} cannot be read: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

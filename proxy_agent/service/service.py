@@ -32,7 +32,7 @@ from .coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
 from .history import JobOutput, OutputHistory, read_job_output
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement
-from .store import JobStore, StoredJob
+from .store import JobStore, StoredJob, StoreUnwritable
 from .jobs import JobState
 
 log = logging.getLogger("proxy_agent.service")
@@ -126,30 +126,6 @@ class JobService:
     def __init__(self, model: Optional[ServiceModel] = None, store: Optional[JobStore] = None, *,
                  keep_ended: Optional[float] = KEEP_ENDED, show_ended: Optional[float] = SHOW_ENDED) -> None:
         self.model = model if model is not None else ServiceModel()
-        #: the job store (None: jobs do not outlive the agent)
-        self.store = store
-        #: the state directory the store is in (None without a store)
-        self.state_dir = os.path.dirname(os.path.abspath(store.path)) if store is not None else None
-        #: every stored job's output, kept in the state directory until the job is forgotten
-        self.history = OutputHistory(self.state_dir) if self.state_dir is not None else None
-        #: seconds after their end that jobs are forgotten / shown to clients (None: for ever)
-        self.keep_ended = keep_ended
-        self.show_ended = show_ended
-        #: stored jobs that have ended: key -> when (for taking them out of the model)
-        self._ended_at: Dict[int, float] = {}
-        #: keys of the jobs the store holds
-        self.stored: Set[int] = set()
-        self._stored_records: List[StoredJob] = []
-        if store is not None:
-            try:
-                self._stored_records = store.jobs()
-                self.model.reserve_keys(store.max_key())
-            except sqlite3.Error as exc:
-                self._store_failed(exc)
-        self._recorder = _StoreRecorder(self)
-        if store is not None:
-            self.model.observe(self._recorder)
-            self.model.record_output(self._recorder)
         self.backends: List[Backend] = []
         self._by_name: Dict[str, Backend] = {}
         #: backends that could not start: name -> why
@@ -164,6 +140,39 @@ class JobService:
         self.brokering = Brokering(self.model)
         #: multi-part jobs (a :class:`~.coalloc.manager.CoallocManager` attaches itself here)
         self.coalloc = None
+        #: the job store (None: jobs do not outlive the agent)
+        self.store = store
+        #: the state directory the store is in (None without a store)
+        self.state_dir = os.path.dirname(os.path.abspath(store.path)) if store is not None else None
+        #: every stored job's output, kept in the state directory until the job is forgotten
+        #: (None: no store could be read, so nothing is kept)
+        self.history: Optional[OutputHistory] = None
+        #: seconds after their end that jobs are forgotten / shown to clients (None: for ever)
+        self.keep_ended = keep_ended
+        self.show_ended = show_ended
+        #: stored jobs that have ended: key -> when (for taking them out of the model)
+        self._ended_at: Dict[int, float] = {}
+        #: keys of the jobs the store holds
+        self.stored: Set[int] = set()
+        self._stored_records: List[StoredJob] = []
+        #: the standing notice saying the store cannot be written now
+        self._unwritable_notice: Optional[Tuple[str, str]] = None
+        #: ended jobs are due to be forgotten but the store cannot be written now (said once)
+        self._forgetting_owed = False
+        if store is not None:
+            try:
+                self._stored_records = store.jobs()
+                self.model.reserve_keys(store.max_key())
+            except sqlite3.Error as exc:
+                self._store_failed(exc)
+        self._recorder = _StoreRecorder(self)
+        if self.store is not None and self.state_dir is not None:
+            self.history = OutputHistory(self.state_dir)
+            self.model.observe(self._recorder)
+            self.model.record_output(self._recorder)
+            self.store.on_change = self._store_writable_changed
+            if self.store.unwritable is not None:
+                self._store_writable_changed(self.store.unwritable)
 
     # ------------------------------------------------------------------ set-up
 
@@ -333,11 +342,11 @@ class JobService:
             self._write_store()
 
     def _write_store(self) -> None:
+        if self.history is not None:
+            self.history.flush()
         store = self.store
         if store is None:
             return
-        if self.history is not None:
-            self.history.flush()
         try:
             store.flush()
         except sqlite3.Error as exc:
@@ -346,7 +355,28 @@ class JobService:
     def _store_failed(self, exc: BaseException) -> None:
         log.error("the job store failed: %s", exc)
         self.store = None
+        self._store_writable_changed(None)
         self.tell_every_client("WARNING", f"the job store failed ({exc}); jobs will not survive a restart of the agent")
+
+    def _store_writable_changed(self, why: Optional[str]) -> None:
+        """The store cannot be written now (``why``), or can again (None): every client is
+        told, and a client that comes later hears only how things stand then."""
+        notice = self._unwritable_notice
+        if why is None:
+            if notice is None:
+                return
+            self._unwritable_notice = None
+            if notice in self.standing:
+                self.standing.remove(notice)
+            if self.store is not None:
+                self.notify("INFO", "the job store can be written again; what the agent owed it is written, and new "
+                                    "jobs are accepted")
+            return
+        if notice is not None:
+            return
+        self._unwritable_notice = ("WARNING", f"{why}; new jobs are refused until it can be written, and what the "
+                                              "agent owes it is kept and written then (retrying)")
+        self.tell_every_client(*self._unwritable_notice)
 
     # ------------------------------------------------------------------ ended jobs
 
@@ -367,7 +397,8 @@ class JobService:
             self.hide_ended(now)
             if now >= next_forget:
                 self.forget_ended(now)
-                next_forget = now + _FORGET_CHECK
+                # while the store cannot be written, it is tried again soon
+                next_forget = now + (_SHOWN_CHECK if self._forgetting_owed else _FORGET_CHECK)
             await trio.sleep(_SHOWN_CHECK)
 
     def hide_ended(self, now: Optional[float] = None) -> List[int]:
@@ -404,11 +435,21 @@ class JobService:
 
         cutoff = (time.time() if now is None else now) - self.keep_ended
         try:
-            store.flush()
             forgotten = forget_stored(store, self.state_dir, ended_before=cutoff)["forgotten"]
+        except StoreUnwritable as exc:
+            # the next look tries again; clients are told the store cannot be written already
+            if not self._forgetting_owed:
+                log.warning("jobs that ended more than %s ago are not forgotten for now: %s",
+                            _duration_text(self.keep_ended), exc.message)
+            self._forgetting_owed = True
+            return []
         except sqlite3.Error as exc:
             self._store_failed(exc)
             return []
+        if self._forgetting_owed:
+            log.info("the job store can be written again: jobs that ended more than %s ago are forgotten again",
+                     _duration_text(self.keep_ended))
+            self._forgetting_owed = False
         for key in forgotten:
             self.stored.discard(key)
             self._ended_at.pop(key, None)
@@ -628,9 +669,12 @@ class JobService:
         try:
             if store is not None:
                 await trio.lowlevel.checkpoint()  # the submissions that came with it are noted
-                if self.store is store and store.submission_noted(key):
+                if self.store is store:
                     try:
-                        store.write_submissions()
+                        store.commit_submission(key)
+                    except StoreUnwritable as exc:
+                        # no job is accepted that the store has not recorded
+                        raise SubmitError(f"the job is refused: {exc.message}", ErrorKind.UNAVAILABLE) from None
                     except sqlite3.Error as exc:
                         self._store_failed(exc)
                 if self.store is not store:  # the store failed: the job goes on without it

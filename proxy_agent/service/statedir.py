@@ -19,7 +19,7 @@ import shutil
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import history
-from .store import JobStore, StoreError, StoredJob
+from .store import JobStore, StoreError, StoredJob, StoreUnwritable
 
 __all__ = [
     "ROW_FIELDS",
@@ -42,12 +42,21 @@ ROW_FIELDS = (
 _BROKER_EXTRA = "broker"
 
 
-def open_existing_store(state_dir: str) -> JobStore:
-    """The store of ``state_dir``; :class:`StoreError` when there is none (none is made)."""
+def open_existing_store(state_dir: str, writing: bool = False) -> JobStore:
+    """The store of ``state_dir`` as it is: :class:`StoreError` when there is none (none is
+    made), or when it is damaged (:class:`StoreDamaged`, saying what is wrong: it is never
+    moved aside or followed through a link here, that is the agent's to do).  A sound store
+    that cannot be written now is read as it is, unless ``writing`` (then
+    :class:`StoreUnwritable` says why)."""
     path = os.path.join(state_dir, JobStore.FILE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise StoreError(f"no job store in {state_dir} (no agent has kept jobs there)")
-    return JobStore(path)
+    try:
+        return JobStore(path)
+    except StoreUnwritable as exc:
+        if writing:
+            raise
+        return JobStore.reading_only(path, exc.message)
 
 
 def job_row(job: StoredJob) -> Dict[str, Any]:
@@ -91,7 +100,7 @@ def list_jobs(state_dir: str) -> List[Dict[str, Any]]:
 def forget_jobs(state_dir: str, keys: Sequence[int] = (), ended_before: Optional[float] = None) -> Dict[str, List[int]]:
     """Forget ended jobs: those named (``keys``) and those that ended before a time.  Returns
     ``{"forgotten": [...], "refused": [...] (not ended: kept), "missing": [...] (unknown)}``."""
-    store = open_existing_store(state_dir)
+    store = open_existing_store(state_dir, writing=True)
     try:
         return forget_stored(store, state_dir, keys, ended_before)
     finally:
