@@ -322,8 +322,9 @@ def _output(args: argparse.Namespace) -> int:
             seen[where] = part["first"] + len(part["lines"])
             if part["dropped"] and told.get(where) != part["dropped"] and (found["ended"] or not args.follow):
                 told[where] = part["dropped"]
+                why = part["why_dropped"] or f"at most {history.LIMIT >> 20} MiB of output is kept per job"
                 print(f"proxy-agent output: {part['dropped']} further lines process {part['rank']} wrote to {stream} "
-                      f"were not kept (at most {history.LIMIT >> 20} MiB of output is kept per job)", file=sys.stderr)
+                      f"were not kept ({why})", file=sys.stderr)
         sys.stdout.flush()
         if not args.follow or found["ended"]:
             return 0

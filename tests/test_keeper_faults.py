@@ -2,7 +2,7 @@
 
 * The keeper killed while jobs write: its custodian starts a new keeper, which takes the
   running jobs back (their pipes and pids from the custodian); the agent reconnects and goes
-  on: every line arrives once, in order, and every exit status is kept.
+  on: every line arrives once, in order, and is kept once, and every exit status is kept.
 * The keeper and its custodian both killed: the next keeper cannot take the job back; the job
   is reported FAILED saying why, and its processes are ended.
 * The disk fills while a job writes: what does not fit is dropped and counted, the client is
@@ -22,6 +22,7 @@ import trio
 
 from adoption_support import spawn_agent, start
 from disk_support import fill, small_disk
+from proxy_agent.service.history import read_job_output
 
 
 def keeper_pids(state: Path) -> dict:
@@ -77,7 +78,15 @@ async def test_a_killed_keeper_is_replaced_and_its_jobs_go_on_with_output_and_ex
             assert lines(client, flooded) == [str(i) for i in range(1, 200001)]
             assert [m.text for m in client.messages] == []  # replaced at once: nothing to tell
             assert client.violations == []
+            keys = {"job": client.job_key(job), "flood": client.job_key(flood), "after": client.job_key(after)}
             await client.quit()
+    # the kept output too has every line once, in order, though the keeper that read them died
+    for rank in (0, 1):
+        assert read_job_output(str(state), keys["job"], rank=rank).text() == "".join(
+            f"line {i}\n" for i in range(1, 41)), rank
+    flooded_kept = read_job_output(str(state), keys["flood"])
+    assert flooded_kept.dropped() == 0 and flooded_kept.text() == "".join(f"{i}\n" for i in range(1, 200001))
+    assert read_job_output(str(state), keys["after"]).text() == "after the keeper died\n"
     text = log.read_text()
     assert "the keeper of the local jobs ended; reconnecting" in text
     reconnected = [line for line in text.splitlines() if "reconnected to the keeper of the local jobs after" in line]

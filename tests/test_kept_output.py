@@ -15,6 +15,7 @@ import trio
 
 from adoption_support import spawn_agent, start
 from agent_fixtures import agent_argv, subprocess_env
+from disk_support import fill, small_disk
 from proxy_agent.client import AgentClient
 from proxy_agent.client.sync import Agent
 from proxy_agent.service import history
@@ -103,6 +104,46 @@ def test_a_later_agent_past_the_bound_does_not_count_twice(tmp_path):
     second.close()
     after = read_job_output(str(tmp_path), 9).streams[0]
     assert after.lines == kept_before.lines and after.dropped == 40 - len(after.lines)
+
+
+def test_a_block_the_disk_refuses_is_taken_back_whole_and_counted_with_the_reason(tmp_path):
+    """A file size limit refuses writes as a full disk does, part of a block first: what is
+    kept stays whole lines, the stream's first ones, and the rest is counted, saying why."""
+    import resource
+
+    kept = OutputHistory(str(tmp_path))
+    lines = _lines("line", 1, 200_000)
+    _feed(kept, 4, lines[:150_000], 0, [5000] * 30)  # about 1.5 MB, before the disk fills
+    path = os.path.join(history.job_directory(str(tmp_path), 4), "0.out")
+    size = os.path.getsize(path)
+    assert size == len(_source(lines[:150_000]))
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size + 20, hard))  # the next block fits only in part
+    try:
+        _feed(kept, 4, lines[150_000:160_000], len(_source(lines[:150_000])), [5000] * 2)
+        kept.record(4, 0, "stderr", "a warning", None)  # a small file still has room
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    # room again: the stream's kept lines stay its first ones, so the later lines are counted too
+    _feed(kept, 4, lines[160_000:], len(_source(lines[:160_000])), [5000] * 8)
+    told = kept.dropped(4)
+    assert told["0.stdout"][0] == 50_000 and "had no room for them" in told["0.stdout"][2]
+    kept.close()
+    assert os.path.getsize(path) == size  # nothing of the refused block stayed
+    assert os.path.getsize(path + ".at") % 16 == 0
+    found = read_job_output(str(tmp_path), 4)
+    stdout, stderr = found.streams
+    assert stdout.lines == tuple(lines[:150_000])
+    assert stdout.dropped == 50_000 and stdout.why_dropped == f"the disk of {tmp_path} had no room for them"
+    assert stderr.lines == ("a warning",) and stderr.dropped == 0 and stderr.why_dropped == ""
+    # a later agent reading the file again from where delivery stopped counts nothing twice
+    again = OutputHistory(str(tmp_path))
+    delivered = len(_source(lines[:170_000]))
+    again.expect_rereading(4, {"0.stdout": delivered, "0.stderr": 10})
+    _feed(again, 4, lines[170_000:], delivered, [10_000] * 3)
+    again.close()
+    after = read_job_output(str(tmp_path), 4).streams[0]
+    assert after.lines == tuple(lines[:150_000]) and after.dropped == 50_000
 
 
 # --------------------------------------------------------------------------- with the agent
@@ -298,3 +339,64 @@ async def test_get_output_gives_any_part_of_the_kept_output_in_either_dialect(tm
             bad = await client.raw(0x10, [f"jobId={job}", "skip=stdout"])
             assert bad.completion.code == 4 and "is not RANK.STREAM:LINES" in bad.completion.message
             await client.quit()
+
+
+async def test_on_a_full_disk_the_kept_output_counts_what_it_has_no_room_for_and_the_agent_runs_on(tmp_path):
+    """The disk fills while a job writes: the kept output holds the job's first lines, whole,
+    and counts the rest with the reason; every client and tool is told; the agent serves on."""
+    from proxy_agent.client import CommandFailed
+
+    total = 400_000  # about 2.7 MB of lines, on a disk with 1.5 MiB free
+    with small_disk(tmp_path / "disk", "8m") as disk:
+        state = disk / "state"
+        filler = None
+        try:
+            with trio.fail_after(150):
+                async with await spawn_agent(str(state)) as client:
+                    await start(client)
+                    warm = await client.submit("/bin/echo", ["ready"])
+                    await client.wait_job_state(warm, "COMPLETED", 30)
+                    filler = fill(disk, leave=3 << 19)
+                    gate = tmp_path / "go-on"
+                    script = f'seq 1 {total}; while [ ! -e "{gate}" ]; do sleep 0.05; done; exit 0'
+                    job = await client.submit("/bin/sh", ["-c", script], jobName="flood")
+                    with trio.fail_after(60):
+                        while not (await client.kept_output(job, stream="stdout")).dropped("stdout"):
+                            await trio.sleep(0.2)
+                    gate.touch()
+                    done = await client.wait_job_state(job, "COMPLETED", 60)
+                    assert done.get("jobStatus") == "FINISHED", done.attributes  # it ran on
+                    got = [line.text for line in client.job_process(done, 0).output if line.stream == "stdout"]
+                    # the disk is still full: the agent tells the counts it holds
+                    kept = (await client.kept_output(job, stream="stdout")).streams[0]
+                    assert kept.dropped > 0 and kept.lines == got[:len(kept.lines)]
+                    assert len(kept.lines) + kept.dropped == len(got)  # every line kept or counted, once
+                    assert kept.lines[0] == "1" and 0 < len(kept.lines) < total
+                    key = str(client.job_key(job))
+
+                    os.unlink(filler)  # room again: the counts are written for every tool to read
+                    filler = None
+
+                    def told() -> subprocess.CompletedProcess:
+                        return _agent_command("output", key, state=str(state))
+
+                    with trio.fail_after(30):
+                        while "were not kept" not in (result := await trio.to_thread.run_sync(told)).stderr:
+                            await trio.sleep(0.2)
+                    assert result.returncode == 0 and result.stdout.splitlines() == kept.lines
+                    assert result.stderr == (f"proxy-agent output: {kept.dropped} further lines process 0 wrote to "
+                                             f"stdout were not kept (the disk of {state} had no room for them)\n")
+                    after = None
+                    with trio.fail_after(30):  # refused until the agent sees the room
+                        while after is None:
+                            try:
+                                after = await client.submit("/bin/echo", ["room again"])
+                            except CommandFailed:
+                                await trio.sleep(0.5)
+                    assert (await client.wait_job_state(after, "COMPLETED", 30)).get("jobStatus") == "FINISHED"
+                    assert (await client.kept_output(after)).streams[0].lines == ["room again"]
+                    assert client.violations == []
+                    await client.quit()
+        finally:
+            if filler is not None and filler.exists():
+                filler.unlink()

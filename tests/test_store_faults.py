@@ -16,6 +16,7 @@ import os
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -24,12 +25,13 @@ import trio
 from adoption_support import spawn_agent, start
 from agent_fixtures import subprocess_env
 from disk_support import fill, small_disk
+from proxy_agent.client import CommandFailed
 from proxy_agent.service.jobs import JobSpec
 from proxy_agent.service.store import JobStore, open_store
 
 
-def jobs_command(state: Path, *more: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "proxy_agent", "jobs", "--state-dir", str(state), *more],
+def jobs_command(state: Path, *more: str, command: str = "jobs") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "proxy_agent", command, "--state-dir", str(state), *more],
                           capture_output=True, text=True, timeout=60, env=subprocess_env(), stdin=subprocess.DEVNULL)
 
 
@@ -87,11 +89,16 @@ async def test_a_store_that_cannot_be_read_never_stops_the_agent(tmp_path, kind)
     state = tmp_path / "state"
     state.mkdir()
     found = _damage(kind, state, tmp_path)
-    before = jobs_command(state)
-    assert before.returncode == 2, before
-    assert before.stdout == "" and len(before.stderr.strip().splitlines()) == 1, before.stderr
-    assert "Traceback" not in before.stderr and "proxy-agent jobs:" in before.stderr
-    assert not list(state.glob("jobs.sqlite.damaged-*"))  # listing never moves anything
+    for command, more in [("jobs", ()), ("jobs", ("--state", "ended", "--json")), ("output", ("1",)),
+                          ("output", ("1", "--follow")), ("output", ("true",)), ("forget", ("1",)),
+                          ("forget", ("--ended-before", "1d"))]:
+        before = jobs_command(state, *more, command=command)
+        assert before.returncode == 2, (command, more, before)
+        assert before.stdout == "" and len(before.stderr.strip().splitlines()) == 1, before.stderr
+        assert "Traceback" not in before.stderr and f"proxy-agent {command}:" in before.stderr
+        assert not list(state.glob("jobs.sqlite.damaged-*"))  # these tools never move anything
+    if kind == "symbolic link":
+        assert found["target"].read_bytes() == found["content"]  # nor write through a link
 
     with trio.fail_after(60):
         for start_number in (1, 2):  # moved aside once: the second agent finds the new store
@@ -133,6 +140,13 @@ async def test_a_store_in_a_path_through_a_file_never_stops_the_agent(tmp_path):
             await client.wait_job_state(job, "COMPLETED", 30)
             texts = [m.text for m in client.messages]
             assert len(texts) == 1 and "jobs will not survive a restart" in texts[0], texts
+            assert "nor will their output be kept" in texts[0]
+            # what the job wrote reached the client live; asked for later, the agent says why it has none
+            assert client.job_output(job) == "serving\n"
+            with pytest.raises(CommandFailed) as kept:
+                await client.kept_output(job)
+            assert "keeps no output: its state directory or job store cannot be used" in kept.value.message
+            assert client.violations == []
             await client.quit()
 
 
@@ -157,6 +171,12 @@ async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_
                 listed = jobs_command(state, "--json")  # the store is read as it is
                 assert listed.returncode == 0, listed.stderr
                 assert sorted(json.loads(line)["state"] for line in listed.stdout.splitlines()) == ["RUNNING"] * 3
+                first_key = str(json.loads(listed.stdout.splitlines()[0])["id"])
+                output = jobs_command(state, first_key, command="output")  # read as it is too
+                assert (output.returncode, output.stdout, output.stderr) == (0, "", "")
+                refused = jobs_command(state, "--ended-before", "1d", command="forget")  # a write: not now
+                assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+                assert "cannot be" in refused.stderr and "Traceback" not in refused.stderr
 
                 async with await spawn_agent(str(state)) as second:
                     await start(second)
@@ -222,12 +242,21 @@ async def test_a_read_only_store_is_kept_its_writes_owed_and_written_once_it_can
             store.note_state(2, "KILLED", "CANCELLED", "gone", True)  # owed
             service._write_store()
             assert store.owes
+            # long-ended jobs are forgotten once the store can be written, and it stays the store
+            service.keep_ended = 0.0
+            assert service.forget_ended(time.time() + 60) == []
+            assert service.store is store and store.job(1) is not None
+            forget = jobs_command(tmp_path, "--ended-before", "1d", command="forget")
+            assert forget.returncode == 2 and len(forget.stderr.strip().splitlines()) == 1, forget.stderr
+            assert "cannot be written now" in forget.stderr and "Traceback" not in forget.stderr
             subprocess.run(["chattr", "-i", str(path)], check=True)
             with trio.fail_after(10):
                 while store.unwritable is not None:  # the service retries every half second
                     await trio.sleep(0.1)
             assert not store.owes and service.standing == []
             assert store.job(2).state == "KILLED"
+            assert sorted(service.forget_ended(time.time() + 60)) == [1, 2, 3]
+            assert store.jobs() == []
             await service.submit(JobSpec("/bin/true"))  # accepted again
             nursery.cancel_scope.cancel()
     finally:

@@ -989,7 +989,7 @@ class Console:
         for (rank, stream), count in sorted(dropped.items()):
             if count:
                 self.warning(f"{count} later lines process {label}.{rank} wrote to {stream} were not kept "
-                             "(the agent keeps the first 64 MiB of each job's output)")
+                             "(the agent keeps the first 64 MiB of each job's output, as far as its disk has room)")
         if self.json:
             self.result("output", job=self._id_value(job) if job is not None else target,
                         stdout="".join(line + "\n" for line in texts["stdout"]),

@@ -16,15 +16,24 @@ Layout, in ``STATE_DIR/output/KEY/`` (mode 0700, files 0600):
   of ``RANK.out`` after the block).  A later agent that reads a job's file again from where
   delivery to a client stopped first cuts the kept output back to that point, so that no
   line is kept twice;
-* ``dropped.json``: lines not kept, per stream (``{"RANK.stream": [lines, offset]}``).
+* ``dropped.json``: lines not kept, per stream (``{"RANK.stream": [lines, offset, why]}``;
+  ``why`` is empty for lines past the bound, else what stopped them being written).
 
 **The bound.**  The first :data:`LIMIT` bytes of a job's output (all its processes and
 streams together) are kept; lines past it are counted, not kept, and whoever reads the
 output is told how many.
+
+**A full disk.**  A block of lines the disk refuses (no room, or any other write error) is
+taken back whole (the files are cut back to where they were: no half line stays) and counted
+as not kept, with the reason, as are the stream's later lines: what is kept of a stream is
+always its first lines, in order, with the count of the rest.  The agent and the job carry
+on.  The counts are written once the disk takes them; until then the agent answers with the
+counts it holds.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -60,6 +69,8 @@ _CHECKPOINT = struct.Struct("<QQ")
 _DROPPED = "dropped.json"
 #: Kept files held open at once (the oldest closes first; a busy host has many processes).
 _OPEN_FILES = 64
+#: Errors of a write that mean the disk has no room.
+_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 
 
 def job_directory(state_dir: str, key: int) -> str:
@@ -76,13 +87,16 @@ def _file_name(rank: int, stream: str) -> str:
 @attrs.frozen
 class StreamOutput:
     """What one process wrote to one stream, as kept: ``lines`` in order (from the line
-    numbered ``first``: 0 for all of them) and how many later lines were not kept."""
+    numbered ``first``: 0 for all of them) and how many later lines were not kept, and why
+    (``why_dropped``: empty for lines past the bound, else what refused them, such as a full
+    disk)."""
 
     rank: int
     stream: str
     lines: Tuple[str, ...]
     first: int = 0
     dropped: int = 0
+    why_dropped: str = ""
 
     @property
     def total(self) -> int:
@@ -107,17 +121,22 @@ class JobOutput:
         return sum(part.dropped for part in self.streams if stream is None or part.stream == stream)
 
 
-def _read_dropped(directory: str) -> Dict[str, Tuple[int, int]]:
+#: Lines not kept of a stream: (lines, the offset in the backend's file they reach, why).
+Dropped = Tuple[int, int, str]
+
+
+def _read_dropped(directory: str) -> Dict[str, Dropped]:
     try:
         with open(os.path.join(directory, _DROPPED), encoding="utf-8") as handle:
             data = json.load(handle)
     except (OSError, ValueError):
         return {}
-    found: Dict[str, Tuple[int, int]] = {}
+    found: Dict[str, Dropped] = {}
     if isinstance(data, dict):
         for name, value in data.items():
-            if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) for v in value):
-                found[name] = (value[0], value[1])
+            if (isinstance(value, list) and len(value) in (2, 3) and all(isinstance(v, int) for v in value[:2])
+                    and all(isinstance(v, str) for v in value[2:])):
+                found[name] = (value[0], value[1], value[2] if len(value) == 3 else "")
     return found
 
 
@@ -129,17 +148,23 @@ def _split_lines(data: bytes) -> List[str]:
 
 
 def read_job_output(state_dir: str, key: int, *, rank: Optional[int] = None, streams: Iterable[str] = ("stdout", "stderr"),
-                    skip: Optional[Dict[Tuple[int, str], int]] = None) -> JobOutput:
+                    skip: Optional[Dict[Tuple[int, str], int]] = None,
+                    dropped_now: Optional[Dict[str, Dropped]] = None) -> JobOutput:
     """A job's kept output as it is on disk now (an empty :class:`JobOutput` when none is
     kept).  ``skip`` leaves out the first N lines of a stream (``{(rank, stream): N}``: those
-    a reader has already)."""
+    a reader has already).  ``dropped_now``: the counts of lines not kept as the writer holds
+    them (:meth:`OutputHistory.dropped`), newer than ``dropped.json`` when a full disk has
+    not taken them yet."""
     directory = job_directory(state_dir, key)
     wanted = set(streams)
     try:
         names = os.listdir(directory)
     except OSError:
-        return JobOutput(key)
+        names = []
+        if not dropped_now:
+            return JobOutput(key)
     dropped = _read_dropped(directory)
+    dropped.update(dropped_now or {})
     # every stream with a file, and those whose every line was past the bound
     present = {(int(number), _STREAM_OF[suffix]) for number, dot, suffix in (n.partition(".") for n in names)
                if dot and number.isdigit() and suffix in _STREAM_OF}
@@ -160,8 +185,8 @@ def read_job_output(state_dir: str, key: int, *, rank: Optional[int] = None, str
             continue
         lines = _split_lines(data)
         first = min((skip or {}).get((number, stream), 0), len(lines))
-        found.append(StreamOutput(number, stream, tuple(lines[first:]), first,
-                                  dropped.get(f"{number}.{stream}", (0, 0))[0]))
+        lost, _, why = dropped.get(f"{number}.{stream}", (0, 0, ""))
+        found.append(StreamOutput(number, stream, tuple(lines[first:]), first, lost, why))
     found.sort(key=lambda part: (part.rank, part.stream != "stdout"))
     return JobOutput(key, tuple(found))
 
@@ -176,7 +201,7 @@ def remove_job_output(state_dir: str, key: int) -> None:
 class _Stream:
     """One process's stream of a job being written."""
 
-    __slots__ = ("name", "size", "dropped", "dropped_at", "rollback", "skip_until")
+    __slots__ = ("name", "size", "dropped", "dropped_at", "why", "rollback", "skip_until")
 
     def __init__(self, name: str, size: int) -> None:
         self.name = name
@@ -185,6 +210,8 @@ class _Stream:
         #: lines not kept, and the offset in the backend's file they reach
         self.dropped = 0
         self.dropped_at = 0
+        #: why they were not kept ('': past the bound)
+        self.why = ""
         #: a later agent reads the backend's file again from this offset: cut back first
         self.rollback: Optional[int] = None
         #: blocks ending at or before this offset were counted already (past the limit)
@@ -192,7 +219,7 @@ class _Stream:
 
 
 class _Job:
-    __slots__ = ("key", "directory", "streams", "total", "dropped_dirty")
+    __slots__ = ("key", "directory", "streams", "total", "dropped_dirty", "refused")
 
     def __init__(self, key: int, directory: str) -> None:
         self.key = key
@@ -200,13 +227,16 @@ class _Job:
         self.streams: Dict[str, _Stream] = {}
         self.total = 0
         self.dropped_dirty = False
+        #: a write of this job's output failed (said once in the log)
+        self.refused = False
 
 
 class OutputHistory:
     """Appends every stored job's output to its files (see the module documentation).
 
-    A write that fails (a full disk) is logged once and leaves that job's kept output short;
-    the agent and the job carry on."""
+    A write that fails (a full disk) is logged once per job; what it would have written is
+    counted as not kept, with the reason (see the module documentation); the agent and the job
+    carry on."""
 
     def __init__(self, state_dir: str, limit: int = LIMIT) -> None:
         self.state_dir = state_dir
@@ -217,7 +247,8 @@ class OutputHistory:
         self._rereading: Dict[int, Dict[str, int]] = {}
         #: (key, file name) -> open descriptor, the least recently used first
         self._files: "OrderedDict[Tuple[int, str], int]" = OrderedDict()
-        self._failed: set = set()
+        #: ended jobs whose counts of lines not kept the disk has not taken yet
+        self._unsaved: Dict[int, _Job] = {}
 
     # ------------------------------------------------------------------ jobs
 
@@ -249,8 +280,11 @@ class OutputHistory:
                     continue
                 stream = job.streams[name] = _Stream(name, size)
                 job.total += size
-                lines, offset = dropped.get(f"{number}.{_STREAM_OF[suffix]}", (0, 0))
-                stream.dropped, stream.dropped_at = lines, offset
+        for name, (lines, offset, why) in dropped.items():
+            number, _, stream_name = name.partition(".")
+            if number.isdigit() and stream_name in SUFFIX:
+                stream = self._stream(job, _file_name(int(number), stream_name))
+                stream.dropped, stream.dropped_at, stream.why = lines, offset, why
 
     def _stream(self, job: _Job, name: str) -> _Stream:
         stream = job.streams.get(name)
@@ -275,20 +309,41 @@ class OutputHistory:
         self._rereading.pop(key, None)
         if job is not None and job.dropped_dirty:
             self._write_dropped(job)
+            if job.dropped_dirty:  # the disk has no room for them yet
+                self._unsaved[key] = job
 
     def forget(self, key: int) -> None:
         """The job is forgotten: everything kept of it goes."""
         for name in [n for (k, n) in self._files if k == key]:
             os.close(self._files.pop((key, name)))
         self._jobs.pop(key, None)
+        self._unsaved.pop(key, None)
         self._rereading.pop(key, None)
         remove_job_output(self.state_dir, key)
 
     def flush(self) -> None:
-        """Counts of lines not kept, written out (the lines themselves are written at once)."""
+        """Counts of lines not kept, written out (the lines themselves are written at once);
+        those the disk refuses are tried again at the next flush."""
         for job in self._jobs.values():
             if job.dropped_dirty:
                 self._write_dropped(job)
+        for key, job in list(self._unsaved.items()):
+            self._write_dropped(job)
+            if not job.dropped_dirty:
+                del self._unsaved[key]
+
+    def dropped(self, key: int) -> Dict[str, Dropped]:
+        """The counts of lines of job ``key`` not kept, as this writer holds them
+        (``{"RANK.stream": (lines, offset, why)}``; {} for a job it does not hold)."""
+        job = self._jobs.get(key) or self._unsaved.get(key)
+        if job is None:
+            return {}
+        counts = {}
+        for name, kept in job.streams.items():
+            if kept.dropped:
+                rank, _, suffix = name.partition(".")
+                counts[f"{rank}.{_STREAM_OF[suffix]}"] = (kept.dropped, kept.dropped_at, kept.why)
+        return counts
 
     def close(self) -> None:
         self.flush()
@@ -302,13 +357,29 @@ class OutputHistory:
     def record(self, key: int, rank: int, stream: str, text: str, offset: Optional[int]) -> None:
         """Lines (joined by ``\n``) of one process's stream; ``offset``: where they end in the
         backend's own file, when it keeps one."""
-        if key in self._failed:
-            return
         try:
             self._record(key, rank, stream, text, offset)
         except OSError as exc:
-            self._failed.add(key)
-            log.warning("cannot keep the output of job %d in %s: %s", key, self.root, exc.strerror or exc)
+            self._refused(key, rank, stream, text, offset, exc)
+
+    def _refused(self, key: int, rank: int, stream: str, text: str, offset: Optional[int], exc: OSError) -> None:
+        """The disk refused a block: nothing of it stays, and it and the stream's later lines
+        are counted as not kept, saying why."""
+        job = self._jobs.get(key)
+        if job is None:  # (even the job's directory could not be looked at)
+            job = self._jobs[key] = _Job(key, job_directory(self.state_dir, key))
+        kept = self._stream(job, _file_name(rank, stream))
+        if exc.errno in _NO_ROOM:
+            why = f"the disk of {self.state_dir} had no room for them"
+        else:
+            why = f"they could not be written in {self.root}: {exc.strerror or exc}"
+        if not kept.dropped:
+            kept.why = why
+        self._drop(job, kept, text.count("\n") + 1, offset)
+        if not job.refused:
+            job.refused = True
+            log.warning("the output of job %d is no longer kept in full: %s; what is not kept is counted", key,
+                        f"the disk of {self.state_dir} has no room" if exc.errno in _NO_ROOM else exc.strerror or exc)
 
     def _record(self, key: int, rank: int, stream: str, text: str, offset: Optional[int]) -> None:
         job = self._job(key)
@@ -326,20 +397,40 @@ class OutputHistory:
             return
         if len(data) > room:
             cut = data.rfind(b"\n", 0, room) + 1  # whole lines only
+            if cut:  # the block's end is not kept: no checkpoint for it
+                self._append(job, kept, name, data[:cut], None)
             self._drop(job, kept, data.count(b"\n", cut), offset)
-            data = data[:cut]
-            offset = None  # the block's end is not kept: no checkpoint for it
-            if not data:
-                return
+            return
         self._append(job, kept, name, data, offset)
 
     def _append(self, job: _Job, kept: _Stream, name: str, data: bytes, offset: Optional[int]) -> None:
+        """The block and its checkpoint, or (OSError) neither: a block the disk takes only
+        part of is cut off again, so that no half line is kept."""
         fd = self._open(job, name)
-        _write_all(fd, data)
+        try:
+            _write_all(fd, data)
+            if offset is not None:
+                _write_all(self._open(job, name + ".at"), _CHECKPOINT.pack(offset, kept.size + len(data)))
+        except OSError:
+            self._cut_back(job, kept, name)
+            raise
         kept.size += len(data)
         job.total += len(data)
-        if offset is not None:
-            _write_all(self._open(job, name + ".at"), _CHECKPOINT.pack(offset, kept.size))
+
+    def _cut_back(self, job: _Job, kept: _Stream, name: str) -> None:
+        """A stream's files back to what was kept before a write that failed (cutting a file
+        shorter needs no room on the disk)."""
+        fd = self._files.get((job.key, name))
+        at = self._files.get((job.key, name + ".at"))
+        try:
+            if fd is not None:
+                os.ftruncate(fd, kept.size)
+            if at is not None:
+                size = os.fstat(at).st_size
+                os.ftruncate(at, size - size % _CHECKPOINT.size)
+        except OSError as exc:
+            log.warning("cannot cut %s back after a failed write: %s", os.path.join(job.directory, name),
+                        exc.strerror or exc)
 
     def _drop(self, job: _Job, kept: _Stream, lines: int, offset: Optional[int]) -> None:
         kept.dropped += lines
@@ -394,30 +485,39 @@ class OutputHistory:
         job.total -= kept.size - keep_size
         kept.size = keep_size
         if kept.dropped:
-            kept.dropped, kept.dropped_at = 0, 0
+            kept.dropped, kept.dropped_at, kept.why = 0, 0, ""
             job.dropped_dirty = True
 
     def _write_dropped(self, job: _Job) -> None:
-        job.dropped_dirty = False
+        """The job's counts of lines not kept, replacing the file whole; left dirty (to be
+        tried again) if the disk refuses it."""
         counts = {}
         for name, kept in job.streams.items():
             if kept.dropped:
                 rank, _, suffix = name.partition(".")
-                counts[f"{rank}.{_STREAM_OF[suffix]}"] = [kept.dropped, kept.dropped_at]
+                counts[f"{rank}.{_STREAM_OF[suffix]}"] = [kept.dropped, kept.dropped_at, kept.why]
         path = os.path.join(job.directory, _DROPPED)
+        temporary = path + ".new"
         try:
             if not counts:
                 if os.path.exists(path):
                     os.unlink(path)
-                return
-            os.makedirs(job.directory, mode=0o700, exist_ok=True)
-            temporary = path + ".new"
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(counts, handle)
-            os.replace(temporary, path)
+            else:
+                os.makedirs(job.directory, mode=0o700, exist_ok=True)
+                fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                    json.dump(counts, handle)
+                os.replace(temporary, path)
         except OSError as exc:
-            log.warning("cannot write %s: %s", path, exc.strerror or exc)
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+            if not job.refused:  # (a full disk is said once per job, here or in record)
+                job.refused = True
+                log.warning("cannot write %s: %s; tried again later", path, exc.strerror or exc)
+            return
+        job.dropped_dirty = False
 
 
 def _read_checkpoints(path: str) -> List[Tuple[int, int]]:

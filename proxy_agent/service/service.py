@@ -32,7 +32,7 @@ from .coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
 from .history import JobOutput, OutputHistory, read_job_output
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement
-from .store import JobStore, StoredJob, StoreUnwritable
+from .store import JobStore, StoredJob, StoreUnwritable, transient
 from .jobs import JobState
 
 log = logging.getLogger("proxy_agent.service")
@@ -467,10 +467,13 @@ class JobService:
         keep, NOT_SUPPORTED without a store."""
         store, history = self.store, self.history
         if store is None or history is None or self.state_dir is None:
-            raise JobError("this agent keeps no output: it has no usable state directory", ErrorKind.NOT_SUPPORTED)
+            raise JobError("this agent keeps no output: its state directory or job store cannot be used (its first "
+                           "message said why)", ErrorKind.NOT_SUPPORTED)
         try:
             known = store.job(key) is not None
         except sqlite3.Error as exc:
+            if transient(exc):  # (busy, say: the store stays)
+                raise JobError(f"the job store cannot be read now: {exc}", ErrorKind.UNAVAILABLE) from None
             self._store_failed(exc)
             raise JobError("the job store failed", ErrorKind.UNAVAILABLE) from None
         if not known:
@@ -478,8 +481,9 @@ class JobService:
             raise JobError(f"no output is kept for job {key}: {why}", ErrorKind.NO_SUCH_JOB)
         history.flush()
         state_dir = self.state_dir
+        dropped = history.dropped(key)  # (what a full disk has not taken yet is told too)
         return await trio.to_thread.run_sync(
-            lambda: read_job_output(state_dir, key, rank=rank, streams=streams, skip=skip))
+            lambda: read_job_output(state_dir, key, rank=rank, streams=streams, skip=skip, dropped_now=dropped))
 
     def delivered(self, offsets: Dict[Tuple[int, str], int]) -> Optional[Dict[int, Dict[str, int]]]:
         """Output is about to reach a client: (process key, stream) -> where it ends in the

@@ -144,7 +144,8 @@ def job_output(state_dir: str, key: int, *, rank: Optional[int] = None,
                streams: Sequence[str] = ("stdout", "stderr"),
                skip: Optional[Dict[Tuple[int, str], int]] = None) -> Dict[str, Any]:
     """A job's kept output, and whether more may come: ``{"id", "ended" (the job has ended:
-    nothing more comes), "streams": [{"rank", "stream", "first", "lines", "dropped"}]}``.
+    nothing more comes), "streams": [{"rank", "stream", "first", "lines", "dropped", "why_dropped"}]}``
+    (``why_dropped``: empty for lines past the bound, else what refused them, a full disk).
     :class:`LookupError` when the store does not know the job.  ``skip``: lines a reader has
     already, per (rank, stream); only the lines after them are read out."""
     store = open_existing_store(state_dir)
@@ -159,5 +160,5 @@ def job_output(state_dir: str, key: int, *, rank: Optional[int] = None,
         "id": key,
         "ended": job.ended is not None,
         "streams": [{"rank": part.rank, "stream": part.stream, "first": part.first, "lines": list(part.lines),
-                     "dropped": part.dropped} for part in kept.streams],
+                     "dropped": part.dropped, "why_dropped": part.why_dropped} for part in kept.streams],
     }
