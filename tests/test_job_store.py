@@ -73,6 +73,62 @@ def test_a_new_store_has_the_current_schema_in_wal_mode(tmp_path):
     assert oct(os.stat(path).st_mode & 0o777) == "0o600"
 
 
+def _mode(path) -> int:
+    return os.lstat(path).st_mode & 0o777
+
+
+def test_a_new_store_and_its_log_are_the_users_alone_whatever_the_umask(tmp_path):
+    old = os.umask(0o022)
+    try:
+        store = open_store(str(tmp_path))
+        store.record_submission(1, "local", "local:default", JobSpec("/bin/true"))
+        path = tmp_path / JobStore.FILE
+        names = [path, tmp_path / (JobStore.FILE + "-wal"), tmp_path / (JobStore.FILE + "-shm")]
+        assert all(name.exists() for name in names)
+        assert [oct(_mode(name)) for name in names] == ["0o600"] * 3
+        store.close()
+    finally:
+        os.umask(old)
+    assert sorted(os.listdir(tmp_path)) == [JobStore.FILE]  # nothing left of the store's making
+
+
+def test_an_older_agents_store_and_its_log_are_made_the_users_alone(tmp_path):
+    """An agent that gave the store the umask's mode left it (and its log and shared-memory
+    file, which SQLite makes with the store's mode) readable by others."""
+    open_store(str(tmp_path)).close()
+    path = tmp_path / JobStore.FILE
+    os.chmod(path, 0o644)
+    older = sqlite3.connect(path)  # an older agent, still writing: its log and shared memory are there
+    try:
+        older.execute("PRAGMA journal_mode=WAL")
+        older.execute("INSERT INTO jobs (key, backend, submitted) VALUES (5, 'local', 1000.0)")
+        older.commit()
+        names = [path, tmp_path / (JobStore.FILE + "-wal"), tmp_path / (JobStore.FILE + "-shm")]
+        for name in names:
+            os.chmod(name, 0o644)
+        store = open_store(str(tmp_path))
+        assert [oct(_mode(name)) for name in names] == ["0o600"] * 3
+        assert [job.key for job in store.jobs()] == [5]
+        store.close()
+    finally:
+        older.close()
+
+
+def test_a_linked_log_is_never_followed_to_change_what_it_points_to(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    open_store(str(state)).close()
+    elsewhere = tmp_path / "somebody-elses"
+    elsewhere.write_bytes(b"not the store's log")
+    os.chmod(elsewhere, 0o644)
+    os.symlink(elsewhere, state / (JobStore.FILE + "-wal"))
+    store = open_store(str(state))  # the store and its linked log are moved aside, a new one made
+    assert store.damaged_copy and "symbolic link" in store.damage
+    store.close()
+    assert _mode(elsewhere) == 0o644 and elsewhere.read_bytes() == b"not the store's log"
+    assert _mode(state / JobStore.FILE) == 0o600
+
+
 def test_a_schema_1_store_is_migrated_on_open_and_keeps_its_jobs(tmp_path):
     path = tmp_path / JobStore.FILE
     db = sqlite3.connect(path)
