@@ -137,3 +137,36 @@ def test_forget_takes_any_ended_job_and_keeps_the_others(state):
     assert _ids(state) == [11, 13, 15]
     assert _run("forget", "--state-dir", state, "--ended-before", "2d").stdout.strip() == "forgot 1 job"
     assert _ids(state) == [13, 15]
+
+
+def test_listing_and_reading_output_change_nothing_in_the_state_directory(state):
+    """The tools read the store without a write lock a running agent's writes would wait for,
+    and leave the store and its log as they were (not even their mode is set again; readers
+    of a log do mark the shared-memory file, as SQLite's readers do)."""
+    def snapshot() -> dict:
+        found = {}
+        for name in sorted(os.listdir(state)):
+            info = os.lstat(os.path.join(state, name))
+            if name.endswith("-shm"):
+                found[name] = info.st_mode
+            elif name.endswith("-wal"):  # (SQLite run by root gives it the store's owner again)
+                found[name] = (info.st_mode, info.st_size, info.st_mtime_ns)
+            else:
+                found[name] = (info.st_mode, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        return found
+
+    before = snapshot()
+    time.sleep(0.05)  # (a change now would show in the times)
+    for args in (("jobs", "--json"), ("jobs", "--state", "ended"), ("output", "12"), ("output", "sweep-a")):
+        result = _run(*args, "--state-dir", state)
+        assert result.returncode == 0, (args, result.stderr)
+    assert snapshot() == before
+    # listed while another process holds the store's write lock (an agent writing a burst)
+    writer = sqlite3.connect(os.path.join(state, JobStore.FILE), isolation_level=None)
+    try:
+        writer.execute("BEGIN IMMEDIATE")
+        listed = _run("jobs", "--json", "--state-dir", state)
+        assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 5, listed.stderr
+        writer.execute("ROLLBACK")
+    finally:
+        writer.close()

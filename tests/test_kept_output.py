@@ -180,8 +180,11 @@ async def test_a_client_that_comes_back_finds_every_line_kept(tmp_path):
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env())
     try:
         with trio.fail_after(60):
-            while not os.path.exists(socket_path):
-                await trio.sleep(0.05)
+            while True:  # the socket's file is there a moment before it is listened on
+                line = (await trio.to_thread.run_sync(agent.stderr.readline)).decode()
+                assert line, "the agent ended before it listened"
+                if "listening on" in line:
+                    break
             async with await AgentClient.connect_unix(socket_path) as first:
                 await start(first)
                 job = await first.submit("/bin/sh", ["-c", script], jobName="six")

@@ -45,12 +45,18 @@ _BROKER_EXTRA = "broker"
 def open_existing_store(state_dir: str, writing: bool = False) -> JobStore:
     """The store of ``state_dir`` as it is: :class:`StoreError` when there is none (none is
     made), or when it is damaged (:class:`StoreDamaged`, saying what is wrong: it is never
-    moved aside or followed through a link here, that is the agent's to do).  A sound store
-    that cannot be written now is read as it is, unless ``writing`` (then
-    :class:`StoreUnwritable` says why)."""
+    moved aside or followed through a link here, that is the agent's to do).  Unless
+    ``writing``, it is opened to be read only (no lock that a running agent's writes would
+    wait for), and a sound store that cannot be written now is read all the same; with
+    ``writing``, :class:`StoreUnwritable` says why it cannot be written now."""
     path = os.path.join(state_dir, JobStore.FILE)
     if not os.path.lexists(path):
         raise StoreError(f"no job store in {state_dir} (no agent has kept jobs there)")
+    if not writing:
+        reader = JobStore.reader(path)
+        if reader is not None:
+            return reader
+        # an older agent's store: opened to be brought up to date, as an agent would
     try:
         return JobStore(path)
     except StoreUnwritable as exc:

@@ -440,6 +440,21 @@ class JobStore:
         store.unwritable = why
         return store
 
+    @classmethod
+    def reader(cls, path: str) -> Optional["JobStore"]:
+        """The store at ``path`` opened to be read only, by a tool beside a running agent
+        (``proxy-agent jobs``): it takes no write lock, and writes nothing, even when closed.
+        None when the store has an older schema (it must be opened to be brought up to date);
+        :class:`StoreDamaged` or :class:`StoreUnwritable` as :meth:`reading_only`."""
+        store = cls.__new__(cls)
+        store._init_state(path)
+        store._db = store._connect_reading()
+        if store._check_version(store._db, path) < SCHEMA_VERSION:
+            store._db.close()
+            return None
+        store._reading_only = True
+        return store
+
     def _connect_reading(self) -> sqlite3.Connection:
         path = self.path
         _check_file(path)
