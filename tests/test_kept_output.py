@@ -359,10 +359,17 @@ async def test_on_a_full_disk_the_kept_output_counts_what_it_has_no_room_for_and
                     await start(client)
                     warm = await client.submit("/bin/echo", ["ready"])
                     await client.wait_job_state(warm, "COMPLETED", 30)
-                    filler = fill(disk, leave=3 << 19)
-                    gate = tmp_path / "go-on"
-                    script = f'seq 1 {total}; while [ ! -e "{gate}" ]; do sleep 0.05; done; exit 0'
+                    # its first 1,000 lines while there is room, the rest once the disk is nearly full
+                    room, gate = tmp_path / "filled", tmp_path / "go-on"
+                    script = (f'seq 1 1000; while [ ! -e "{room}" ]; do sleep 0.05; done; seq 1001 {total}; '
+                              f'while [ ! -e "{gate}" ]; do sleep 0.05; done; exit 0')
                     job = await client.submit("/bin/sh", ["-c", script], jobName="flood")
+                    with trio.fail_after(60):
+                        while len((await client.kept_output(job, stream="stdout")).text()) < len(_source(
+                                map(str, range(1, 1001)))):
+                            await trio.sleep(0.1)
+                    filler = fill(disk, leave=3 << 19)
+                    room.touch()
                     with trio.fail_after(60):
                         while not (await client.kept_output(job, stream="stdout")).dropped("stdout"):
                             await trio.sleep(0.2)
@@ -374,7 +381,7 @@ async def test_on_a_full_disk_the_kept_output_counts_what_it_has_no_room_for_and
                     kept = (await client.kept_output(job, stream="stdout")).streams[0]
                     assert kept.dropped > 0 and kept.lines == got[:len(kept.lines)]
                     assert len(kept.lines) + kept.dropped == len(got)  # every line kept or counted, once
-                    assert kept.lines[0] == "1" and 0 < len(kept.lines) < total
+                    assert kept.lines[:1000] == [str(i) for i in range(1, 1001)] and len(kept.lines) < total
                     key = str(client.job_key(job))
 
                     os.unlink(filler)  # room again: the counts are written for every tool to read
