@@ -14,7 +14,7 @@ import json
 import os
 import shutil
 import sys
-from typing import List, NoReturn, Optional
+from typing import List, NoReturn, Optional, Tuple
 
 from .service.store import JobStore, StoreError, default_state_dir
 
@@ -103,13 +103,9 @@ def _forget(args: argparse.Namespace) -> int:
             return 2
     store = _open(args.state_dir)
     try:
-        backends = {job.key: job.backend for job in store.jobs()}
-        forgotten, refused = store.forget(keys)
-        if when is not None:
-            forgotten += store.forget_ended_before(when)
+        forgotten, refused = forget_jobs(store, args.state_dir, keys, when)
     finally:
         store.close()
-    _remove_local_files(args.state_dir, [key for key in forgotten if backends.get(key) == "local"])
     missing = [k for k in keys if k not in forgotten and k not in refused]
     for key in refused:
         print(f"proxy-agent forget: job {key} has not ended; it is kept", file=sys.stderr)
@@ -117,6 +113,18 @@ def _forget(args: argparse.Namespace) -> int:
         print(f"proxy-agent forget: no job {key} in the list", file=sys.stderr)
     print(f"forgot {len(forgotten)} job{'s' if len(forgotten) != 1 else ''}")
     return 1 if refused or missing else 0
+
+
+def forget_jobs(store: JobStore, state_dir: str, keys: List[int], when: Optional[float]) -> Tuple[List[int], List[int]]:
+    """Forget the ended jobs among ``keys`` and those that ended before ``when`` (a time in
+    seconds, or None), with the output files of local ones; returns (forgotten, refused: not
+    ended)."""
+    backends = {job.key: job.backend for job in store.jobs()}
+    forgotten, refused = store.forget(keys)
+    if when is not None:
+        forgotten += store.forget_ended_before(when)
+    _remove_local_files(state_dir, [key for key in forgotten if backends.get(key) == "local"])
+    return forgotten, refused
 
 
 def _remove_local_files(state_dir: str, keys: List[int]) -> None:

@@ -26,7 +26,7 @@ from .service.service import JobService
 
 log = logging.getLogger("proxy_agent.server")
 
-__all__ = ["ServerLimits", "Sessions", "peer_name", "serve_listeners", "serve_stream"]
+__all__ = ["Admission", "ServerLimits", "Sessions", "peer_name", "serve_connection", "serve_listeners", "serve_stream"]
 
 
 class Sessions:
@@ -78,7 +78,7 @@ async def serve_stream(stream: trio.abc.Stream, service: JobService, config: Ptp
         await _close(stream)
 
 
-class _Admission:
+class Admission:
     """Unauthenticated connections, oldest first, and the count of live sessions."""
 
     def __init__(self, limits: ServerLimits) -> None:
@@ -102,6 +102,60 @@ class _Admission:
         self.waiting.pop(ticket, None)
 
 
+async def serve_connection(
+    stream: trio.abc.Stream,
+    service: JobService,
+    config: PtpConfig,
+    limits: ServerLimits,
+    admission: "Admission",
+    sessions: Optional[Sessions] = None,
+    peer: Optional[str] = None,
+) -> Optional[PtpSession]:
+    """Serve one accepted connection in a session of its own, under ``admission`` (the
+    sessions and unauthenticated connections of one front door); returns the session once
+    it has ended (None if it was refused: too many sessions)."""
+    peer = peer or peer_name(stream)
+    if admission.sessions >= limits.max_sessions:
+        log.warning("refusing %s: %d sessions are open", peer, admission.sessions)
+        await refuse_busy(stream, peer, config.max_frame_size)
+        return None
+    with trio.CancelScope() as scope:
+        ticket = admission.admit(scope)
+        session = PtpSession(stream, service, config, peer)
+        if sessions is not None:
+            sessions.live.add(session)
+        counted = False
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def watch_authentication() -> None:
+                    nonlocal counted
+                    with trio.move_on_after(limits.auth_timeout):
+                        while not session.authenticated:
+                            await trio.sleep(0.05)
+                    if not session.authenticated:
+                        log.info("%s did not authenticate within %g s; closing", peer, limits.auth_timeout)
+                        nursery.cancel_scope.cancel()
+                        return
+                    admission.authenticated(ticket)
+                    admission.sessions += 1
+                    counted = True
+
+                nursery.start_soon(watch_authentication)
+                log.info("session with %s started", peer)
+                await session.run()
+                nursery.cancel_scope.cancel()
+            log.info("session with %s ended", peer)
+        finally:
+            if sessions is not None:
+                sessions.live.discard(session)
+            admission.left(ticket)
+            if counted:
+                admission.sessions -= 1
+            await _close(stream)
+    return session
+
+
 async def serve_listeners(
     listeners: List[trio.SocketListener],
     service: JobService,
@@ -114,48 +168,10 @@ async def serve_listeners(
 ) -> None:
     """Accept clients until cancelled, each in a session of its own.  With ``plan_ahead``,
     the initial model is kept planned for clients yet to come."""
-    admission = _Admission(limits)
+    admission = Admission(limits)
 
     async def handle(stream) -> None:
-        peer = peer_name(stream)
-        if admission.sessions >= limits.max_sessions:
-            log.warning("refusing %s: %d sessions are open", peer, admission.sessions)
-            await refuse_busy(stream, peer, config.max_frame_size)
-            return
-        with trio.CancelScope() as scope:
-            ticket = admission.admit(scope)
-            session = PtpSession(stream, service, config, peer)
-            if sessions is not None:
-                sessions.live.add(session)
-            counted = False
-            try:
-                async with trio.open_nursery() as nursery:
-
-                    async def watch_authentication() -> None:
-                        nonlocal counted
-                        with trio.move_on_after(limits.auth_timeout):
-                            while not session.authenticated:
-                                await trio.sleep(0.05)
-                        if not session.authenticated:
-                            log.info("%s did not authenticate within %g s; closing", peer, limits.auth_timeout)
-                            nursery.cancel_scope.cancel()
-                            return
-                        admission.authenticated(ticket)
-                        admission.sessions += 1
-                        counted = True
-
-                    nursery.start_soon(watch_authentication)
-                    log.info("session with %s started", peer)
-                    await session.run()
-                    nursery.cancel_scope.cancel()
-                log.info("session with %s ended", peer)
-            finally:
-                if sessions is not None:
-                    sessions.live.discard(session)
-                admission.left(ticket)
-                if counted:
-                    admission.sessions -= 1
-                await _close(stream)
+        await serve_connection(stream, service, config, limits, admission, sessions)
 
     async with trio.open_nursery() as nursery:
         if plan_ahead:

@@ -49,40 +49,108 @@ def console_argv(*args: str) -> List[str]:
     return [sys.executable, "-m", "proxy_agent.console", *args]
 
 
+#: The state homes subprocess_env made, where agents the tests start keep their state (and
+#: where the services they start run: see stop_services).
+STATE_HOMES: List[str] = []
+
+
 def subprocess_env(**extra: str) -> dict:
     """The environment for child processes: this checkout importable, no colour, no pager."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PROXY_AGENT_TOKEN", None)
-    # Every agent a test starts gets a state directory of its own (one agent per directory).
+    # Every agent a test starts gets a state directory of its own (one service per directory).
     env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="proxy-agent-test-state-")
+    STATE_HOMES.append(env["XDG_STATE_HOME"])
     env.update(extra)
     return env
 
 
+def services_under(root: str, depth: int = 4) -> List[str]:
+    """The state directories under ``root`` (to ``depth`` levels) held by a running process."""
+    from proxy_agent.endpoints import lock_holder
+
+    found = []
+    for directory, subdirectories, files in os.walk(root):
+        if directory[len(root):].count(os.sep) >= depth:
+            subdirectories[:] = []
+        subdirectories[:] = [d for d in subdirectories if d not in ("local", "jobs")]
+        if "agent.lock" in files and lock_holder(directory) is not None:
+            found.append(directory)
+    return found
+
+
+def stop_services(roots: Sequence[str]) -> None:
+    """Stop the service of every state directory under ``roots``, ending its local jobs (a
+    service outlives the launches that started it: a test must not leave one behind)."""
+    import signal
+
+    from proxy_agent.endpoints import lock_holder
+    from proxy_agent.launch import LaunchError, stop_service
+
+    for root in roots:
+        if not os.path.isdir(root):
+            continue
+        for directory in services_under(str(root)):
+            try:
+                stop_service(directory, end_jobs=True, timeout=15)
+            except LaunchError:
+                pid = (lock_holder(directory) or {}).get("pid")
+                if isinstance(pid, int):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
+def service_pid(state_dir) -> int:
+    """The pid of the service holding a state directory (AssertionError when none does)."""
+    from proxy_agent.endpoints import lock_holder
+
+    holder = lock_holder(str(state_dir))
+    assert holder is not None and isinstance(holder.get("pid"), int), f"no service holds {state_dir}"
+    return holder["pid"]
+
+
 def start_up_probe(tmp_path: Path, before: Sequence[str], after: Sequence[str], stdin: bytes = b""):
-    """Run a stdio agent's whole start-up in a child Python, to the end of ``stdin``: the lines
-    ``before`` run first, the agent next, then the lines ``after``, which write what they found
-    to the file named ``OUT``.  Returns (the finished process, with its output as bytes, and
-    the text written to OUT).  The file is used because the agent closes its stdout as it ends."""
+    """Run the service's whole start-up in a child Python, until a stdio launch that sends it
+    ``stdin`` has ended and the service has been stopped: the lines ``before`` run first, the
+    service next, then the lines ``after``, which write what they found to the file named
+    ``OUT``.  Returns (the finished process, its ``stdout`` replaced by what the launch wrote
+    to its stdout, and the text written to OUT).  Files are used because the service points
+    its own stdio elsewhere as it starts."""
     import subprocess
+    import types
 
     out = tmp_path / "loaded"
+    answer = tmp_path / "answer"
+    state = tmp_path / "state"
     probe = "\n".join([
-        "import runpy, sys",
+        "import runpy, sys, threading, subprocess, os, time",
         *before,
-        "sys.argv = ['proxy-agent', '--stdio']",
+        "def launch():",
+        "    while not os.path.exists(os.path.join(STATE, 'agent.sock')):",
+        "        time.sleep(0.01)",
+        "    done = subprocess.run([sys.executable, '-m', 'proxy_agent', '--stdio', '--state-dir', STATE],",
+        "                          input=INPUT, capture_output=True, timeout=60)",
+        "    open(ANSWER, 'wb').write(done.stdout)",
+        "    from proxy_agent.frontends.api.wire import call",
+        "    call(os.path.join(STATE, 'agent.sock'), {'op': 'stop', 'version': 1})",
+        "threading.Thread(target=launch, daemon=True).start()",
+        "sys.argv = ['proxy-agent', 'service', '--state-dir', STATE, '--idle-exit', 'never']",
         "try:",
         "    runpy.run_module('proxy_agent', run_name='__main__')",
         "except SystemExit:",
         "    pass",
         *after,
-    ]).replace("OUT", repr(str(out)))
+    ]).replace("OUT", repr(str(out))).replace("ANSWER", repr(str(answer))).replace("STATE", repr(str(state)))
+    probe = probe.replace("INPUT", repr(stdin))
     env = subprocess_env(XDG_STATE_HOME=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", probe], input=stdin, capture_output=True, env=env, timeout=60)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, env=env, timeout=90)
     assert done.returncode == 0, done.stderr
-    return done, out.read_text()
+    finished = types.SimpleNamespace(returncode=done.returncode, stdout=answer.read_bytes(), stderr=done.stderr)
+    return finished, out.read_text()
 
 
 def free_port() -> int:

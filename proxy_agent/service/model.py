@@ -339,6 +339,8 @@ class ServiceModel:
         #: job key -> the rank its next process gets
         self._next_ranks: Dict[int, int] = {}
         self._room = None  # a trio.Event while backends wait for room for output
+        #: job key -> sinks that hear that job's output whoever else listens (see watch_output)
+        self._job_watchers: Dict[int, List[ChangeSink]] = {}
         #: bumped on every mutation: equal versions mean an unchanged model
         self.version = 0
         #: keys handed out in creation order stay ascending unless a caller chose keys
@@ -438,6 +440,25 @@ class ServiceModel:
             pass
         self._readers = [s for s in self._sinks if s.takes_output]
         self.room_made()
+
+    def watch_output(self, job: int, sink: ChangeSink) -> None:
+        """``sink`` hears the output of job ``job`` (as :meth:`ChangeSink.output`), besides the
+        subscribers: a watcher of single jobs is no subscriber, so output is still kept for
+        the next one while none listens, and it holds no job back."""
+        watchers = self._job_watchers.setdefault(job, [])
+        if sink not in watchers:
+            watchers.append(sink)
+
+    def unwatch_output(self, job: int, sink: ChangeSink) -> None:
+        watchers = self._job_watchers.get(job)
+        if watchers is None:
+            return
+        try:
+            watchers.remove(sink)
+        except ValueError:
+            pass
+        if not watchers:
+            del self._job_watchers[job]
 
     # ------------------------------------------------------------------ output flow
 
@@ -697,6 +718,9 @@ class ServiceModel:
         ``stderr``).  ``offset``: where the text ends in the file the backend keeps the
         output in, when it does (so that delivery can be recorded and resumed)."""
         element = self.find(process, Kind.PROCESS)
+        if self._job_watchers:
+            for sink in self._job_watchers.get(element.parent, ()):
+                sink.output(element, stream, text, offset)
         readers = self._readers
         if readers:
             for sink in readers:

@@ -19,7 +19,7 @@ import hmac
 import logging
 import os
 from collections import deque
-from typing import Deque, Iterator, Optional, Union
+from typing import Deque, Iterator, List, Optional, Tuple, Union
 
 import attrs
 import trio
@@ -69,6 +69,13 @@ class PtpConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     #: shared secret the client must send as INIT attribute token=... (None: not required)
     token: Optional[str] = None
+    #: schedulers whose queues this client's submissions prefer, in order (the launch's
+    #: ``--scheduler``): a submission that names no queue goes to the first one's default
+    prefer: Tuple[str, ...] = ()
+    #: the working directory of jobs that name none (the launching process's), else the service's
+    working_dir: Optional[str] = None
+    #: told to this client alone when its events start, as (level, text)
+    notices: Tuple[Tuple[str, str], ...] = ()
 
 
 class PtpSession:
@@ -105,6 +112,10 @@ class PtpSession:
         self._sending_since: Optional[float] = None
         #: the client has not taken anything for STALL_SECONDS
         self._stalled = False
+        #: the backends this session waits for: those of the service when it began
+        self._ready = service.ready
+        #: keys of the jobs this client submitted (what ``--on-disconnect terminate`` ends)
+        self.submitted: List[int] = []
 
     # ------------------------------------------------------------------ output
 
@@ -401,18 +412,18 @@ class PtpSession:
     async def _prepare_snapshot(self) -> None:
         """Between INIT and START_EVENTS: the initial model is planned while the model is
         quiet, so that START_EVENTS has only to render it for this client."""
-        await self.service.ready.wait()
+        await self._ready.wait()
         if self.service.failure is None:
             await prepare_snapshot(self.service.model, lambda: self.rules,
                                    lambda: not self._snapshot_started and not self._closing,
                                    base=lambda: self.view.plan_base() if self.view is not None else None)
 
     async def _service_ready(self, command: Command, transaction: Optional[Transaction] = None) -> bool:
-        if self.service.ready.is_set():
+        if self._ready.is_set():
             # a session that is ending takes no new request; no pass through the scheduler
             await trio.lowlevel.checkpoint_if_cancelled()
         else:
-            await self.service.ready.wait()
+            await self._ready.wait()
         failure = self.service.failure
         if failure is not None:
             self.emit(Error(command.tid, ErrorCode.SCHEDULER, failure), transaction)
@@ -421,7 +432,7 @@ class PtpSession:
 
     def _default_queue_id(self) -> Optional[str]:
         try:
-            _, queue = self.service.default_queue()
+            _, queue = self.service.default_queue(self.config.prefer)
         except ServiceError:
             return None
         assert self.view is not None
@@ -452,7 +463,7 @@ class PtpSession:
             self._ahead.append(self.view.subscribe_chunks(tid, early))
             self._snapshot_started = True
             self._remove_listener = self.service.add_listener(self._notice)
-            for level, text in self.service.standing:
+            for level, text in (*self.service.standing, *self.config.notices):
                 self._notice(level, text)
             log.debug("initial model queued: %d elements", len(self.service.model))
         elif self.view is not None and not self._stalled:
@@ -530,9 +541,12 @@ class PtpSession:
         try:
             if cid is CommandId.SUBMIT_JOB:
                 spec = mapping.job_spec(attrs_, self._queue_ref, self._job_key)
+                if spec.working_dir is None and self.config.working_dir is not None:
+                    spec = attrs.evolve(spec, working_dir=self.config.working_dir)
                 self._hold += 1
                 try:
-                    key = await service.submit(spec)
+                    key = await service.submit(spec, self.config.prefer)
+                    self.submitted.append(key)
                     log.info("submitted %s as job %d", spec.client_ref, self.view.element_id(key))
                     self.emit(Ok(tid), transaction)
                 finally:
