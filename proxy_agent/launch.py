@@ -306,7 +306,7 @@ def start_service(state_dir: str, idle_exit: Optional[str] = None, check: Option
     raise LaunchError(text if text.startswith("proxy-agent") else f"proxy-agent: {text}")
 
 
-def open_launch(state_dir: str, request: Dict[str, Any], fds: Sequence[int], *, idle_exit: Optional[str],
+def open_service(state_dir: str, request: Dict[str, Any], fds: Sequence[int], *, idle_exit: Optional[str],
                 check: Optional[Sequence[str]], log: Optional[_Log] = None,
                 timeout: float = START_BOUND) -> Tuple[Dict[str, Any], socket.socket]:
     """Send ``request`` to the service of ``state_dir`` on a connection kept open (the anchor),
@@ -585,7 +585,7 @@ class _Launch:
         if self.token is not None:
             request["token"] = self.token
         fds = [self.log.fd]
-        reply, anchor = open_launch(self.state_dir, request, fds, idle_exit=self.line.idle_exit, check=self.argv,
+        reply, anchor = open_service(self.state_dir, request, fds, idle_exit=self.line.idle_exit, check=self.argv,
                                     log=self.log)
         assert anchor is not None
         self.anchor = anchor

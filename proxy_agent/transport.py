@@ -25,6 +25,7 @@ __all__ = [
     "open_unix_listener",
     "parse_host_port",
     "load_or_create_token",
+    "write_now",
 ]
 
 
@@ -89,3 +90,18 @@ async def open_tcp_listeners(host: str, port: int) -> List[trio.SocketListener]:
 async def open_unix_listener(path: str) -> trio.SocketListener:
     """A listening Unix socket at ``path``, accessible to its owner only (mode 0600)."""
     return trio.SocketListener(trio.socket.from_stdlib_socket(bind_unix_listener(path)))
+
+
+def write_now(stream: trio.abc.Stream, data: bytes) -> int:
+    """Write as much of ``data`` as the stream takes without waiting, and without letting
+    another task run first (``send_all`` checkpoints before it writes); 0 when the stream
+    cannot do that or the write fails (``send_all`` then writes, or says why it cannot)."""
+    send_now = getattr(stream, "send_now", None)
+    if send_now is not None:
+        return send_now(data)
+    if not isinstance(stream, trio.SocketStream):
+        return 0
+    try:
+        return os.write(stream.socket.fileno(), data)
+    except OSError:
+        return 0

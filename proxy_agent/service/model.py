@@ -449,6 +449,12 @@ class ServiceModel:
         if sink not in watchers:
             watchers.append(sink)
 
+    def backlog_of(self, job: int) -> List[Tuple[int, str, str, Optional[int]]]:
+        """The output of ``job`` kept while nobody listened: (process, stream, text, offset),
+        in order; it stays kept for the next subscriber."""
+        backlog = self._backlog.get(job)
+        return list(backlog.lines) if backlog is not None else []
+
     def unwatch_output(self, job: int, sink: ChangeSink) -> None:
         watchers = self._job_watchers.get(job)
         if watchers is None:

@@ -30,6 +30,7 @@ import trio
 from ...service.jobs import ErrorKind, JobError, JobState, ServiceError
 from ...service.model import ChangeSink, Element, K, Kind, UnknownElement
 from ...service.service import JobService, describe
+from ...transport import write_now
 from .terms import error_of, spec_from_dict
 from .wire import VERSION, LineReader, encode
 
@@ -266,9 +267,14 @@ class ApiSession:
                 if carried:
                     offsets.update(carried)
             self._queued -= size
+            data = b"".join(chunk)
+            # Recorded as delivered just before it is written, and written at once (no other
+            # task runs in between): a service killed then loses at most this one write.
             undo = self.service.delivered(offsets) if offsets else None
             try:
-                await self.stream.send_all(b"".join(chunk))
+                sent = write_now(self.stream, data) if undo else 0
+                if sent < len(data):
+                    await self.stream.send_all(data[sent:] if sent else data)
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 if undo:
                     self.service.undeliver(undo)
@@ -291,11 +297,17 @@ class ApiSession:
     def _watch(self, key: int) -> _Watch:
         watch = self.watches.get(key)
         if watch is None:
+            model = self.service.model
             watch = self.watches[key] = _Watch(key)
             if self._sink is None:
                 self._sink = _JobSink(self)
-                self.service.model.subscribe(self._sink)
-            self.service.model.watch_output(key, self._sink)
+                model.subscribe(self._sink)
+            model.watch_output(key, self._sink)
+            # what it wrote while no client listened (a service that has just taken it back)
+            for process, stream, text, offset in model.backlog_of(key):
+                element = model._elements.get(process)
+                if element is not None:
+                    self.job_output(element, stream, text, offset)
         return watch
 
     def _unwatch(self, key: int) -> None:
@@ -423,6 +435,18 @@ class ApiSession:
         self._unwatch(_key(message.get("job")))
         return {}
 
+    async def _queues(self, message: Dict[str, Any]) -> Dict[str, Any]:
+        await self._ready.wait()
+        service = self.service
+        model = service.model
+        defaults = {backend.name: backend.default_queue() for backend in service.running_backends()}
+        queues = []
+        for key in model.keys(Kind.QUEUE):
+            owner = model.get(key).owner
+            queues.append({"key": key, "name": model.attr(key, K.NAME), "scheduler": owner,
+                           "default": defaults.get(owner) == key})
+        return {"queues": queues}
+
     async def _jobs(self, message: Dict[str, Any]) -> Dict[str, Any]:
         store = self._store()
         return {"jobs": [attrs.asdict(job) for job in store.jobs()]}
@@ -508,6 +532,7 @@ _REQUESTS: Dict[str, Callable[[ApiSession, Dict[str, Any]], Awaitable[Dict[str, 
     "terminate": ApiSession._terminate,
     "watch": ApiSession._watch_request,
     "unwatch": ApiSession._unwatch_request,
+    "queues": ApiSession._queues,
     "jobs": ApiSession._jobs,
     "forget": ApiSession._forget,
     "output": ApiSession._output,

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 from collections import deque
 from typing import Deque, Iterator, List, Optional, Tuple, Union
 
@@ -43,6 +42,7 @@ from ...protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, FrameError, encode
 from ...service.jobs import ErrorKind, JobError, ServiceError, SubmitError
 from ...service.model import Kind, UnknownElement
 from ...service.service import JobService, describe
+from ...transport import write_now
 from . import mapping
 from .view import NATIVE_RULES, STALL_SECONDS, ModelView, RenderRules, prepare_snapshot
 
@@ -680,18 +680,3 @@ async def refuse_busy(stream: trio.abc.Stream, peer: str, max_frame_size: int = 
     log.info("refused %s: busy", peer)
     with trio.move_on_after(1):
         await stream.aclose()
-
-
-def write_now(stream: trio.abc.Stream, data: bytes) -> int:
-    """Write as much of ``data`` as the stream takes without waiting, and without letting
-    another task run first (``send_all`` checkpoints before it writes); 0 when the stream
-    cannot do that or the write fails (``send_all`` then writes, or says why it cannot)."""
-    send_now = getattr(stream, "send_now", None)
-    if send_now is not None:
-        return send_now(data)
-    if not isinstance(stream, trio.SocketStream):
-        return 0
-    try:
-        return os.write(stream.socket.fileno(), data)
-    except OSError:
-        return 0
