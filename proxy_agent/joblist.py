@@ -3,7 +3,9 @@
 ``proxy-agent jobs [--state-dir DIR] [--json]`` lists the jobs the store keeps (id, name,
 scheduler, queue, native id, state, submitted, ended); ``proxy-agent forget JOB... |
 --ended-before DATE`` removes entries of jobs that have ended (a running job is never
-forgotten), and a local job's output files with it.  Both read the store of a running agent safely (SQLite in WAL mode).
+forgotten), and a local job's output files with it.  When the service of the state directory
+runs, both ask it (through its interface on ``agent.sock``: the list as it is this moment, and
+forgetting done by the one process that owns the store); otherwise they read the store.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import shutil
 import sys
 from typing import List, NoReturn, Optional, Tuple
 
-from .service.store import JobStore, StoreError, default_state_dir
+import attrs
+
+from .service.store import JobStore, StoredJob, StoreError, default_state_dir
 
 __all__ = ["main"]
 
@@ -58,12 +62,35 @@ def _visible(text: str) -> str:
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
-def _list(args: argparse.Namespace) -> int:
-    store = _open(args.state_dir)
+def _ask_service(state_dir: str, op: str, **fields):
+    """The running service's answer to a request (None: no service of this interface runs)."""
+    from .endpoints import lock_holder
+    from .frontends.api.wire import Refused, ask, socket_path
+
+    if lock_holder(state_dir) is None:
+        return None
     try:
-        jobs = store.jobs()
+        return ask(socket_path(state_dir), op, **fields)
+    except Refused as exc:
+        raise StoreError(exc.message) from None
+    except (OSError, ValueError):
+        return None  # an agent without the interface: its store is read as it is
+
+
+def _stored_jobs(state_dir: str) -> List[StoredJob]:
+    answer = _ask_service(state_dir, "jobs")
+    if answer is not None:
+        names = {field.name for field in attrs.fields(StoredJob)}
+        return [StoredJob(**{k: v for k, v in row.items() if k in names}) for row in answer["jobs"]]
+    store = _open(state_dir)
+    try:
+        return store.jobs()
     finally:
         store.close()
+
+
+def _list(args: argparse.Namespace) -> int:
+    jobs = _stored_jobs(args.state_dir)
     if args.json:
         for job in jobs:
             print(json.dumps({
@@ -101,11 +128,15 @@ def _forget(args: argparse.Namespace) -> int:
             print(f"proxy-agent forget: {args.ended_before!r} is not a date like 2026-01-31 or 2026-01-31T12:00",
                   file=sys.stderr)
             return 2
-    store = _open(args.state_dir)
-    try:
-        forgotten, refused = forget_jobs(store, args.state_dir, keys, when)
-    finally:
-        store.close()
+    answer = _ask_service(args.state_dir, "forget", jobs=keys, ended_before=when)
+    if answer is not None:
+        forgotten, refused = list(answer["forgotten"]), list(answer["refused"])
+    else:
+        store = _open(args.state_dir)
+        try:
+            forgotten, refused = forget_jobs(store, args.state_dir, keys, when)
+        finally:
+            store.close()
     missing = [k for k in keys if k not in forgotten and k not in refused]
     for key in refused:
         print(f"proxy-agent forget: job {key} has not ended; it is kept", file=sys.stderr)

@@ -25,6 +25,7 @@ __all__ = [
     "VERSION",
     "Refused",
     "LineReader",
+    "ask",
     "call",
     "encode",
     "socket_path",
@@ -142,6 +143,28 @@ def call(path: str, request: Dict[str, Any], *, timeout: Optional[float] = 30.0,
         raise
     sock.settimeout(None)
     return reply, sock
+
+
+def ask(path: str, op: str, *, timeout: Optional[float] = 30.0, **fields: Any) -> Dict[str, Any]:
+    """One request of a tool that says hello first (the job list commands): its answer;
+    OSError or ValueError when no service of this interface answers, :class:`Refused`."""
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        sock.connect(path)
+        sock.sendall(encode({"op": "hello", "id": 1, "version": VERSION}) + encode(dict(fields, op=op, id=2)))
+        reader = LineReader()
+        while True:
+            data = sock.recv(1 << 16)
+            if not data:
+                raise ConnectionResetError("the service closed the connection before it answered")
+            for reply in reader.feed(data):
+                if reply.get("id") == 1:
+                    answer(reply)
+                elif reply.get("id") == 2:
+                    return answer(reply)
+    finally:
+        sock.close()
 
 
 def read_reply(sock: socket.socket) -> Dict[str, Any]:
