@@ -881,11 +881,16 @@ def main(argv: Sequence[str]) -> int:
 
 
 def _detach(log_fd: int) -> None:
-    """From now on stdout goes nowhere and stderr into the log: the launch that started the
-    service waits for its stderr to close (the service is ready), and nothing of the service
-    may hold a launch's terminal or ssh channel."""
-    null = os.open(os.devnull, os.O_RDWR)
+    """From now on stdin is /dev/null and stdout and stderr go into the log (what a user's
+    broker module prints, say): the launch that started the service waits for its stderr to
+    close (the service is ready), and nothing of the service may hold a launch's terminal or
+    ssh channel."""
+    null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
-    os.dup2(null, 1)
     os.close(null)
+    os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
+    try:
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    except (AttributeError, ValueError):
+        pass
