@@ -62,7 +62,7 @@ from .agent import (
 )
 from .endpoints import bind_unix_listener
 from .frontends.api.server import ApiSession, Handover, service_facts
-from .frontends.api.wire import FIRST_BYTE, VERSION, LineReader, socket_path
+from .frontends.api.wire import DOOR_CLOSED, FIRST_BYTE, VERSION, LineReader, encode, socket_path
 from .frontends.ptp import PtpConfig, PtpSession, keep_snapshot_planned
 from .schedulers.base import backend_class
 from .server import Admission, ServerLimits, Sessions, serve_connection
@@ -335,7 +335,7 @@ class Daemon:
             await nursery.start(self.service.run)
             self._nursery = nursery
             accepting = trio.CancelScope()
-            nursery.start_soon(self._accept, listener, accepting)
+            nursery.start_soon(self._accept, listener, accepting, nursery)
             nursery.start_soon(self._watch_idle)
             nursery.start_soon(self._watch_socket)
             await self._stop.wait()
@@ -354,9 +354,10 @@ class Daemon:
                 await self._end_local_jobs(jobs)
             nursery.cancel_scope.cancel()
 
-    async def _accept(self, listener: trio.SocketListener, scope: trio.CancelScope) -> None:
+    async def _accept(self, listener: trio.SocketListener, scope: trio.CancelScope, nursery: trio.Nursery) -> None:
+        # connections are served in the service's nursery: they outlive the end of accepting
         with scope:
-            await trio.serve_listeners(self._handle, [listener])
+            await trio.serve_listeners(self._handle, [listener], handler_nursery=nursery)
 
     def stop(self, reason: str, *, end_every_job: bool = False) -> None:
         if not self._stop.is_set():
@@ -456,6 +457,12 @@ class Daemon:
             messages = reader.feed(first)
         except ValueError as exc:
             log.warning("a local tool sent %s; closed", exc)
+            with trio.move_on_after(1.0):
+                try:
+                    await stream.send_all(encode({"event": "error", "message": f"the service closes this "
+                                                                                 f"connection: {exc}"}))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
             return
         api = ApiSession(stream, self.service, state_dir=self.state.directory, ops=self._ops(fds),
                          options=self._hello_options, peer="local tool")
@@ -467,6 +474,12 @@ class Daemon:
             await taken.run(stream, rest)
         if door is not None:
             await self._end_door(door)
+            # the launch tells a service that ended its door from one that died
+            with trio.move_on_after(1.0):
+                try:
+                    await stream.send_all(encode({"event": DOOR_CLOSED}))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
 
     def _ops(self, fds: List[int]):
         async def launch(api: ApiSession, message: Dict[str, Any]) -> Dict[str, Any]:

@@ -50,7 +50,7 @@ from .endpoints import (
     parse_host_port,
     widen_pipe,
 )
-from .frontends.api.wire import VERSION, Refused, call, encode, read_reply, socket_path
+from .frontends.api.wire import DOOR_CLOSED, VERSION, Refused, call, encode, read_reply, socket_path
 
 __all__ = ["EXIT_IN_USE", "LaunchLine", "main", "read_command_line", "start_service", "stop_main"]
 
@@ -621,36 +621,26 @@ class _Launch:
                 pass
         return time.monotonic() + SIGNAL_BOUND
 
-    def close(self, bound: float = END_BOUND) -> None:
-        """End the door: the service ends what it must of the clients' jobs, then closes."""
+    def close(self, bound: float = END_BOUND) -> bool:
+        """End the door: the service ends what it must of the clients' jobs, then closes.
+        False when the service went away instead (it died)."""
         anchor, self.anchor = self.anchor, None
         if anchor is None:
-            return
+            return False
+        said = b""
         try:
             anchor.shutdown(socket.SHUT_WR)
             anchor.settimeout(bound)
-            while anchor.recv(4096):
-                pass
+            while True:
+                data = anchor.recv(4096)
+                if not data:
+                    break
+                said = (said + data)[-256:]
         except OSError:
             pass
         finally:
             anchor.close()
-
-    def service_alive(self) -> bool:
-        pid = self.service_pid
-        if not isinstance(pid, int):
-            return True
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as stat:
-                return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
-        except (OSError, IndexError):
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return False
-            except OSError:
-                pass
-            return True
+        return f'"{DOOR_CLOSED}"'.encode() in said
 
     # ---------------------------------------------------------------- one client
 
@@ -663,12 +653,10 @@ class _Launch:
         finally:
             _restore_blocking(client_in, client_out)
             sock.close()
-        if self.signals.received is None and not self.service_alive():
-            self.anchor = None
+        if not self.close(SIGNAL_BOUND if self.signals.received else END_BOUND) and self.signals.received is None:
             print(f"proxy-agent: the service of {self.state_dir} (process {self.service_pid}) ended; its jobs are "
                   "kept for the next one", file=sys.stderr)
             return 1
-        self.close(SIGNAL_BOUND if self.signals.received else END_BOUND)
         self.log.info("the session ended")
         return 0
 

@@ -96,7 +96,7 @@ def flood(jobs: int, seconds: float) -> dict:
         t0 = time.perf_counter()
         _pump(agent, t0 + seconds, probes, 0.5, counter)
         rate = counter["bytes"] / (time.perf_counter() - t0) / 1e6
-        pids = _job_pids(agent.proc.pid)
+        pids = _job_pids(agent.pid)
         rss = agent.peak_rss_mb()
         t1 = time.perf_counter()
         quit_tid = agent.send(CommandId.QUIT)
@@ -123,7 +123,7 @@ def stall(jobs: int, pause: float) -> dict:
         peak = 0.0
         end = time.perf_counter() + pause
         while time.perf_counter() < end:  # not reading at all
-            peak = max(peak, _rss_mb(agent.proc.pid))
+            peak = max(peak, _rss_mb(agent.pid))
             time.sleep(0.2)
         t0 = time.perf_counter()
         probes: list = []

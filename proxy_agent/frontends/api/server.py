@@ -383,7 +383,7 @@ class ApiSession:
     # ------------------------------------------------------------------ requests
 
     async def _hello(self, message: Dict[str, Any]) -> Dict[str, Any]:
-        reply: Dict[str, Any] = {"service": service_facts(self.service)}
+        reply: Dict[str, Any] = {}
         options = message.get("options")
         if options is not None:
             if not (isinstance(options, list) and all(isinstance(o, str) for o in options)):
@@ -394,6 +394,7 @@ class ApiSession:
             self.prefer = tuple(applied.pop("prefer", ()))
             self._ready = self.service.ready
             reply.update(applied)
+        reply["service"] = service_facts(self.service)
         return reply
 
     async def _submit(self, message: Dict[str, Any]) -> Dict[str, Any]:

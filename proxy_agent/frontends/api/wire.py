@@ -39,6 +39,9 @@ FIRST_BYTE = b"{"
 MAX_LINE = 16 * 1024 * 1024
 #: The socket's name in the state directory.
 SOCKET_NAME = "agent.sock"
+#: The last event on a launch's anchor: the service has ended the launch (and what it had to
+#: end of its clients' jobs); an anchor that closes without it belonged to a service that died.
+DOOR_CLOSED = "launch-ended"
 
 
 def socket_path(state_dir: str) -> str:
