@@ -269,8 +269,7 @@ class Door:
     limits: ServerLimits
     peer: str
     admission: Admission = attrs.field(default=None)
-    sessions: Sessions = attrs.field(factory=Sessions)
-    submitted: Set[int] = attrs.field(factory=set)
+    sessions: Sessions = attrs.field(factory=lambda: Sessions(keep_jobs=True))
     route: Optional[_LogRoute] = None
 
     def __attrs_post_init__(self) -> None:
@@ -278,10 +277,7 @@ class Door:
             self.admission = Admission(self.limits)
 
     def jobs(self) -> Set[int]:
-        keys = set(self.submitted)
-        for session in self.sessions.live:
-            keys.update(session.submitted)
-        return keys
+        return self.sessions.jobs()
 
 
 @attrs.frozen
@@ -521,10 +517,8 @@ class Daemon:
     async def _serve_session(self, door: Door, stream: trio.SocketStream, rest: bytes, peer: str) -> None:
         if door.route is not None:
             _ROUTE.set(door.route)
-        session = await serve_connection(PrefixedStream(stream, rest), self.service, door.config, door.limits,
-                                         door.admission, door.sessions, peer)
-        if session is not None:
-            door.submitted.update(session.submitted)
+        await serve_connection(PrefixedStream(stream, rest), self.service, door.config, door.limits,
+                               door.admission, door.sessions, peer)
 
     # ------------------------------------------------------------------ launches
 
@@ -561,12 +555,14 @@ class Daemon:
 
     async def _end_door(self, door: Door) -> None:
         self.doors.pop(door.ident, None)
+        if door.route is not None:
+            # first of all: nothing of the launch's (its stderr, an ssh channel) stays open here
+            self.routes.remove(door.route)
+            door.route = None
         with trio.CancelScope(shield=True):
             if door.policy == "terminate":
                 await self._end_local_jobs(door.jobs())
         log.info("%s ended", door.peer)
-        if door.route is not None:
-            self.routes.remove(door.route)
 
     async def _hello_options(self, argv: Sequence[str], cwd: Optional[str]) -> Dict[str, Any]:
         if not isinstance(cwd, str):

@@ -30,10 +30,26 @@ __all__ = ["Admission", "ServerLimits", "Sessions", "peer_name", "serve_connecti
 
 
 class Sessions:
-    """The sessions being served, so that the agent can say goodbye to each when it stops."""
+    """The sessions being served, so that the agent can say goodbye to each when it stops,
+    and the jobs submitted in those that have ended."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_jobs: bool = False) -> None:
         self.live: "set[PtpSession]" = set()
+        #: keys of the jobs submitted in the sessions that have ended (with ``keep_jobs``)
+        self.submitted: List[int] = []
+        self._keep_jobs = keep_jobs
+
+    def left(self, session: PtpSession) -> None:
+        self.live.discard(session)
+        if self._keep_jobs:
+            self.submitted.extend(session.submitted)
+
+    def jobs(self) -> "set[int]":
+        """The keys of the jobs submitted in these sessions, live or ended."""
+        keys = set(self.submitted)
+        for session in self.live:
+            keys.update(session.submitted)
+        return keys
 
     async def farewell(self, text: str, bound: float = 1.5) -> None:
         """Tell every client the agent is stopping, and let that be written (bounded)."""
@@ -74,7 +90,7 @@ async def serve_stream(stream: trio.abc.Stream, service: JobService, config: Ptp
         return await session.run()
     finally:
         if sessions is not None:
-            sessions.live.discard(session)
+            sessions.left(session)
         await _close(stream)
 
 
@@ -148,7 +164,7 @@ async def serve_connection(
             log.info("session with %s ended", peer)
         finally:
             if sessions is not None:
-                sessions.live.discard(session)
+                sessions.left(session)
             admission.left(ticket)
             if counted:
                 admission.sessions -= 1
