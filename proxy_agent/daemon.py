@@ -873,6 +873,11 @@ def main(argv: Sequence[str]) -> int:
         print(f"proxy-agent: cannot serve {state.directory}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     state.advertise(socket_path(state.directory))
+    try:
+        # holding no launch's working directory (each launch's clients' jobs get their own)
+        os.chdir(os.path.expanduser("~"))
+    except OSError:
+        os.chdir("/")
     # The launch that started the service reads this, then the end of its stderr.
     os.write(2, READY_MARK)
     _detach(service_log.fd)

@@ -40,6 +40,10 @@ log = logging.getLogger("proxy_agent.frontends.api")
 
 #: Bytes of events a connection may have waiting before output is dropped (and counted).
 QUEUE_LIMIT = 8 << 20
+#: Of an output file, ``output`` sends at most its last this many bytes...
+FILE_LIMIT = 64 << 20
+#: ...in events of at most this many (lines are not cut).
+OUTPUT_CHUNK = 1 << 20
 #: Bytes written in one go.
 _WRITE_CHUNK = 1 << 18
 _READ_SIZE = 1 << 16
@@ -479,22 +483,10 @@ class ApiSession:
         follow = bool(message.get("follow")) and known
         watch = self._watch(key) if follow else None
         files = self._output_files(key)
-        sent = 0
         for (rank, stream), path in sorted(files.items()):
             if stream not in streams:
                 continue
-            end = 0
-            try:
-                with open(path, "rb") as handle:
-                    data = handle.read()
-            except OSError:
-                data = b""
-            complete = data[: data.rfind(b"\n") + 1]
-            if complete:
-                end = len(complete)
-                self.send({"event": "output", "job": key, "rank": rank, "stream": stream,
-                           "text": complete[:-1].decode("utf-8", "surrogateescape")})
-                sent += 1
+            end = self._send_file(key, rank, stream, path)
             if watch is not None:
                 watch.files_end[(rank, stream)] = end
         if watch is not None:
@@ -502,6 +494,35 @@ class ApiSession:
         else:
             self.send({"event": "end", "job": key})
         return {"job": key, "files": bool(files)}
+
+    def _send_file(self, key: int, rank: int, stream: str, path: str) -> int:
+        """Send the complete lines of an output file (its last FILE_LIMIT bytes, the lines
+        before them counted as dropped), in events of OUTPUT_CHUNK bytes at most; returns
+        where the part sent ends in the file."""
+        try:
+            with open(path, "rb") as handle:
+                size = os.fstat(handle.fileno()).st_size
+                start = max(0, size - FILE_LIMIT)
+                handle.seek(start)
+                data = handle.read(size - start)
+        except OSError:
+            return 0
+        if start:
+            cut = data.find(b"\n") + 1
+            data = data[cut:]
+            start += cut
+            self.send({"event": "dropped", "job": key, "lines": 0,
+                       "why": f"only the last {FILE_LIMIT >> 20} MiB of process {rank}'s {stream} are sent"})
+        complete = data[: data.rfind(b"\n") + 1]
+        position = 0
+        while position < len(complete):
+            end = complete.rfind(b"\n", position, position + OUTPUT_CHUNK) + 1
+            if end <= position:  # one line longer than a chunk: sent whole
+                end = complete.find(b"\n", position) + 1
+            self.send({"event": "output", "job": key, "rank": rank, "stream": stream,
+                       "text": complete[position:end - 1].decode("utf-8", "surrogateescape")})
+            position = end
+        return start + len(complete)
 
     def _output_files(self, key: int) -> Dict[Tuple[int, str], str]:
         model = self.service.model
