@@ -49,7 +49,7 @@ import attrs
 import trio
 
 from .launch import EXIT_IN_USE, READY_MARK
-from .agent import (
+from .__main__ import (
     DEFAULT_IDLE_EXIT,
     CommandLineError,
     StateDir,

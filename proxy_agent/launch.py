@@ -27,7 +27,7 @@ when an agent of its own died); a listening launch starts a service again.
 
 When the state directory cannot hold a service (it cannot be created or written, or its path
 is too long for a Unix socket), the launch runs an agent of its own in this process instead
-(:func:`proxy_agent.agent.run_private`).
+(:func:`proxy_agent.__main__.run_private`).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from .endpoints import (
 )
 from .frontends.api.wire import DOOR_CLOSED, VERSION, Refused, call, encode, read_reply, socket_path
 
-__all__ = ["EXIT_IN_USE", "LaunchLine", "main", "read_command_line", "start_service", "stop_main"]
+__all__ = ["EXIT_IN_USE", "LaunchLine", "entry", "main", "read_command_line", "start_service", "stop_main"]
 
 #: The environment variable holding the --listen token; removed from the environment at start
 #: so that no service (and no job) ever inherits it.
@@ -108,7 +108,7 @@ class LaunchLine:
 
     @classmethod
     def from_arguments(cls, args: Any) -> "LaunchLine":
-        """From the agent's parsed arguments (:func:`proxy_agent.agent.parse_arguments`)."""
+        """From the agent's parsed arguments (:func:`proxy_agent.__main__.parse_arguments`)."""
         transport, address = "stdio", None
         if args.proxy:
             if not args.host or not args.port:
@@ -132,7 +132,7 @@ def _fail(text: str) -> int:
 def read_command_line(argv: Sequence[str]) -> Optional[LaunchLine]:
     """The launch's own options from a command line spelled out in full; None when it holds
     anything else (help, the version, a short or run-together option, a conflict, a stray
-    word), which :func:`proxy_agent.agent.read_full_command_line` then reads as argparse does."""
+    word), which :func:`proxy_agent.__main__.read_full_command_line` then reads as argparse does."""
     values: Dict[str, str] = {}
     verbose = 0
     transports = set()
@@ -745,11 +745,30 @@ class _Launch:
 # --------------------------------------------------------------------------- main
 
 
+def entry(argv: Optional[Sequence[str]] = None) -> int:
+    """``proxy-agent``: a launch (:func:`main`), or one of its commands: ``service`` (the
+    service itself, :mod:`.daemon`), ``stop`` (:func:`stop_main`), ``jobs`` and ``forget``
+    (:mod:`.joblist`).  Each loads only what it needs."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = argv[0] if argv else ""
+    if command in ("jobs", "forget"):
+        from .joblist import main as joblist_main
+
+        return joblist_main(argv)
+    if command == "service":
+        from .daemon import main as service_main
+
+        return service_main(argv[1:])
+    if command == "stop":
+        return stop_main(argv[1:])
+    return main(argv)
+
+
 def main(argv: Sequence[str]) -> int:
     """``proxy-agent [OPTIONS]``: see the module documentation."""
     line = read_command_line(argv)
     if line is None:
-        from .agent import read_full_command_line
+        from .__main__ import read_full_command_line
 
         line = read_full_command_line(argv)  # help, the version, or a mistake: it exits
     try:
@@ -766,7 +785,7 @@ def _run(line: LaunchLine, argv: Sequence[str]) -> int:
     state_dir = os.path.abspath(line.state_dir or default_state_dir())
     why = _prepare_state_dir(state_dir)
     if why is not None:
-        from .agent import run_private
+        from .__main__ import run_private
 
         return run_private(argv)
     env_token = os.environ.pop(TOKEN_VARIABLE, None)

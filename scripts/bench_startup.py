@@ -4,7 +4,7 @@
 Three ways a launch gets its answer, measured in the same run (runs interleaved):
 
 * **own agent**: the whole agent in the launched process, as every launch was before the
-  service of a state directory (``proxy_agent.agent.run_private``, which a launch still runs
+  service of a state directory (``proxy_agent.__main__.run_private``, which a launch still runs
   when its state directory cannot hold a service): the figure to keep to;
 * **join**: ``proxy-agent --stdio`` while the state directory's service runs: the launched
   process only relays, and the service answers (target: median <= 1.2x the own agent's);

@@ -23,7 +23,7 @@ from proxy_agent.protocol.wire import Decoder, Frame, encode_frame  # noqa: E402
 
 #: How an agent of its own is started (what every launch was before the service of a state
 #: directory: the whole agent in the launched process).
-PRIVATE_AGENT = ["-c", "import sys; from proxy_agent.agent import run_private; sys.exit(run_private(sys.argv[1:]))"]
+PRIVATE_AGENT = ["-c", "import sys; from proxy_agent.__main__ import run_private; sys.exit(run_private(sys.argv[1:]))"]
 
 
 class RawAgent:

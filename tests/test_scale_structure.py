@@ -439,7 +439,7 @@ def test_the_collector_waits_for_the_start_up_imports_and_then_leaves_them_alone
     probe = (
         "import gc; started = []; "
         "gc.callbacks.append(lambda phase, info: started.append(info['generation']) if phase == 'start' else None); "
-        "import proxy_agent.agent; "
+        "import proxy_agent.__main__; "
         "print(repr(started).replace(' ', ''), gc.isenabled(), gc.get_freeze_count() > 10000)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=subprocess_env(),

@@ -421,7 +421,7 @@ async def test_the_service_outlives_its_first_launch_and_leaves_when_idle(tmp_pa
 
 
 def test_idle_exit_takes_seconds_or_never():
-    from proxy_agent.agent import DEFAULT_IDLE_EXIT, idle_exit_seconds
+    from proxy_agent.__main__ import DEFAULT_IDLE_EXIT, idle_exit_seconds
 
     assert idle_exit_seconds(None) == DEFAULT_IDLE_EXIT == 600
     assert idle_exit_seconds("never") is None and idle_exit_seconds("0") == 0 and idle_exit_seconds("2.5") == 2.5
