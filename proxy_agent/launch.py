@@ -599,9 +599,14 @@ class _Launch:
             self.log.warning(note)
 
     def session(self, peer: str) -> socket.socket:
-        """A connection to the service that is a session of this launch's door."""
-        _, sock = call(socket_path(self.state_dir), {"op": "session", "version": VERSION, "door": self.door,
-                                                     "peer": peer}, keep=True)
+        """A connection to the service that is a session of this launch's door; LaunchError
+        when the service has gone meanwhile."""
+        try:
+            _, sock = call(socket_path(self.state_dir), {"op": "session", "version": VERSION, "door": self.door,
+                                                         "peer": peer}, keep=True)
+        except (OSError, ValueError, Refused) as exc:
+            raise LaunchError(f"the service of {self.state_dir} went away: {getattr(exc, 'message', None) or exc}",
+                              1) from None
         assert sock is not None
         return sock
 
@@ -668,8 +673,8 @@ class _Launch:
         def serve(conn: socket.socket, peer: str) -> None:
             try:
                 sock = self.session(peer)
-            except (OSError, ValueError, Refused) as exc:
-                self.log.warning(f"cannot serve {peer}: {exc}")
+            except LaunchError as exc:
+                self.log.warning(f"cannot serve {peer}: {exc.text}")
                 conn.close()
                 return
             try:
@@ -778,6 +783,9 @@ def main(argv: Sequence[str]) -> int:
         return exc.status
     except KeyboardInterrupt:
         return 0
+    except Exception as exc:  # noqa: BLE001 - one line, never a traceback
+        print(f"proxy-agent: internal error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
 
 
 def _run(line: LaunchLine, argv: Sequence[str]) -> int:
