@@ -570,3 +570,32 @@ def test_the_invoke_server_imports_nothing_of_the_ptp_client():
                           timeout=DEADLINE)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+async def test_output_a_departed_client_never_got_goes_to_the_next(tmp_path):
+    """Lines held for a client that stopped events and then left are given to the next
+    client of the service (as lines written while nobody listened are): none is lost."""
+    state = tmp_path / "state"
+    go, done = tmp_path / "go", tmp_path / "done"
+    script = f'echo one; while [ ! -e "{go}" ]; do sleep 0.05; done; echo two; echo three; touch "{done}"'
+    with trio.fail_after(3 * DEADLINE):
+        async with await _launch(state, "--on-disconnect", "keep") as first:
+            await _handshake(first, 1000)
+            job = await first.submit("/bin/sh", ["-c", script])
+            await first.wait_for(lambda: first.job(job).output, DEADLINE, description="the first line")
+            sub = first.job(job).sub_id
+            await first.stop_events()
+            go.touch()
+            while not done.exists():
+                await trio.sleep(0.05)
+            await first.stream.send_stream.aclose()  # it leaves without reading on
+            while first.ended is None:
+                await trio.sleep(0.02)
+        assert [line.text for line in first.job(job).output] == ["one"]
+        async with await _launch(state) as second:
+            await _handshake(second, 1000)
+            element = await second.wait_for(lambda: _job_by_sub(second, sub), DEADLINE, description="the job")
+            done_job = await second.wait_job_state(element, "COMPLETED", DEADLINE)
+            await second.wait_for(lambda: len(done_job.output) == 2, DEADLINE, description="the lines it held")
+            assert [line.text for line in done_job.output] == ["two", "three"]
+            await second.quit()

@@ -733,6 +733,26 @@ class ServiceModel:
                 sink.output(element, stream, text, offset)
             self._notify()
             return
+        self._keep(element, process, stream, text, offset)
+
+    def keep_output(self, lines: Iterable[Tuple[int, str, str, Optional[int]]], dropped: Mapping[int, int]) -> None:
+        """Output a subscriber held and never passed on to its client, which has gone:
+        (process, stream, text, offset) in order, and lines it had given up per process.  It
+        is kept for the next subscriber as output written while nobody listened is, unless a
+        subscriber listens now (it has had those lines)."""
+        if self._readers:
+            return
+        for process, stream, text, offset in lines:
+            element = self._elements.get(process)
+            if element is not None and element.kind is Kind.PROCESS:
+                self._keep(element, process, stream, text, offset)
+        for process, count in dropped.items():
+            element = self._elements.get(process)
+            if element is not None and element.kind is Kind.PROCESS:
+                backlog = self._backlog.setdefault(element.parent, OutputBacklog())
+                backlog.dropped[process] = backlog.dropped.get(process, 0) + count
+
+    def _keep(self, element: Element, process: int, stream: str, text: str, offset: Optional[int]) -> None:
         backlog = self._backlog.get(element.parent)
         if backlog is None:
             backlog = self._backlog[element.parent] = OutputBacklog()
