@@ -187,3 +187,26 @@ def test_job_descriptions_cross_the_wire_unchanged():
                    prologue=("p",), native_options=("--x",), extra=(("k", "v"),))
     assert spec_from_dict(json.loads(json.dumps(spec_to_dict(spec)))) == spec
     assert spec_to_dict(JobSpec("/bin/true")) == {"executable": "/bin/true"}
+
+
+async def test_following_output_sends_each_line_once_whether_from_the_files_or_kept(tmp_path):
+    state = str(tmp_path / "state")
+    go = tmp_path / "go"
+    script = f'echo x1; while [ ! -e "{go}" ]; do sleep 0.05; done; echo x2'
+    with trio.fail_after(DEADLINE):
+        async with ServiceClient.open(state, options=["--scheduler", "local"]) as service:
+            key = await service.submit(JobSpec("/bin/sh", ("-c", script)))  # nobody watches it
+            while True:  # until its first line is in its file (and, soon after, kept by the service)
+                listed = [e async for e in service.output(key)]
+                if any(isinstance(e, OutputEvent) for e in listed):
+                    break
+                await trio.sleep(0.05)
+            # (by now the service has most likely read it too and keeps it for the next client: either
+            # way it must come once)
+            await trio.sleep(0.5)
+            followed = []
+            async for event in service.output(key, follow=True):
+                followed.append(event)
+                if isinstance(event, OutputEvent):
+                    go.touch()
+            assert [e.text for e in followed if isinstance(e, OutputEvent)] == ["x1", "x2"], followed

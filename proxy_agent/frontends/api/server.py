@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from collections import deque
-from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import attrs
 import trio
@@ -68,7 +68,7 @@ class Handover:
 
 
 class _Watch:
-    __slots__ = ("key", "last", "dropped", "ended", "done", "files_end")
+    __slots__ = ("key", "last", "dropped", "ended", "done", "files_end", "streams")
 
     def __init__(self, key: int) -> None:
         self.key = key
@@ -82,6 +82,8 @@ class _Watch:
         self.done = trio.Event()
         #: (rank, stream) -> where the part already read from the job's files ends
         self.files_end: Dict[Tuple[int, str], int] = {}
+        #: the output streams the tool wants
+        self.streams = frozenset(("stdout", "stderr"))
 
 
 class _JobSink(ChangeSink):
@@ -298,11 +300,20 @@ class ApiSession:
 
     # ------------------------------------------------------------------ watching
 
-    def _watch(self, key: int) -> _Watch:
+    def _watch(self, key: int, files_end: Optional[Dict[Tuple[int, str], int]] = None,
+               streams: Sequence[str] = ("stdout", "stderr")) -> _Watch:
+        """Watch a job (``files_end``: where the part of its output already sent from its
+        files ends, per process and stream; what comes from the model up to there is not sent
+        again)."""
         watch = self.watches.get(key)
-        if watch is None:
+        if watch is not None:
+            for where, end in (files_end or {}).items():
+                watch.files_end[where] = max(end, watch.files_end.get(where, 0))
+        else:
             model = self.service.model
             watch = self.watches[key] = _Watch(key)
+            watch.files_end = dict(files_end or {})
+            watch.streams = frozenset(streams)
             if self._sink is None:
                 self._sink = _JobSink(self)
                 model.subscribe(self._sink)
@@ -331,7 +342,7 @@ class ApiSession:
 
     def job_output(self, element: Element, stream: str, text: str, offset: Optional[int]) -> None:
         watch = self.watches.get(element.parent)
-        if watch is None or watch.ended:
+        if watch is None or watch.ended or stream not in watch.streams:
             return
         if offset is not None:
             end = watch.files_end.get((element.rank, stream))
@@ -481,15 +492,15 @@ class ApiSession:
         if not known and self._store_record(key) is None:
             raise JobError(f"no job {key}", ErrorKind.NO_SUCH_JOB)
         follow = bool(message.get("follow")) and known
-        watch = self._watch(key) if follow else None
         files = self._output_files(key)
+        ends: Dict[Tuple[int, str], int] = {}
         for (rank, stream), path in sorted(files.items()):
-            if stream not in streams:
-                continue
-            end = self._send_file(key, rank, stream, path)
-            if watch is not None:
-                watch.files_end[(rank, stream)] = end
-        if watch is not None:
+            if stream in streams:
+                ends[(rank, stream)] = self._send_file(key, rank, stream, path)
+        # From here on (no other task has run since the files were read) the job's output
+        # comes from the model: what it has kept, then what is written.
+        if follow:
+            self._watch(key, ends, streams)
             self.job_changed(key)
         else:
             self.send({"event": "end", "job": key})
