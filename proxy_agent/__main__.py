@@ -13,8 +13,17 @@ written, or its path is too long for a Unix socket).
 
 from __future__ import annotations
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # python -m proxy_agent: the launcher, at once
+    import signal as _signal
     import sys
+
+    def _stopped_while_loading(signum, frame):  # nothing exists yet: nothing to clean up
+        raise SystemExit(0)
+
+    # until the launcher takes the signals (see proxy_agent.launch.Signals), a signal ends
+    # the process quietly
+    for _signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(_signum, _stopped_while_loading)
 
     from proxy_agent.launch import entry
 
@@ -38,11 +47,13 @@ import trio
 
 from . import __version__
 from .frontends.ptp import PtpConfig
+from .launch import Signals, Stopped
 from .schedulers.base import BACKENDS, backend_class
 from .server import ServerLimits, Sessions, serve_listeners, serve_stream
 from .service.coalloc.manager import CoallocManager, RuntimeSettings
 from .service.service import JobService
-from .service.store import JobStore, StateDirInUse, StateLock, StoreError, default_state_dir, open_store
+from .service.store import (JobStore, StateDirInUse, StateLock, StoreError, StoreUnwritable, default_state_dir,
+                            open_store)
 from .transport import (
     connect_tcp,
     load_or_create_token,
@@ -168,8 +179,9 @@ def _add_options(parser: Any, backends: Optional[Sequence[str]]) -> None:
                          help="the Unix socket the processes of multi-part jobs on this host reach the agent at "
                          "(default: runtime.sock in the state directory)")
     runtime.add_argument("--runtime-tcp", metavar="HOST[:PORT]|auto|none", default="auto",
-                         help="where processes on other hosts reach the agent; auto: every interface, any port, "
-                         "when a batch scheduler runs")
+                         help="where processes on other hosts reach the agent; auto: the addresses this host's name "
+                         "(or --runtime-advertise) resolves to, any port, when a batch scheduler runs; 0.0.0.0 or :PORT "
+                         "for every interface")
     runtime.add_argument("--runtime-advertise", metavar="NAME",
                          help="the host name compute nodes reach the agent by (default: this host's name)")
     for name in BACKENDS:
@@ -418,7 +430,7 @@ def runtime_settings(args: argparse.Namespace, names: Sequence[str], state: "Sta
     tcp_port = 0
     if tcp == "auto":
         if any(name not in ("local", "sim") for name in names):
-            tcp_host = "0.0.0.0"
+            tcp_host = "auto"  # the addresses compute nodes reach this host by (see RuntimeServer)
     elif tcp != "none":
         host, sep, port = tcp.rpartition(":")
         if not sep:
@@ -458,13 +470,17 @@ class StateDir:
         self.usable = True
         try:
             self.store = open_store(self.directory)
+        except StoreUnwritable as exc:
+            self.problem = (f"the job store cannot be used now ({exc.message}); it is left as it is for the next "
+                            "agent, and jobs submitted to this one will not survive a restart")
+            return
         except StoreError as exc:
             self.problem = f"the job store cannot be used ({exc.message}); jobs will not survive a restart"
             return
         damaged = getattr(self.store, "damaged_copy", None)
         if damaged:
-            self.problem = (f"the job store was damaged and has been kept as {damaged}; a new one was started, and "
-                            "the jobs the old one held are not followed")
+            self.problem = (f"the job store could not be read ({self.store.damage}); it was kept as {damaged}, a new "
+                            "one was started, and the jobs the old one held are not followed")
 
     def advertise(self, unix: Optional[str]) -> None:
         about = {"pid": os.getpid()}
@@ -490,7 +506,7 @@ async def _watch_signals(scope: trio.CancelScope, sessions: Sessions) -> None:
             return
 
 
-async def _open_transport(args: argparse.Namespace, config: PtpConfig):
+async def _open_transport(args: argparse.Namespace, config: PtpConfig, signals: Signals):
     """Connect or start listening; returns (kind, stream-or-listeners, config)."""
     if args.connect or args.proxy:
         if args.proxy:
@@ -525,6 +541,7 @@ async def _open_transport(args: argparse.Namespace, config: PtpConfig):
             listener = await open_unix_listener(args.unix)
         except OSError as exc:
             raise OSError(f"cannot listen on {args.unix}: {_reason(exc)}") from None
+        signals.made(args.unix)
         print(f"proxy-agent listening on {args.unix}", file=sys.stderr, flush=True)
         return "unix", [listener], config
     return "stdio", open_stdio(), config
@@ -534,10 +551,25 @@ def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-async def amain(args: argparse.Namespace, service: JobService, state: "StateDir") -> int:
+async def _run_agent(args: argparse.Namespace, service: JobService, state: "StateDir", signals: Signals) -> int:
+    """:func:`amain`, cancelled by a signal until it watches for them itself (a signal at any
+    moment of start-up ends the agent cleanly); its socket files removed however it ends."""
+    with trio.CancelScope() as scope:
+        token = trio.lowlevel.current_trio_token()
+        signals.to_function(lambda number: token.run_sync_soon(scope.cancel))
+        try:
+            return await amain(args, service, state, signals)
+        finally:
+            signals.hold()
+            signals.remove_made()
+    log.info("stopped by %s while starting", signals.name or "a signal")
+    return 0
+
+
+async def amain(args: argparse.Namespace, service: JobService, state: "StateDir", signals: Signals) -> int:
     config = PtpConfig()
     try:
-        kind, transport, config = await _open_transport(args, config)
+        kind, transport, config = await _open_transport(args, config, signals)
     except (OSError, ValueError) as exc:
         print(f"proxy-agent: {exc}", file=sys.stderr)
         return 2
@@ -547,6 +579,7 @@ async def amain(args: argparse.Namespace, service: JobService, state: "StateDir"
         path = os.path.join(state.directory, "agent.sock")
         try:
             local_listener = await open_unix_listener(path)
+            signals.made(path)
             state.advertise(path)
         except OSError as exc:
             log.warning("cannot listen on %s: %s", path, exc)
@@ -652,9 +685,24 @@ def read_full_command_line(argv: Sequence[str]):
     return LaunchLine.from_arguments(args)
 
 
-def run_private(argv: Sequence[str]) -> int:
+def run_private(argv: Sequence[str], signals: Optional[Signals] = None) -> int:
     """An agent of its own, in this process, on its own transport (see the module's
-    description)."""
+    description).  ``signals``: the launch's (taken here when None)."""
+    own = signals is None
+    if signals is None:
+        signals = Signals().install()
+    try:
+        return _run_private(argv, signals)
+    except Stopped:
+        return 0
+    finally:
+        signals.hold()
+        signals.remove_made()
+        if own:
+            signals.restore()
+
+
+def _run_private(argv: Sequence[str], signals: Signals) -> int:
     try:
         args = parse_arguments(list(argv))
         names = check_arguments(args)
@@ -672,8 +720,9 @@ def run_private(argv: Sequence[str]) -> int:
         print(text if text.startswith("proxy-agent") else f"proxy-agent: {text}", file=sys.stderr)
         return 2
     args.env_token = os.environ.pop(TOKEN_VARIABLE, None)
+    signals.hold()  # from here a signal is noted, and cancels the agent once trio runs
     try:
-        return trio.run(amain, args, service, state)
+        return trio.run(_run_agent, args, service, state, signals)
     except KeyboardInterrupt:
         return 0
     except (OSError, ValueError) as exc:  # set-up failures not caught above

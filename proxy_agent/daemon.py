@@ -48,7 +48,7 @@ from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 import attrs
 import trio
 
-from .launch import EXIT_IN_USE, READY_MARK
+from .launch import EXIT_IN_USE, READY_MARK, Signals, Stopped
 from .__main__ import (
     DEFAULT_IDLE_EXIT,
     CommandLineError,
@@ -64,8 +64,10 @@ from .endpoints import bind_unix_listener
 from .frontends.api.server import ApiSession, Handover, service_facts
 from .frontends.api.wire import DOOR_CLOSED, FIRST_BYTE, VERSION, LineReader, encode, socket_path
 from .frontends.ptp import PtpConfig, PtpSession, keep_snapshot_planned
+from .frontends.ptp.session import CLOSE_BOUND
 from .schedulers.base import backend_class
 from .server import Admission, ServerLimits, Sessions, serve_connection
+from .transport import SplitStream
 from .service.coalloc.manager import CoallocManager
 from .service.jobs import ErrorKind, ServiceError
 from .service.model import K, Kind
@@ -271,6 +273,10 @@ class Door:
     admission: Admission = attrs.field(default=None)
     sessions: Sessions = attrs.field(factory=lambda: Sessions(keep_jobs=True))
     route: Optional[_LogRoute] = None
+    #: the launch is ending (a signal): its sessions are told so, and no new one starts
+    ending: bool = False
+    #: the launch's anchor connection
+    anchor: Optional[ApiSession] = None
 
     def __attrs_post_init__(self) -> None:
         if self.admission is None:
@@ -293,8 +299,9 @@ class Daemon:
     """The service of one state directory (see the module documentation)."""
 
     def __init__(self, state: StateDir, listener: socket.socket, idle_exit: Optional[float],
-                 routes: Optional[_Routes] = None) -> None:
+                 routes: Optional[_Routes] = None, signals: Optional[Signals] = None) -> None:
         self.state = state
+        self.signals = signals
         self.path = socket_path(state.directory)
         self._listener = listener
         self._socket_id = _file_id(self.path)
@@ -326,8 +333,14 @@ class Daemon:
     async def run(self) -> None:
         listener = trio.SocketListener(trio.socket.from_stdlib_socket(self._listener))
         log.info("serving %s (process %d)", self.path, os.getpid())
+        if self.signals is not None:
+            # a signal, from now on (or one noted since start-up), stops the service the usual way
+            token = trio.lowlevel.current_trio_token()
+            self.signals.to_function(lambda number: token.run_sync_soon(self._signalled, number))
+            self.signals.handed_on(self.path)  # removed as the service stops (_remove_socket)
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(self._watch_signals)
+            if self.signals is None:
+                nursery.start_soon(self._watch_signals)
             await nursery.start(self.service.run)
             self._nursery = nursery
             accepting = trio.CancelScope()
@@ -348,6 +361,13 @@ class Daemon:
                 if self._end_every_job:
                     jobs.update(self._local_jobs())
                 await self._end_local_jobs(jobs)
+                # each launch is told its door was closed, not lost (as when the service dies)
+                anchors = [door.anchor for door in doors if door.anchor is not None]
+                for anchor in anchors:
+                    anchor.send({"event": DOOR_CLOSED})
+                with trio.move_on_after(1.0):
+                    for anchor in anchors:
+                        await anchor.drained()
             nursery.cancel_scope.cancel()
 
     async def _accept(self, listener: trio.SocketListener, scope: trio.CancelScope, nursery: trio.Nursery) -> None:
@@ -364,9 +384,11 @@ class Daemon:
     async def _watch_signals(self) -> None:
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
             async for signum in signals:
-                name = signal.Signals(signum).name
-                self.stop(f"the agent's service received {name} and is shutting down")
+                self._signalled(signum)
                 return
+
+    def _signalled(self, signum: int) -> None:
+        self.stop(f"the agent's service received {signal.Signals(signum).name} and is shutting down")
 
     async def _watch_idle(self) -> None:
         if self.idle_exit is None:
@@ -406,7 +428,8 @@ class Daemon:
         sessions = [session for group in groups for session in group.live]
         for session in sessions:
             session.farewell(text)
-        with trio.move_on_after(1.5):
+        # each ends its stream with whole frames and SHUTDOWN within its bound
+        with trio.move_on_after(CLOSE_BOUND + 0.5):
             for session in sessions:
                 await session.written()
 
@@ -480,6 +503,7 @@ class Daemon:
     def _ops(self, fds: List[int]):
         async def launch(api: ApiSession, message: Dict[str, Any]) -> Dict[str, Any]:
             door = await self._launch(message, fds)
+            door.anchor = api
             api.door = door  # type: ignore[attr-defined]
             if door.route is not None:
                 _ROUTE.set(door.route)
@@ -491,7 +515,15 @@ class Daemon:
             if door is None:
                 raise ServiceError("no such launch (it has ended)", ErrorKind.BAD_REQUEST)
             peer = str(message.get("peer") or door.peer)
-            return Handover(lambda stream, rest: self._serve_session(door, stream, rest, peer))
+            out_fd = None
+            if message.get("output") == "handed":
+                # The client's own output (its pipe or socket): the session writes to it
+                # directly, as an agent of its own would, while the launch passes the
+                # client's input on over this connection.
+                if not fds:
+                    raise ServiceError("the client's output was to come with the request", ErrorKind.BAD_REQUEST)
+                out_fd = fds.pop(0)  # the session's from now on (closed with its stream)
+            return Handover(lambda stream, rest: self._serve_session(door, stream, rest, peer, out_fd))
 
         async def farewell(api: ApiSession, message: Dict[str, Any]) -> Dict[str, Any]:
             door = getattr(api, "door", None) or self.doors.get(str(message.get("door")))
@@ -499,6 +531,7 @@ class Daemon:
                 raise ServiceError("no such launch (it has ended)", ErrorKind.BAD_REQUEST)
             text = str(message.get("text") or "the agent is shutting down")
             log.info("%s: %s", door.peer, text)
+            door.ending = True  # a session of it that has yet to start is not served
             await door.sessions.farewell(text)
             for live in list(door.sessions.live):
                 with trio.move_on_after(0.5) as scope:
@@ -514,11 +547,19 @@ class Daemon:
 
         return {"launch": launch, "session": session, "farewell": farewell, "stop": stop}
 
-    async def _serve_session(self, door: Door, stream: trio.SocketStream, rest: bytes, peer: str) -> None:
+    async def _serve_session(self, door: Door, stream: trio.SocketStream, rest: bytes, peer: str,
+                             out_fd: Optional[int] = None) -> None:
         if door.route is not None:
             _ROUTE.set(door.route)
-        await serve_connection(PrefixedStream(stream, rest), self.service, door.config, door.limits,
-                               door.admission, door.sessions, peer)
+        if door.ending:
+            log.info("%s: the launch is ending; %s is not served", door.peer, peer)
+            if out_fd is not None:
+                os.close(out_fd)
+            return
+        client: trio.abc.HalfCloseableStream = PrefixedStream(stream, rest)
+        if out_fd is not None:
+            client = SplitStream(client, out_fd)
+        await serve_connection(client, self.service, door.config, door.limits, door.admission, door.sessions, peer)
 
     # ------------------------------------------------------------------ launches
 
@@ -833,10 +874,37 @@ def _parse_fully(argv: Sequence[str]):
     return parser.parse_args(list(argv))
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], signals: Optional[Signals] = None) -> int:
     """``proxy-agent service``: see the module documentation.  Exit status 0 when it has served
-    and left, :data:`EXIT_IN_USE` when another process holds the directory, 2 when the
-    directory, the log or a launch's command line (``--check``) cannot be used."""
+    and left (or was stopped by a signal while starting: it then removes its socket file),
+    :data:`EXIT_IN_USE` when another process holds the directory, 2 when the directory, the
+    log or a launch's command line (``--check``) cannot be used.  ``signals``: taken from the
+    process's first moment by :func:`proxy_agent.launch.entry` (taken here when None)."""
+    own = signals is None
+    if signals is None:
+        signals = Signals().install()
+    where: List[str] = []
+    try:
+        return _serve(argv, signals, where)
+    except Stopped:
+        signals.hold()
+        name = signals.name or "a signal"
+        log.info("stopped by %s while starting", name)
+        text = f"proxy-agent: the service of {where[0] if where else 'its state directory'} was stopped by {name} " \
+               f"while starting\n"
+        try:
+            os.write(2, text.encode())  # the launch that started it reads this (or the log, once detached)
+        except OSError:
+            pass
+        return 0
+    finally:
+        signals.hold()
+        signals.remove_made()
+        if own:
+            signals.restore()
+
+
+def _serve(argv: Sequence[str], signals: Signals, where: List[str]) -> int:
     from .endpoints import default_state_dir
 
     args = _parse(argv)
@@ -849,6 +917,7 @@ def main(argv: Sequence[str]) -> int:
         print(text if text.startswith("proxy-agent") else f"proxy-agent: {text}", file=sys.stderr)
         return 2
     state = StateDir(os.path.abspath(args.state_dir or default_state_dir()))
+    where.append(state.directory)
     try:
         os.makedirs(state.directory, mode=0o700, exist_ok=True)
         service_log = _ServiceLog(os.path.join(state.directory, LOG_NAME))
@@ -867,29 +936,36 @@ def main(argv: Sequence[str]) -> int:
     if not state.usable:
         print(f"proxy-agent: {state.problem}", file=sys.stderr)
         return 2
+    path = socket_path(state.directory)
     try:
-        listener = bind_unix_listener(socket_path(state.directory), 64, replace=True)
+        listener = bind_unix_listener(path, 64, replace=True)
     except OSError as exc:
         print(f"proxy-agent: cannot serve {state.directory}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    state.advertise(socket_path(state.directory))
+    signals.made(path)
+    state.advertise(path)
     try:
         # holding no launch's working directory (each launch's clients' jobs get their own)
         os.chdir(os.path.expanduser("~"))
     except OSError:
         os.chdir("/")
-    # The launch that started the service reads this, then the end of its stderr.
-    os.write(2, READY_MARK)
+    try:
+        # The launch that started the service reads this, then the end of its stderr.
+        os.write(2, READY_MARK)
+    except OSError:
+        pass  # that launch has gone: the service serves the next one
     _detach(service_log.fd)
+    signals.hold()  # from here a signal is noted, and stops the service once it runs
     started = time.time()
     try:
-        trio.run(Daemon(state, listener, idle_exit, routes).run)
+        trio.run(Daemon(state, listener, idle_exit, routes, signals).run)
     except KeyboardInterrupt:
         pass
     except Exception:  # noqa: BLE001 - said in the log, never on a launch's stdio
         log.exception("the service failed")
         return 1
     finally:
+        signals.hold()
         log.info("left after %.0f s", time.time() - started)
     return 0
 

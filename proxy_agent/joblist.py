@@ -15,12 +15,13 @@ import datetime as _dt
 import json
 import os
 import shutil
+import sqlite3
 import sys
 from typing import List, NoReturn, Optional, Tuple
 
 import attrs
 
-from .service.store import JobStore, StoredJob, StoreError, default_state_dir
+from .service.store import JobStore, StoredJob, StoreError, StoreUnwritable, default_state_dir
 
 __all__ = ["main"]
 
@@ -51,11 +52,18 @@ def _time(value: Optional[float]) -> str:
     return _dt.datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _open(directory: str) -> JobStore:
+def _open(directory: str, writing: bool = False) -> JobStore:
+    """The store of ``directory``, as it is (a damaged one is a StoreError saying so, never
+    moved or followed); one that cannot be written now is read as it is, unless ``writing``."""
     path = os.path.join(directory, JobStore.FILE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise StoreError(f"no job store in {directory} (no agent has kept jobs there)")
-    return JobStore(path)
+    try:
+        return JobStore(path)
+    except StoreUnwritable as exc:
+        if writing:
+            raise
+        return JobStore.reading_only(path, exc.message)
 
 
 def _visible(text: str) -> str:
@@ -132,7 +140,7 @@ def _forget(args: argparse.Namespace) -> int:
     if answer is not None:
         forgotten, refused = list(answer["forgotten"]), list(answer["refused"])
     else:
-        store = _open(args.state_dir)
+        store = _open(args.state_dir, writing=True)
         try:
             forgotten, refused = forget_jobs(store, args.state_dir, keys, when)
         finally:
@@ -181,4 +189,7 @@ def main(argv: List[str]) -> int:
         return _list(args) if command == "jobs" else _forget(args)
     except StoreError as exc:
         print(f"proxy-agent {command}: {exc.message}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as exc:  # found damaged while reading
+        print(f"proxy-agent {command}: the job store in {args.state_dir} cannot be read: {exc}", file=sys.stderr)
         return 2

@@ -50,9 +50,10 @@ from .endpoints import (
     parse_host_port,
     widen_pipe,
 )
-from .frontends.api.wire import DOOR_CLOSED, VERSION, Refused, call, encode, read_reply, socket_path
+from .frontends.api.wire import DOOR_CLOSED, VERSION, Refused, call, encode, socket_path
 
-__all__ = ["EXIT_IN_USE", "LaunchLine", "entry", "main", "read_command_line", "start_service", "stop_main"]
+__all__ = ["EXIT_IN_USE", "LaunchLine", "Signals", "Stopped", "entry", "main", "read_command_line", "start_service",
+           "stop_main"]
 
 #: The environment variable holding the --listen token; removed from the environment at start
 #: so that no service (and no job) ever inherits it.
@@ -65,9 +66,15 @@ READY_MARK = b"proxy-agent service ready\n"
 START_BOUND = 30.0
 #: How long the service may take to end a departed client's local jobs and close.
 END_BOUND = 15.0
-#: How long leaving may take after a signal.
-SIGNAL_BOUND = 5.0
+#: How long a PTP session may take to end its stream with whole frames and SHUTDOWN once it
+#: is told to end (``frontends.ptp.session.CLOSE_BOUND``, which a test holds equal); a relay
+#: gives up on a client that takes nothing for that long once the stream ends.
+CLOSE_BOUND = 5.0
+#: How long, after a signal, the service may be silent before the launch leaves without it.
+SIGNAL_BOUND = 3 * CLOSE_BOUND
 _READ = 1 << 20
+#: What a relay holds for its client at most (see :class:`Relay`).
+_HOLD = 256 << 10
 
 _TRANSPORTS = ("--stdio", "--connect", "--listen", "--unix", "--proxy")
 #: The agent's options this process reads itself, and whether each takes a value; any other
@@ -303,7 +310,9 @@ def start_service(state_dir: str, idle_exit: Optional[str] = None, check: Option
         code = None
     if code == EXIT_IN_USE:
         return None
-    raise LaunchError(text if text.startswith("proxy-agent") else f"proxy-agent: {text}")
+    if not text:
+        text = f"the service of {state_dir} ended before it served (exit status {code})"
+    raise LaunchError(text if text.startswith("proxy-agent") else f"proxy-agent: {text}", 1 if code in (0, 1) else 2)
 
 
 def open_service(state_dir: str, request: Dict[str, Any], fds: Sequence[int], *, idle_exit: Optional[str],
@@ -358,44 +367,166 @@ def _prepare_state_dir(directory: str) -> Optional[str]:
 # --------------------------------------------------------------------------- relaying
 
 
-class _Signals:
-    """SIGTERM, SIGINT and SIGHUP noted and made visible to select() through a pipe."""
+class Stopped(BaseException):
+    """A signal came while the process was starting: the start-up stops where it stands."""
+
+
+class Signals:
+    """SIGTERM, SIGINT and SIGHUP, from a process's first moment to its last.
+
+    While the process starts, a signal stops the start-up where it stands (:class:`Stopped`,
+    which the entry point turns into exit status 0) and the socket files made by then
+    (:meth:`made`) are removed as the process leaves (:meth:`remove_made`): nothing is half
+    made that could need a goodbye.  Once the process serves, a signal is noted and handed
+    over instead: it makes a pipe readable that a poll loop watches (:meth:`to_pipe`), or is
+    given to a function (:meth:`to_function`, a trio task's, say); between the two it is only
+    noted (:meth:`hold`), and handed over when that is set."""
+
+    NUMBERS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
     def __init__(self) -> None:
-        self.read_fd, self.write_fd = os.pipe()
-        for fd in (self.read_fd, self.write_fd):
-            os.set_blocking(fd, False)
-            os.set_inheritable(fd, False)
-        self.received: Optional[str] = None
-        for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(number, self._handle)
+        #: the first signal received (its number), or None
+        self.received: Optional[int] = None
+        self.starting = False
+        #: readable once a signal came (see :meth:`to_pipe`)
+        self.read_fd: Optional[int] = None
+        self._write_fd: Optional[int] = None
+        self._function: Optional[Callable[[int], None]] = None
+        #: socket files made while starting: path -> inode (only those are removed)
+        self._made: Dict[str, int] = {}
+        self._previous: Dict[int, Any] = {}
+
+    def install(self) -> "Signals":
+        """Take the signals (in the main thread only: elsewhere they are not Python's to take)."""
+        for number in self.NUMBERS:
+            try:
+                previous = signal.signal(number, self._handle)
+            except ValueError:  # not the main thread
+                return self
+            self._previous.setdefault(number, previous)
+            self.starting = True
+        return self
+
+    def restore(self) -> None:
+        """Give the signals back to what handled them before :meth:`install`."""
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+        self._previous.clear()
+
+    @property
+    def name(self) -> Optional[str]:
+        return None if self.received is None else signal.Signals(self.received).name
 
     def _handle(self, number: int, frame: Any) -> None:
         if self.received is None:
-            self.received = signal.Signals(number).name
-        try:
-            os.write(self.write_fd, b"!")
-        except OSError:
-            pass
+            self.received = number
+        if self._function is not None:
+            try:
+                self._function(number)
+            except Exception:  # noqa: BLE001 - what it was for has ended: the signal stays noted
+                pass
+        elif self._write_fd is not None:
+            try:
+                os.write(self._write_fd, b"!")
+            except OSError:
+                pass
+        elif self.starting:
+            self.starting = False  # once: what cleans up after it is not stopped again
+            raise Stopped(number)
+
+    def hold(self) -> None:
+        """From now on a signal is only noted (the process is about to serve)."""
+        self._function = None
+        self.starting = False
+
+    def to_pipe(self) -> int:
+        """From now on a signal makes :attr:`read_fd` readable; returns it."""
+        if self.read_fd is None:
+            read_fd, write_fd = os.pipe()
+            for fd in (read_fd, write_fd):
+                os.set_blocking(fd, False)
+                os.set_inheritable(fd, False)
+            self.read_fd, self._write_fd = read_fd, write_fd
+        self.hold()
+        if self.received is not None:
+            os.write(self._write_fd, b"!")
+        return self.read_fd
+
+    def to_function(self, function: Callable[[int], None]) -> None:
+        """From now on a signal is given to ``function`` (called in the signal handler: it
+        may only arrange for something to happen, as ``TrioToken.run_sync_soon`` does)."""
+        self._function = function
+        self.starting = False
+        if self.received is not None:
+            self._handle(self.received, None)
 
     def drain(self) -> None:
+        if self.read_fd is None:
+            return
         try:
             while os.read(self.read_fd, 64):
                 pass
         except OSError:
             pass
 
+    def made(self, path: str) -> None:
+        """A socket file this process made at ``path``: removed by :meth:`remove_made`."""
+        try:
+            self._made[path] = os.stat(path).st_ino
+        except OSError:
+            pass
+
+    def handed_on(self, path: str) -> None:
+        """``path`` is no longer for :meth:`remove_made`: what serves now removes it."""
+        self._made.pop(path, None)
+
+    def remove(self, path: str) -> None:
+        """Remove the socket file :meth:`made` made at ``path``, if it is still that one."""
+        inode = self._made.pop(path, None)
+        try:
+            if inode is not None and os.stat(path).st_ino == inode:
+                os.unlink(path)
+        except OSError:
+            pass
+
+    def remove_made(self) -> None:
+        """Remove every socket file :meth:`made` names that is still the one made."""
+        for path in list(self._made):
+            self.remove(path)
+
 
 _GONE = (errno.EPIPE, errno.ECONNRESET, errno.ENOTCONN, errno.EBADF)
 
 
+def _can_hand_over(fd: int) -> bool:
+    """Can the service write to ``fd`` itself (a pipe, a socket or a terminal, which it
+    waits on as it waits on its own)?  A regular file or a device it cannot wait on is
+    written by the relay instead."""
+    import stat
+
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) or (stat.S_ISCHR(mode) and os.isatty(fd))
+
+
 class Relay:
-    """Moves bytes both ways between a client (``client_in``/``client_out``: two pipes, or
-    one socket twice) and a service session (``service``) until the session has ended and
-    all it said is written, or the client has gone and the service has closed too."""
+    """Carries a client's bytes to a service session (``service``) and, unless the client's
+    output was handed to the service (``output_handed``: the session then writes to the
+    client itself, exactly as an agent of its own, with its bounds on how a stream ends),
+    the session's bytes back to the client (``client_in``/``client_out``: two descriptors,
+    or one socket twice); until the session has ended and all it said is written, or the
+    client has gone and the service has closed too.
+
+    When it carries the session's bytes, it holds at most :data:`_HOLD` of them and reads
+    from the service while it holds less, and it never cuts what the session said: once the
+    stream ends (the session closed, or the launch was told to end, see :meth:`run`), it
+    gives up only on a client that takes nothing for :data:`CLOSE_BOUND` (as the session does)
+    or on a service that, told to end the session, says nothing for :data:`SIGNAL_BOUND`."""
 
     def __init__(self, client_in: int, client_out: int, service: socket.socket,
-                 client_socket: Optional[socket.socket] = None) -> None:
+                 client_socket: Optional[socket.socket] = None, output_handed: bool = False) -> None:
         self.client_in = client_in
         self.client_out = client_out
         self.service = service
@@ -403,20 +534,29 @@ class Relay:
         #: the client's socket, when it is one (client_in and client_out are its descriptor)
         self.client_socket = client_socket
         self.up = b""  # client -> service
-        self.down = b""  # service -> client
+        self.down = bytearray()  # service -> client
         self.client_done = False  # no more to read from the client
         self.client_gone = False  # nothing more can be written to it
         self.service_done = False
         self._service_shut = False
-        for fd in {client_in, client_out, self.service_fd}:
+        #: when the stream began to end (the launch was told to end, or the session closed)
+        self.ending_since: Optional[float] = None
+        self._told_to_end = False
+        #: when the client last took something, and when the service was last heard (or
+        #: not waited for)
+        self._took_at = 0.0
+        self._heard_at = 0.0
+        self.output_handed = output_handed
+        for fd in {client_in, self.service_fd} if output_handed else {client_in, client_out, self.service_fd}:
             os.set_blocking(fd, False)
 
-    def run(self, wake: Optional[int] = None, on_wake: Optional[Callable[[], Optional[float]]] = None) -> None:
-        """Relay until done; ``on_wake`` is called when ``wake`` becomes readable and may
-        return a deadline (``time.monotonic()``) by which to give up."""
+    def run(self, wake: Optional[int] = None, on_wake: Optional[Callable[[], Any]] = None) -> bool:
+        """Relay until done.  ``wake`` becoming readable means the launch is ending:
+        ``on_wake`` is called once (it asks the service to end the session) and the relay
+        goes on until the session has ended and all it said is written.  False if it gave up
+        (see the class)."""
         poller = select.poll()
         registered: Dict[int, int] = {}
-        deadline: Optional[float] = None
         while not (self.service_done and (not self.down or self.client_gone)):
             wanted: Dict[int, int] = {}
 
@@ -427,11 +567,11 @@ class Relay:
                 want(self.client_in, select.POLLIN)
             if self.up:
                 want(self.service_fd, select.POLLOUT)
-            if not self.service_done and (not self.down or self.client_gone):
+            if not self.service_done and (len(self.down) < _HOLD or self.client_gone):
                 want(self.service_fd, select.POLLIN)
             if self.down and not self.client_gone:
                 want(self.client_out, select.POLLOUT)
-            if wake is not None:
+            if wake is not None and not self._told_to_end:
                 want(wake, select.POLLIN)
             for fd in list(registered):
                 if fd not in wanted:
@@ -444,16 +584,18 @@ class Relay:
                     else:
                         poller.register(fd, mask)
                     registered[fd] = mask
-            timeout = None
-            if deadline is not None:
-                timeout = deadline - time.monotonic()
-                if timeout <= 0:
-                    return
+            timeout = self._give_up_in()
+            if timeout is not None and timeout <= 0:
+                self._close_client_output()
+                return False
             events = poller.poll(None if timeout is None else int(timeout * 1000) + 1)
             for fd, mask in events:
                 if fd == wake:
-                    if on_wake is not None:
-                        deadline = on_wake() or deadline
+                    if not self._told_to_end:
+                        self._told_to_end = True
+                        self._ending()
+                        if on_wake is not None:
+                            on_wake()
                     continue
                 if fd == self.service_fd:
                     if mask & select.POLLOUT and self.up:
@@ -466,10 +608,29 @@ class Relay:
                     if (fd == self.client_in and mask & (select.POLLIN | select.POLLHUP | select.POLLERR)
                             and not self.client_done and not self.up):
                         self._from_client()
-                    elif (fd == self.client_out and self.client_socket is None
+                    elif (fd == self.client_out and self.client_socket is None and not self.output_handed
                           and mask & (select.POLLERR | select.POLLHUP) and not mask & select.POLLOUT):
                         self._client_left()
         self._close_client_output()
+        return True
+
+    def _ending(self) -> None:
+        if self.ending_since is None:
+            self.ending_since = self._took_at = self._heard_at = time.monotonic()
+
+    def _give_up_in(self) -> Optional[float]:
+        """Seconds until the relay gives up, as things stand (None: it does not)."""
+        if self.ending_since is None:
+            return None
+        now = time.monotonic()
+        bounds = []
+        if self.down and not self.client_gone:
+            bounds.append(self._took_at + CLOSE_BOUND - now)
+        if self._told_to_end and not self.service_done:
+            if len(self.down) >= _HOLD and not self.client_gone:
+                self._heard_at = now  # not waiting for the service: the client has yet to take
+            bounds.append(self._heard_at + SIGNAL_BOUND - now)
+        return min(bounds) if bounds else None
 
     def _from_client(self) -> None:
         try:
@@ -494,6 +655,7 @@ class Relay:
             self.up = b""
             self.client_done = True
             self.service_done = True
+            self._ending()
             return
         self.up = self.up[sent:]
         if not self.up and self.client_done:
@@ -510,17 +672,19 @@ class Relay:
 
     def _from_service(self) -> None:
         try:
-            data = self.service.recv(_READ)
+            data = self.service.recv(_READ if self.client_gone else _HOLD - len(self.down))
         except BlockingIOError:
             return
         except OSError:
             data = b""
         if not data:
             self.service_done = True
+            self._ending()
             return
+        self._heard_at = time.monotonic()
         if self.client_gone:
             return  # nobody to give it to
-        self.down = data
+        self.down += data
         self._to_client()
 
     def _to_client(self) -> None:
@@ -533,12 +697,14 @@ class Relay:
                 raise
             self._client_left()
             return
-        self.down = self.down[written:]
+        if written:
+            del self.down[:written]
+            self._took_at = time.monotonic()
 
     def _client_left(self) -> None:
         """The client can no longer be written to: it has gone; the service is told (EOF)."""
         self.client_gone = True
-        self.down = b""
+        self.down.clear()
         self.client_done = True
         self._shut_service()
 
@@ -566,7 +732,7 @@ def _restore_blocking(*fds: int) -> None:
 class _Launch:
     """One launch, from its anchor to its end."""
 
-    def __init__(self, line: LaunchLine, argv: Sequence[str], log: _Log) -> None:
+    def __init__(self, line: LaunchLine, argv: Sequence[str], log: _Log, signals: Signals) -> None:
         self.line = line
         self.argv = list(argv)
         self.log = log
@@ -575,7 +741,7 @@ class _Launch:
         self.anchor: Optional[socket.socket] = None
         self.door = ""
         self.service_pid: Optional[int] = None
-        self.signals = _Signals()
+        self.signals = signals
 
     def open(self, peer: str) -> None:
         request: Dict[str, Any] = {
@@ -598,22 +764,27 @@ class _Launch:
         if note:
             self.log.warning(note)
 
-    def session(self, peer: str) -> socket.socket:
+    def session(self, peer: str, output: Optional[int] = None) -> socket.socket:
         """A connection to the service that is a session of this launch's door; LaunchError
-        when the service has gone meanwhile."""
+        when the service has gone meanwhile.  ``output``: the client's output (its pipe or
+        socket), handed to the service, which then writes to it directly."""
+        request = {"op": "session", "version": VERSION, "door": self.door, "peer": peer}
+        if output is not None:
+            request["output"] = "handed"
         try:
-            _, sock = call(socket_path(self.state_dir), {"op": "session", "version": VERSION, "door": self.door,
-                                                         "peer": peer}, keep=True)
+            _, sock = call(socket_path(self.state_dir), request, fds=() if output is None else (output,), keep=True)
         except (OSError, ValueError, Refused) as exc:
             raise LaunchError(f"the service of {self.state_dir} went away: {getattr(exc, 'message', None) or exc}",
                               1) from None
         assert sock is not None
         return sock
 
-    def farewell(self) -> float:
-        """A signal came: the service tells this launch's clients why they are left."""
+    def farewell(self) -> None:
+        """A signal came: the service is asked to end this launch's sessions, telling their
+        clients why (MESSAGE, SHUTDOWN); the relays carry that to the clients.  Its answer is
+        not waited for (the relays go on meanwhile): :meth:`close` reads past it."""
         self.signals.drain()
-        name = self.signals.received or "a signal"
+        name = self.signals.name or "a signal"
         self.log.info(f"received {name}, shutting down")
         anchor = self.anchor
         if anchor is not None:
@@ -621,10 +792,8 @@ class _Launch:
                 anchor.settimeout(2.0)
                 anchor.sendall(encode({"op": "farewell", "id": 2, "version": VERSION,
                                        "text": f"the agent received {name} and is shutting down"}))
-                read_reply(anchor)
-            except (OSError, ValueError):
+            except OSError:
                 pass
-        return time.monotonic() + SIGNAL_BOUND
 
     def close(self, bound: float = END_BOUND) -> bool:
         """End the door: the service ends what it must of the clients' jobs, then closes.
@@ -651,10 +820,13 @@ class _Launch:
 
     def relay_one(self, client_in: int, client_out: int, peer: str,
                   client_socket: Optional[socket.socket] = None) -> int:
-        sock = self.session(peer)
-        relay = Relay(client_in, client_out, sock, client_socket)
+        wake = self.signals.to_pipe()  # from here a signal ends the session, as the service says
+        handed = _can_hand_over(client_out)
+        sock = self.session(peer, client_out if handed else None)
+        relay = Relay(client_in, client_out, sock, client_socket, output_handed=handed)
         try:
-            relay.run(self.signals.read_fd, self.farewell)
+            if not relay.run(wake, self.farewell):
+                self.log.warning("the session did not end within its bounds; the connection is closed")
         finally:
             _restore_blocking(client_in, client_out)
             sock.close()
@@ -668,28 +840,35 @@ class _Launch:
     # ---------------------------------------------------------------- listening
 
     def serve_listeners(self, listeners: List[socket.socket], unix_path: Optional[str]) -> int:
+        """Relay each client the listeners accept, in a thread of its own, until a signal;
+        then the service ends the sessions (telling their clients) and the relays carry that
+        to the end."""
         import threading
+
+        # readable once the launch ends (never drained): each relay then knows it
+        ending_fd, ending_write = os.pipe()
 
         def serve(conn: socket.socket, peer: str) -> None:
             try:
-                sock = self.session(peer)
+                sock = self.session(peer, conn.fileno())
             except LaunchError as exc:
                 self.log.warning(f"cannot serve {peer}: {exc.text}")
                 conn.close()
                 return
             try:
-                Relay(conn.fileno(), conn.fileno(), sock, conn).run()
+                Relay(conn.fileno(), conn.fileno(), sock, conn, output_handed=True).run(ending_fd)
             except OSError:
                 pass
             finally:
                 sock.close()
                 conn.close()
 
+        wake = self.signals.to_pipe()
         poller = select.poll()
         by_fd = {listener.fileno(): listener for listener in listeners}
         for fd in by_fd:
             poller.register(fd, select.POLLIN)
-        poller.register(self.signals.read_fd, select.POLLIN)
+        poller.register(wake, select.POLLIN)
         anchor_fd = self.anchor.fileno() if self.anchor is not None else None
         if anchor_fd is not None:
             poller.register(anchor_fd, select.POLLIN)
@@ -697,7 +876,7 @@ class _Launch:
         try:
             while self.signals.received is None:
                 for fd, _ in poller.poll():
-                    if fd == self.signals.read_fd:
+                    if fd == wake:
                         break
                     if fd == anchor_fd:
                         # The service is gone: a new one (which adopts the jobs) serves from now on.
@@ -712,17 +891,17 @@ class _Launch:
                     thread = threading.Thread(target=serve, args=(conn, peer), daemon=True)
                     thread.start()
                     threads = [t for t in threads if t.is_alive()] + [thread]
-            deadline = self.farewell()
+            self.farewell()
+            os.write(ending_write, b"!")
             for listener in listeners:
                 listener.close()
+            if unix_path is not None:
+                self.signals.remove(unix_path)  # no client comes any more
             for thread in threads:
-                thread.join(max(0.0, deadline - time.monotonic()))
+                thread.join()  # each relay ends within its bounds
         finally:
             if unix_path is not None:
-                try:
-                    os.unlink(unix_path)
-                except OSError:
-                    pass
+                self.signals.remove(unix_path)
         self.close(SIGNAL_BOUND)
         return 0
 
@@ -753,31 +932,43 @@ class _Launch:
 def entry(argv: Optional[Sequence[str]] = None) -> int:
     """``proxy-agent``: a launch (:func:`main`), or one of its commands: ``service`` (the
     service itself, :mod:`.daemon`), ``stop`` (:func:`stop_main`), ``jobs`` and ``forget``
-    (:mod:`.joblist`).  Each loads only what it needs."""
+    (:mod:`.joblist`).  Each loads only what it needs.  A launch and the service take
+    SIGTERM, SIGINT and SIGHUP from their first moment (see :class:`Signals`)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     command = argv[0] if argv else ""
     if command in ("jobs", "forget"):
         from .joblist import main as joblist_main
 
         return joblist_main(argv)
-    if command == "service":
-        from .daemon import main as service_main
-
-        return service_main(argv[1:])
     if command == "stop":
         return stop_main(argv[1:])
-    return main(argv)
+    signals = Signals()
+    try:
+        signals.install()
+        if command == "service":
+            from .daemon import main as service_main
+
+            return service_main(argv[1:], signals)
+        return main(argv, signals)
+    except Stopped:
+        return 0  # a signal while starting: nothing was serving yet
+    finally:
+        signals.hold()
+        signals.remove_made()
+        signals.restore()
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], signals: Optional[Signals] = None) -> int:
     """``proxy-agent [OPTIONS]``: see the module documentation."""
+    if signals is None:
+        return entry(argv)
     line = read_command_line(argv)
     if line is None:
         from .__main__ import read_full_command_line
 
         line = read_full_command_line(argv)  # help, the version, or a mistake: it exits
     try:
-        return _run(line, argv)
+        return _run(line, argv, signals)
     except LaunchError as exc:
         print(exc.text if exc.text.startswith("proxy-agent") else f"proxy-agent: {exc.text}", file=sys.stderr)
         return exc.status
@@ -788,16 +979,16 @@ def main(argv: Sequence[str]) -> int:
         return 1
 
 
-def _run(line: LaunchLine, argv: Sequence[str]) -> int:
+def _run(line: LaunchLine, argv: Sequence[str], signals: Signals) -> int:
     log = _Log(line)
     state_dir = os.path.abspath(line.state_dir or default_state_dir())
     why = _prepare_state_dir(state_dir)
     if why is not None:
         from .__main__ import run_private
 
-        return run_private(argv)
+        return run_private(argv, signals)
     env_token = os.environ.pop(TOKEN_VARIABLE, None)
-    launch = _Launch(line, argv, log)
+    launch = _Launch(line, argv, log, signals)
     transport = line.transport
     if transport == "connect":
         try:
@@ -864,11 +1055,15 @@ def _listen(launch: _Launch, line: LaunchLine, env_token: Optional[str]) -> int:
     else:
         unix_path = line.address or ""
         launch.open(f"--unix {unix_path}")
+        # From here a signal is noted (serve_listeners then ends the launch the usual way):
+        # the socket file made is known before anything can stop the launch.
+        launch.signals.hold()
         try:
             listeners.append(bind_unix_listener(unix_path))
         except OSError as exc:
             launch.close()
             raise LaunchError(f"cannot listen on {unix_path}: {exc.strerror or exc}") from None
+        launch.signals.made(unix_path)
         print(f"proxy-agent listening on {unix_path}", file=sys.stderr, flush=True)
     return launch.serve_listeners(listeners, unix_path)
 

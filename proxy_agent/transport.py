@@ -18,6 +18,7 @@ from .endpoints import bind_unix_listener, load_or_create_token, parse_host_port
 log = logging.getLogger("proxy_agent.transport")
 
 __all__ = [
+    "SplitStream",
     "StdioStream",
     "open_stdio",
     "connect_tcp",
@@ -29,31 +30,20 @@ __all__ = [
 ]
 
 
-class StdioStream(trio.abc.HalfCloseableStream):
-    """The protocol on the process's stdin/stdout.
+class SplitStream(trio.abc.HalfCloseableStream):
+    """A client's bytes in from one stream and out to a descriptor (a pipe, a socket, a
+    terminal) written directly: the agent's own stdin and stdout, or a launch's client whose
+    output the launch handed to the service while it passes the client's input on."""
 
-    The original descriptors are duplicated for the protocol's own use and
-    then replaced: fd 1 by stderr, so that a stray write to stdout (from a
-    library, a child process) can never corrupt the protocol stream, and fd 0
-    by /dev/null, so that children never read the client's commands.
-    """
-
-    def __init__(self) -> None:
-        in_fd = os.dup(0)
-        out_fd = os.dup(1)
-        os.dup2(2, 1)
-        devnull = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(devnull, 0)
-        os.close(devnull)
-        widen_pipe(out_fd)
-        self._in = trio.lowlevel.FdStream(in_fd)
+    def __init__(self, receive: trio.abc.ReceiveStream, out_fd: int) -> None:
+        self._in = receive
         self._out = trio.lowlevel.FdStream(out_fd)
 
     async def send_all(self, data) -> None:
         await self._out.send_all(data)
 
     def send_now(self, data) -> int:
-        """Write what the pipe takes now, without waiting (0 if it takes nothing or fails)."""
+        """Write what the descriptor takes now, without waiting (0 if it takes nothing or fails)."""
         try:
             return os.write(self._out.fileno(), data)
         except OSError:
@@ -71,6 +61,26 @@ class StdioStream(trio.abc.HalfCloseableStream):
     async def aclose(self) -> None:
         await self._out.aclose()
         await self._in.aclose()
+
+
+class StdioStream(SplitStream):
+    """The protocol on the process's stdin/stdout.
+
+    The original descriptors are duplicated for the protocol's own use and
+    then replaced: fd 1 by stderr, so that a stray write to stdout (from a
+    library, a child process) can never corrupt the protocol stream, and fd 0
+    by /dev/null, so that children never read the client's commands.
+    """
+
+    def __init__(self) -> None:
+        in_fd = os.dup(0)
+        out_fd = os.dup(1)
+        os.dup2(2, 1)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.close(devnull)
+        widen_pipe(out_fd)
+        super().__init__(trio.lowlevel.FdStream(in_fd), out_fd)
 
 
 def open_stdio() -> StdioStream:

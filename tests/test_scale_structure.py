@@ -354,7 +354,7 @@ def test_start_up_imports_only_the_backends_it_runs():
     probe = (
         "import sys; from proxy_agent.__main__ import parse_arguments; "
         "args = parse_arguments(sys.argv[1:]); "
-        "print(sorted(m for m in ('proxy_agent.schedulers.slurm', 'proxy_agent.schedulers.batch.slurm_backend', "
+        "print(sorted(m for m in ('proxy_agent.schedulers.batch.slurm', 'proxy_agent.schedulers.batch.slurm.backend', "
         "'proxy_agent.schedulers.sim', 'proxy_agent.schedulers.local') if m in sys.modules), args.scheduler)"
     )
 
@@ -458,6 +458,7 @@ def test_the_collector_waits_for_the_start_up_imports_and_then_leaves_them_alone
 def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
     import json
     import os
+    import signal
     import socket
     import time
 
@@ -509,7 +510,7 @@ def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
         try:
             keeper.wait(timeout=10)
         except subprocess.TimeoutExpired:
-            keeper.kill()
+            os.killpg(keeper.pid, signal.SIGKILL)  # the custodian and its keeper
             keeper.wait()
 
 

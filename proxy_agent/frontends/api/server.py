@@ -146,6 +146,8 @@ class ApiSession:
         self._out: Deque[Tuple[bytes, Optional[Dict[Tuple[int, str], int]]]] = deque()
         self._queued = 0
         self._wake = trio.Event()
+        #: a write is under way (see :meth:`drained`)
+        self._writing = False
         self._nursery: Optional[trio.Nursery] = None
         self._handover: Optional[Tuple[Handover, bytes]] = None
         self._ready = service.ready
@@ -164,7 +166,7 @@ class ApiSession:
                         break
                 else:
                     await self._read(reader)
-                await self._drained()
+                await self.drained()
                 nursery.cancel_scope.cancel()
         finally:
             self._detach()
@@ -277,10 +279,12 @@ class ApiSession:
             # Recorded as delivered just before it is written, and written at once (no other
             # task runs in between): a service killed then loses at most this one write.
             undo = self.service.delivered(offsets) if offsets else None
+            self._writing = True
             try:
                 sent = write_now(self.stream, data) if undo else 0
                 if sent < len(data):
                     await self.stream.send_all(data[sent:] if sent else data)
+                self._writing = False
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 if undo:
                     self.service.undeliver(undo)
@@ -292,10 +296,10 @@ class ApiSession:
                     self.service.undeliver(undo)
                 raise
 
-    async def _drained(self) -> None:
+    async def drained(self, bound: float = 2.0) -> None:
         """Until what is queued is written (bounded: a tool that stopped reading is left)."""
-        with trio.move_on_after(2.0):
-            while self._out:
+        with trio.move_on_after(bound):
+            while self._out or self._writing:
                 await trio.sleep(0.005)
 
     # ------------------------------------------------------------------ watching
