@@ -12,7 +12,7 @@ import sys
 import tempfile
 from collections import deque
 from pathlib import Path
-from typing import Deque, List, Sequence
+from typing import Deque, List, Optional, Sequence
 
 import trio
 
@@ -111,6 +111,56 @@ def service_pid(state_dir) -> int:
     holder = lock_holder(str(state_dir))
     assert holder is not None and isinstance(holder.get("pid"), int), f"no service holds {state_dir}"
     return holder["pid"]
+
+
+def processes_of(state_dir) -> List[tuple]:
+    """The processes whose command line names a state directory (``--state-dir DIR``), as
+    (pid, whether it is that directory's service: ``proxy-agent service``); a service a launch
+    has just forked may still show the launch's command line for a moment, and a child the
+    service has just forked the service's."""
+    wanted = os.path.abspath(str(state_dir))
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                words = [word.decode(errors="replace") for word in file.read().split(b"\0")]
+        except OSError:
+            continue
+        if "--state-dir" in words:
+            index = words.index("--state-dir")
+            if index + 1 < len(words) and os.path.abspath(words[index + 1]) == wanted and not process_gone(int(entry)):
+                found.append((int(entry), "service" in words[:index]))
+    # a service's own child, forked and not yet executing what it runs, shows its command line
+    services = {pid for pid, service in found if service}
+    return [(pid, service and _parent(pid) not in services) for pid, service in found]
+
+
+def _parent(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return int(file.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def service_processes(state_dir) -> List[int]:
+    """The pids of the services started for a state directory (``proxy-agent service
+    --state-dir DIR``), whether or not they hold it yet (one may still be starting)."""
+    return [pid for pid, service in processes_of(state_dir) if service]
+
+
+def process_gone(pid: int) -> bool:
+    """Has the process ended (gone, or a zombie waiting for its parent; not while its other
+    threads are still being ended, which hold its files)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            if file.read().rpartition(")")[2].split()[0] != "Z":
+                return False
+        return len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except OSError:
+        return True
 
 
 def start_up_probe(tmp_path: Path, before: Sequence[str], after: Sequence[str], stdin: bytes = b""):
