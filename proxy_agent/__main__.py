@@ -2,7 +2,7 @@
 
 Run as a program, this module hands over at once to :func:`proxy_agent.launch.entry`, which
 loads no more than a launch needs (a launch that joins the service of its state directory
-only relays bytes).  Imported, it is the agent's command line and the agent of one process:
+only passes its client on).  Imported, it is the agent's command line and the agent of one process:
 the options are read here (``--help`` and anything the launch cannot read by itself, and by
 the service, :mod:`.daemon`, for every launch that joins it); :func:`build_service` makes a
 job service with its backends; :func:`run_private` runs an agent that serves its own

@@ -20,15 +20,22 @@ scheduler that runs already with another value, another runtime address...): the
 clients are told so in one MESSAGE.  This makes the launch a *door*: each of its clients'
 connections then opens with ``session`` naming the door, and is a PTP session with the
 door's settings (token, authentication deadline, preferred schedulers, working directory).
+The request passes the client's output along (its pipe or socket, ``output: handed``): the
+session writes to it directly, as an agent of its own would, and reads what the client sends
+from the connection, which the launch relays; the connection closes when the session ends.
 The door ends when its anchor closes: with ``--on-disconnect terminate`` the local jobs its
-clients submitted end then, and the anchor is closed only after they have.
+clients submitted end then, and the anchor is closed only after they have.  ``farewell`` on
+the anchor (the launch received a signal) ends the door's sessions the way the service's own
+end does.
 
 **Leaving.**  With no connection and no running local job for ``--idle-exit`` seconds
 (default 600), or on ``stop``, SIGTERM, SIGINT or SIGHUP, the service stops accepting, tells
-every PTP client why (MESSAGE, SHUTDOWN), ends the local jobs of doors that asked for it, and
-leaves; the other jobs go on (local ones under their keeper, batch ones in their scheduler)
-and the next service adopts them.  A service whose socket file was removed or replaced leaves
-too (no launch can reach it any more).
+every PTP client why (MESSAGE, SHUTDOWN: each stream ends with whole frames within the
+session's bound), ends the local jobs of doors that asked for it, tells each launch its door
+was closed, and leaves; the other jobs go on (local ones under their keeper, batch ones in
+their scheduler) and the next service adopts them.  A service whose socket file was removed
+or replaced leaves too (no launch can reach it any more).  A signal while the service starts
+ends it at once, with exit status 0 and its socket file removed.
 """
 
 from __future__ import annotations

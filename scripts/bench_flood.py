@@ -11,8 +11,8 @@
   agent's memory is watched (peak RSS); then it reads again and a command is timed.
   Targets: <= 400 MB, the command answered within 5 s.
 
-The client reaches the service of its state directory through a launch that relays its bytes,
-as every client does; ``--own-agent`` measures an agent of its own instead (the whole agent in
+The client reaches the service of its state directory through a launch, as every client does
+(the service writes to the client's pipe itself); ``--own-agent`` measures an agent of its own instead (the whole agent in
 the launched process), for comparison.
 
 Usage: scripts/bench_flood.py [--jobs N] [--seconds S] [--stall S] [--runs N] [--own-agent]
@@ -153,7 +153,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--stall", type=float, default=20.0)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--own-agent", action="store_true", help="an agent of its own, not a launch relaying to a service")
+    parser.add_argument("--own-agent", action="store_true", help="an agent of its own, not a launch joining a service")
     args = parser.parse_args()
     if args.own_agent:
         COMMAND[0] = PRIVATE_AGENT

@@ -212,7 +212,7 @@ def bench_clients(nodes: int, jobs: int, clients: int, same_base: bool) -> dict:
             from proxy_agent.endpoints import lock_holder
 
             service = (lock_holder(os.path.join(tmp, "state")) or {}).get("pid", proc.pid)
-            # the service does the work; the launch relays each client's bytes to it
+            # the service does the work; the launch passes each client on to it
             cpu0 = _cpu_seconds(service) + _cpu_seconds(proc.pid)
             t0 = time.perf_counter()
             for conn, request in zip(conns, requests):

@@ -7,9 +7,9 @@ Three ways a launch gets its answer, measured in the same run (runs interleaved)
   service of a state directory (``proxy_agent.__main__.run_private``, which a launch still runs
   when its state directory cannot hold a service): the figure to keep to;
 * **join**: ``proxy-agent --stdio`` while the state directory's service runs: the launched
-  process only relays, and the service answers (target: median <= 1.2x the own agent's);
+  process only passes its client on, and the service answers (target: median <= 1.2x the own agent's);
 * **cold**: ``proxy-agent --stdio`` on a state directory no service runs on yet: it starts
-  the service (in the background), then relays.
+  the service (in the background), then passes its client on.
 
 Next to them, the floor of the own agent: spawning a Python that imports trio and attrs and
 exits (target for the own agent: median <= 1.2x the floor).  Both with the bytecode cache,
