@@ -259,3 +259,31 @@ async def test_a_read_only_store_is_kept_its_writes_owed_and_written_once_it_can
             nursery.cancel_scope.cancel()
     finally:
         subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+async def test_forgetting_through_the_service_on_a_store_it_cannot_write_is_one_line(tmp_path):
+    """``proxy-agent forget`` asks the running service, which may hold a store it cannot write
+    now (an immutable file here): one line saying so, nothing forgotten; ``jobs`` still lists."""
+    state = tmp_path / "state"
+    state.mkdir()
+    path = a_store_with_jobs(state, 3)
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("this file system cannot make a file immutable (chattr +i)")
+    try:
+        with trio.fail_after(60):
+            async with await spawn_agent(str(state)) as client:
+                await start(client)
+                await client.wait_for(lambda: client.messages, 10, description="the store's MESSAGE")
+                assert "cannot be written now" in client.messages[0].text
+                done = subprocess.run([sys.executable, "-m", "proxy_agent", "forget", "1", "--state-dir", str(state)],
+                                      capture_output=True, text=True, timeout=60, env=subprocess_env(),
+                                      stdin=subprocess.DEVNULL)
+                assert done.returncode != 0 and done.stdout == "", done
+                assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+                assert "cannot be written now" in done.stderr and "nothing was forgotten" in done.stderr, done.stderr
+                listed = jobs_command(state, "--json")
+                assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 3, listed
+                await client.quit()
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+        stop_service(str(state))

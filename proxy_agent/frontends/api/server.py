@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from collections import deque
 from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
@@ -30,6 +31,7 @@ import trio
 from ...service.jobs import ErrorKind, JobError, JobState, ServiceError
 from ...service.model import ChangeSink, Element, K, Kind, UnknownElement
 from ...service.service import JobService, describe
+from ...service.store import StoreUnwritable
 from ...transport import write_now
 from .terms import error_of, spec_from_dict
 from .wire import VERSION, LineReader, encode
@@ -481,7 +483,18 @@ class ApiSession:
             raise ServiceError("jobs must be a list of job keys", ErrorKind.BAD_REQUEST)
         if when is not None and not isinstance(when, (int, float)):
             raise ServiceError("ended_before must be a time in seconds", ErrorKind.BAD_REQUEST)
-        forgotten, refused = forget_jobs(store, self.state_dir or "", keys, when)
+        why = store.unwritable
+        if why is None:
+            try:
+                forgotten, refused = forget_jobs(store, self.state_dir or "", keys, when)
+            except StoreUnwritable as exc:
+                why = exc.message
+            except sqlite3.Error as exc:
+                why = str(exc)
+        if why is not None:
+            # as `proxy-agent forget` says it with no service running: one line, nothing lost
+            raise ServiceError(f"the job store cannot be written now ({why}); nothing was forgotten",
+                               ErrorKind.UNAVAILABLE)
         self.service.stored.difference_update(forgotten)
         return {"forgotten": forgotten, "refused": refused}
 
