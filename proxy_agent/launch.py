@@ -1,5 +1,6 @@
 """What ``proxy-agent [--stdio | --connect ... | --listen ... | --unix ...] [options]`` does: it
-joins the service of its state directory, starting one when none runs, and relays bytes.
+joins the service of its state directory, starting one when none runs, and passes its clients
+on to it.
 
 The launched process is small on purpose (the standard library only; the agent itself is
 the service, :mod:`.daemon`), so that a launch that joins a running service answers INIT
@@ -14,16 +15,23 @@ sooner than a whole agent could start.  What it does:
    no service answers, one is started (``proxy-agent service``, in a session of its own, its
    stdio on ``/dev/null``): of two launches starting one at the same moment, the lock in the
    state directory lets one win and the other joins it;
-3. serves its transport: for ``--stdio`` and ``--connect`` one client, relayed to one session;
-   for ``--listen`` and ``--unix`` it keeps its listener (the port or socket file is the
-   launch's, as it was the agent's) and relays each client it accepts to a session of its
-   own, with the token and authentication deadline checked by the service.
+3. serves its transport: for ``--stdio`` and ``--connect`` one client, passed on to one
+   session; for ``--listen`` and ``--unix`` it keeps its listener (the port or socket file is
+   the launch's, as it was the agent's) and passes each client it accepts on to a session of
+   its own, with the token and authentication deadline checked by the service.  Passing a
+   client on (:class:`Relay`) hands the client's output (its pipe or socket) to the service,
+   which writes to it itself, as an agent of its own would, with the session's bounds on how
+   a stream ends; the launch relays what the client sends, and the session's output too only
+   when it cannot be handed over (a regular file).
 
 It ends when its client goes (``--stdio``, ``--connect``): after the service has ended the
 local jobs of that client (``--on-disconnect terminate``, the default) and closed the anchor.
-SIGTERM, SIGINT and SIGHUP make it ask the service to tell its clients (MESSAGE, SHUTDOWN),
-then leave.  If the service dies, a stdio or connect-back client sees its connection end (as
-when an agent of its own died); a listening launch starts a service again.
+It takes SIGTERM, SIGINT and SIGHUP from its first moment (:class:`Signals`): while it starts,
+a signal ends it at once (exit status 0, its ``--unix`` socket removed); once it serves, it
+asks the service to end its clients' sessions (MESSAGE, SHUTDOWN, within the sessions'
+bounds) and leaves when they have ended.  If the service dies, a stdio or connect-back client
+sees its connection end (as when an agent of its own died); a listening launch starts a
+service again.
 
 When the state directory cannot hold a service (it cannot be created or written, or its path
 is too long for a Unix socket), the launch runs an agent of its own in this process instead
@@ -715,6 +723,7 @@ class Relay:
             except OSError:
                 pass
         else:
+            _restore_blocking(self.client_out)  # a terminal's, say, shared with the shell
             try:
                 os.close(self.client_out)
             except OSError:

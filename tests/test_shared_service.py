@@ -29,7 +29,7 @@ from agent_fixtures import BackgroundAgent, agent_argv, console_argv, service_pi
 from proxy_agent.client import AgentClient, AgentProcess, listen_for_agent
 from proxy_agent.endpoints import lock_holder
 from proxy_agent.frontends.invoke.protocol import InvokeStatus
-from proxy_agent.protocol.messages import CommandId
+from proxy_agent.protocol.messages import CommandId, EventId
 from proxy_agent.protocol.wire import Decoder, encode_frame
 
 from test_invoke_server import InvokeClient, alive, attributes, processes_of
@@ -540,6 +540,26 @@ def test_the_launch_holds_nothing_of_its_stdio_in_the_service(tmp_path):
     assert [(frame.msg_id, frame.tid) for frame in decoder][0] == (0, 1) and decoder.buffered == 0
     assert lock_holder(str(tmp_path / "state")) is not None  # while the service runs on
     assert b"started the service" in err
+
+
+def test_a_launch_on_regular_files_reads_its_input_and_writes_its_output_there(tmp_path):
+    """A client's output that the service cannot take over (a regular file, which cannot be
+    waited on) is written by the launch; input from a file is read to its end as a pipe's."""
+    frames = (encode_frame(int(CommandId.INIT), 1, ["version=2.0", "baseId=100"])
+              + encode_frame(int(CommandId.MODEL_DEF), 2, [])
+              + encode_frame(int(CommandId.QUIT), 3, []))
+    given = tmp_path / "in"
+    given.write_bytes(frames)
+    written = tmp_path / "out"
+    with open(given, "rb") as stdin, open(written, "wb") as stdout:
+        done = subprocess.run(agent_argv("--state-dir", str(tmp_path / "state")), stdin=stdin, stdout=stdout,
+                              stderr=subprocess.PIPE, env=subprocess_env(), timeout=DEADLINE)
+    assert done.returncode == 0, done.stderr
+    decoder = Decoder()
+    decoder.feed(written.read_bytes())
+    answers = [(frame.msg_id, frame.tid) for frame in decoder]
+    assert decoder.buffered == 0 and answers[0] == (0, 1), answers  # whole frames: OK for INIT first
+    assert answers[-1] == (int(EventId.SHUTDOWN), 3) and (0, 2) in answers, answers
 
 
 async def test_a_unix_launch_stopped_tells_its_clients_and_leaves_the_service_to_the_others(tmp_path):

@@ -284,3 +284,11 @@ async def test_a_signal_at_any_moment_of_the_services_start_up_ends_it_cleanly(t
         assert not (state / "agent.sock").exists() and lock_holder(str(state)) is None, (run, text, logged)
     print(outcomes)
     assert any(serving for _, _, serving in outcomes) and not all(serving for _, _, serving in outcomes)
+
+
+def test_a_launch_gives_its_clients_the_sessions_own_bound():
+    """The launch (which loads nothing of the agent) waits on a client that takes nothing for as
+    long as a session does."""
+    from proxy_agent import launch
+
+    assert launch.CLOSE_BOUND == CLOSE_BOUND
