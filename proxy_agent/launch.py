@@ -403,6 +403,8 @@ class Signals:
         #: socket files made while starting: path -> inode (only those are removed)
         self._made: Dict[str, int] = {}
         self._previous: Dict[int, Any] = {}
+        #: the unraisable hook before :meth:`install`
+        self._hook: Optional[Callable[[Any], None]] = None
 
     def install(self) -> "Signals":
         """Take the signals (in the main thread only: elsewhere they are not Python's to take)."""
@@ -413,6 +415,9 @@ class Signals:
                 return self
             self._previous.setdefault(number, previous)
             self.starting = True
+        if self._hook is None:
+            self._hook = sys.unraisablehook
+            sys.unraisablehook = self._unraisable
         return self
 
     def restore(self) -> None:
@@ -420,6 +425,20 @@ class Signals:
         for number, handler in self._previous.items():
             signal.signal(number, handler)
         self._previous.clear()
+        if self._hook is not None:
+            sys.unraisablehook = self._hook
+            self._hook = None
+
+    def _unraisable(self, info: Any) -> None:
+        """A :class:`Stopped` raised where Python cannot let an exception out (in a ``__del__``,
+        say, which it would print and forget): raised again a moment later instead, where it
+        stops the start-up."""
+        if isinstance(info.exc_value, Stopped) and self.received is not None:
+            self.starting = True
+            signal.signal(signal.SIGALRM, lambda number, frame: self._handle(self.received, frame))
+            signal.setitimer(signal.ITIMER_REAL, 0.01)
+            return
+        (self._hook or sys.__unraisablehook__)(info)
 
     @property
     def name(self) -> Optional[str]:

@@ -20,6 +20,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -292,3 +293,29 @@ def test_a_launch_gives_its_clients_the_sessions_own_bound():
     from proxy_agent import launch
 
     assert launch.CLOSE_BOUND == CLOSE_BOUND
+
+
+def test_a_signal_that_lands_in_a_finalizer_still_stops_the_start_up(tmp_path):
+    """Python prints and forgets an exception raised in a ``__del__``: a signal that arrives
+    while one runs during start-up stops the start-up a moment later all the same, silently."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import os, signal, sys, threading, time\n"
+        "from proxy_agent.launch import Signals, Stopped\n"
+        "class Slow:\n"
+        "    def __del__(self):\n"
+        "        until = time.monotonic() + 0.5\n"
+        "        while time.monotonic() < until:\n"
+        "            pass\n"
+        "signals = Signals().install()\n"
+        "try:\n"
+        "    finalized = Slow()\n"
+        "    threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGTERM)).start()\n"
+        "    del finalized  # the signal arrives while its __del__ runs\n"
+        "    time.sleep(5)\n"
+        "    print('not stopped')\n"
+        "except Stopped:\n"
+        "    print('stopped')\n")
+    done = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, env=subprocess_env(),
+                          timeout=60)
+    assert done.stdout == "stopped\n" and done.stderr == "", done
