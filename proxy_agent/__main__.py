@@ -1,18 +1,35 @@
-"""Command line of the agent: ``proxy-agent`` / ``python -m proxy_agent``."""
+"""Command line of the agent: ``proxy-agent`` / ``python -m proxy_agent``.
+
+Run as a program, this module hands over at once to :func:`proxy_agent.launch.entry`, which
+loads no more than a launch needs (a launch that joins the service of its state directory
+only passes its client on).  Imported, it is the agent's command line and the agent of one process:
+the options are read here (``--help`` and anything the launch cannot read by itself, and by
+the service, :mod:`.daemon`, for every launch that joins it); :func:`build_service` makes a
+job service with its backends; :func:`run_private` runs an agent that serves its own
+transport in its own process, as every agent did before the service of a state directory
+existed: only when the state directory cannot hold a service (it cannot be created or
+written, or its path is too long for a Unix socket).
+"""
 
 from __future__ import annotations
 
-import gc
-
-if __name__ == "__main__":  # python -m proxy_agent: a signal during the imports ends it quietly
+if __name__ == "__main__":  # python -m proxy_agent: the launcher, at once
+    import signal as _signal
+    import sys
 
     def _stopped_while_loading(signum, frame):  # nothing exists yet: nothing to clean up
         raise SystemExit(0)
 
-    import signal as _signal
-
+    # until the launcher takes the signals (see proxy_agent.launch.Signals), a signal ends
+    # the process quietly
     for _signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
         _signal.signal(_signum, _stopped_while_loading)
+
+    from proxy_agent.launch import entry
+
+    sys.exit(entry(sys.argv[1:]))
+
+import gc
 
 # Start-up makes tens of thousands of objects that live as long as the agent; the collector
 # would walk them again and again (full collections included) while they are made.  It waits
@@ -24,13 +41,13 @@ import logging
 import os
 import signal
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, NoReturn, Optional, Sequence, Tuple
 
 import trio
 
 from . import __version__
-from .cli import entry_point
 from .frontends.ptp import PtpConfig
+from .launch import Signals, Stopped
 from .schedulers.base import BACKENDS, backend_class
 from .server import ServerLimits, Sessions, serve_listeners, serve_stream
 from .service.coalloc.manager import CoallocManager, RuntimeSettings
@@ -56,12 +73,19 @@ if _COLLECTING:
 
 log = logging.getLogger("proxy_agent")
 
+#: Seconds the service of a state directory stays without a client and a running local job.
+DEFAULT_IDLE_EXIT = 600.0
+
 #: The environment variable holding the --listen token; removed from the agent's own
 #: environment at start so that no job ever inherits it.
 TOKEN_VARIABLE = "PROXY_AGENT_TOKEN"
 
 
 _ARGPARSE_CLASSES: list = []
+
+
+class CommandLineError(Exception):
+    """A command line that cannot be used; the text is the one line to show."""
 
 
 def _argparse_classes() -> list:
@@ -73,7 +97,7 @@ def _argparse_classes() -> list:
             """Errors in one line (and exit status 2), never a usage dump or a traceback."""
 
             def error(self, message: str) -> NoReturn:
-                self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
+                raise CommandLineError(f"{self.prog}: {message} (see {self.prog} --help)")
 
         class _DefaultsShown(argparse.ArgumentDefaultsHelpFormatter):
             """Shows an option's default where it has a real one (not for flags or options without one)."""
@@ -130,7 +154,12 @@ def _add_options(parser: Any, backends: Optional[Sequence[str]]) -> None:
     parser.add_argument(
         "--state-dir", metavar="DIR",
         help="where jobs are kept so that they outlive the agent (default: $XDG_STATE_HOME/proxy-agent, "
-        "that is ~/.local/state/proxy-agent); one agent per directory",
+        "that is ~/.local/state/proxy-agent); one service per directory, which every launch on it joins",
+    )
+    parser.add_argument(
+        "--idle-exit", metavar="SECONDS|never", default=None,
+        help=f"when this launch starts the state directory's service: it leaves after that long without a "
+        f"client and without a running local job (default: {DEFAULT_IDLE_EXIT:g}; never: it stays)",
     )
     parser.add_argument("--keep-ended", metavar="DURATION", type=_keep_ended, default="14d",
                         help="forget jobs this long after they ended, with their kept output (30m, 36h, 14d, 2w; "
@@ -280,6 +309,11 @@ class _SimpleLine:
 
     def parse(self, argv: Sequence[str]) -> Optional[Any]:
         """The options of ``argv`` as argparse would have them, or None."""
+        parsed = self.parse_given(argv)
+        return None if parsed is None else parsed[0]
+
+    def parse_given(self, argv: Sequence[str]) -> Optional[Tuple[Any, List[str]]]:
+        """As :meth:`parse`, with the names (dests) of the options ``argv`` gives."""
         if not self._usable:
             return None
         values: Dict[str, Any] = {option.dest: option.default for option in self._options}
@@ -313,8 +347,10 @@ class _SimpleLine:
                 return None
             elif option.action == "store_true":
                 values[option.dest] = True
+                given.append(option)
             else:  # count
                 values[option.dest] = (values[option.dest] or 0) + 1
+                given.append(option)
             i += 1
         for option in self._options:
             # argparse converts a default given as text when the option was not given
@@ -324,7 +360,7 @@ class _SimpleLine:
                         values[option.dest] = option.type(option.default)
                     except Exception:  # noqa: BLE001
                         return None
-        return _Namespace(**values)
+        return _Namespace(**values), list(dict.fromkeys(option.dest for option in given))
 
 
 class _Exclusive:
@@ -512,7 +548,7 @@ async def _watch_signals(scope: trio.CancelScope, sessions: Sessions) -> None:
             return
 
 
-async def _open_transport(args: argparse.Namespace, config: PtpConfig):
+async def _open_transport(args: argparse.Namespace, config: PtpConfig, signals: Signals):
     """Connect or start listening; returns (kind, stream-or-listeners, config)."""
     if args.connect or args.proxy:
         if args.proxy:
@@ -547,7 +583,7 @@ async def _open_transport(args: argparse.Namespace, config: PtpConfig):
             listener = await open_unix_listener(args.unix)
         except OSError as exc:
             raise OSError(f"cannot listen on {args.unix}: {_reason(exc)}") from None
-        _START.made(args.unix)
+        signals.made(args.unix)
         print(f"proxy-agent listening on {args.unix}", file=sys.stderr, flush=True)
         return "unix", [listener], config
     return "stdio", open_stdio(), config
@@ -557,81 +593,25 @@ def _reason(exc: OSError) -> str:
     return os_error_reason(exc)
 
 
-class _StartSignals:
-    """SIGTERM, SIGINT and SIGHUP at any moment of start-up end the agent cleanly (exit status
-    0, its socket files removed), before it can say goodbye to clients the usual way
-    (:func:`_watch_signals`, which takes over once it runs).  Before trio runs, a signal
-    stops the start-up where it is (:class:`_Stopped`); once it runs, it cancels the agent."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
-    def __init__(self) -> None:
-        self.received: Optional[int] = None
-        self.raising = False
-        self._cancel = None
-        self._token = None
-        #: socket files the agent made: path -> inode (only those are removed)
-        self._made: Dict[str, int] = {}
-
-    def install(self) -> Dict[int, Any]:
-        """Take the signals; what handled them before (see :meth:`restore`)."""
-        import threading
-
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-        self.raising = True
-        return {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
-
-    @staticmethod
-    def restore(previous: Dict[int, Any]) -> None:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        self.received = signum
-        if self._cancel is not None:
-            self._token.run_sync_soon(self._cancel)  # type: ignore[union-attr]
-        elif self.raising:
-            raise _Stopped(signum)
-
-    def made(self, path: str) -> None:
+async def _run_agent(args: argparse.Namespace, service: JobService, state: "StateDir", signals: Signals) -> int:
+    """:func:`amain`, cancelled by a signal until it watches for them itself (a signal at any
+    moment of start-up ends the agent cleanly); its socket files removed however it ends."""
+    with trio.CancelScope() as scope:
+        token = trio.lowlevel.current_trio_token()
+        signals.to_function(lambda number: token.run_sync_soon(scope.cancel))
         try:
-            self._made[path] = os.stat(path).st_ino
-        except OSError:
-            pass
-
-    async def run(self, args: argparse.Namespace, service: JobService, state: "StateDir") -> int:
-        """:func:`amain`, cancelled by a signal until it watches for them itself; its socket
-        files removed however it ends."""
-        with trio.CancelScope() as scope:
-            self._token, self._cancel = trio.lowlevel.current_trio_token(), scope.cancel
-            if self.received is not None:
-                scope.cancel()
-            try:
-                return await amain(args, service, state)
-            finally:
-                self._cancel = None
-                for path, inode in self._made.items():
-                    try:
-                        if os.stat(path).st_ino == inode:
-                            os.unlink(path)
-                    except OSError:
-                        pass
-        log.info("stopped by %s while starting", signal.Signals(self.received or signal.SIGTERM).name)
-        return 0
+            return await amain(args, service, state, signals)
+        finally:
+            signals.hold()
+            signals.remove_made()
+    log.info("stopped by %s while starting", signals.name or "a signal")
+    return 0
 
 
-class _Stopped(BaseException):
-    """A signal arrived while the agent was starting, before trio ran."""
-
-
-_START = _StartSignals()
-
-
-async def amain(args: argparse.Namespace, service: JobService, state: "StateDir") -> int:
+async def amain(args: argparse.Namespace, service: JobService, state: "StateDir", signals: Signals) -> int:
     config = PtpConfig()
     try:
-        kind, transport, config = await _open_transport(args, config)
+        kind, transport, config = await _open_transport(args, config, signals)
     except (OSError, ValueError) as exc:
         print(f"proxy-agent: {exc}", file=sys.stderr)
         return 2
@@ -641,7 +621,7 @@ async def amain(args: argparse.Namespace, service: JobService, state: "StateDir"
         path = os.path.join(state.directory, "agent.sock")
         try:
             local_listener = await open_unix_listener(path)
-            _START.made(path)
+            signals.made(path)
             state.advertise(path)
         except OSError as exc:
             log.warning("cannot listen on %s: %s", path, exc)
@@ -678,21 +658,6 @@ async def amain(args: argparse.Namespace, service: JobService, state: "StateDir"
     return 0
 
 
-#: What an agent started at a terminal says (a person typed ``proxy-agent``).
-_ON_A_TERMINAL = ("stdin is a terminal: this agent speaks the PTP proxy protocol on stdin/stdout for an IDE or a "
-                  "console (to drive it by hand, run proxy-console, which starts one")
-
-
-def _stdio_on_a_terminal(args: argparse.Namespace) -> bool:
-    """The protocol would run on stdin/stdout, and stdin is a terminal."""
-    if args.connect or args.proxy or args.listen or args.unix:
-        return False
-    try:
-        return os.isatty(0)
-    except OSError:
-        return False
-
-
 def manual() -> str:
     """``proxy-agent --man``: the manual page, made from the same parsers as ``--help``."""
     from . import config, joblist
@@ -700,6 +665,9 @@ def manual() -> str:
     from .manpage import manual_page
 
     commands = [(f"proxy-agent {name}", joblist.build_parser(name)) for name in joblist.COMMANDS]
+    from .launch import stop_parser
+
+    commands.append(("proxy-agent stop", stop_parser()))
     commands.append(("proxy-agent completion", command_parser()))
     return manual_page("proxy-agent", "a resource-manager proxy agent", build_parser(), commands, [
         ("configuration file", [
@@ -729,7 +697,7 @@ def manual() -> str:
     ])
 
 
-def _configured(argv: List[str]) -> List[str]:
+def configured(argv: List[str]) -> List[str]:
     """The command line with the configuration file's options in front (the command line's
     own win, being later); unchanged when there is no file (the usual case costs one stat).
     ConfigError naming the file for a key or value it cannot take."""
@@ -749,52 +717,96 @@ def _configured(argv: List[str]) -> List[str]:
     return words + argv
 
 
-@entry_point
-def main(argv: Optional[List[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv and argv[0] in ("jobs", "forget", "output"):
-        from .joblist import main as joblist_main
-
-        return joblist_main(argv)
-    if argv[:1] == ["completion"]:
-        from .completion import main as completion_main
-
-        return completion_main(argv[1:])
-    if argv == ["--man"]:
-        sys.stdout.write(manual())
-        return 0
-    previous = _START.install()
+def idle_exit_seconds(text: Optional[str]) -> Optional[float]:
+    """``--idle-exit``'s value in seconds (None: never); ValueError naming a bad one."""
+    if text is None:
+        return DEFAULT_IDLE_EXIT
+    if text.strip().lower() == "never":
+        return None
     try:
-        return _main(argv)
-    except _Stopped:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"--idle-exit {text!r}: expected seconds or never") from None
+    if not 0 <= value <= 366 * 86400:
+        raise ValueError(f"--idle-exit must be between 0 seconds and a year, or never, got {text}")
+    return value
+
+
+def check_arguments(args: argparse.Namespace) -> List[str]:
+    """Check what the parser cannot (ValueError naming a bad option); returns the schedulers."""
+    names = _scheduler_names(args.scheduler)
+    for name in args.parsed_backends:
+        # A bad value is refused even for a backend not selected, never silently ignored
+        # (a backend's options given on the command line are always among those parsed).
+        backend_class(name).options_from_args(args)
+    if not 0 < args.auth_timeout <= 3600:
+        raise ValueError(f"--auth-timeout must be between 0 and 3600 seconds, got {args.auth_timeout:g}")
+    if (args.host or args.port) and not args.proxy:
+        raise ValueError("--host and --port go with --proxy=tcp")
+    idle_exit_seconds(args.idle_exit)
+    return names
+
+
+def given_options(argv: Sequence[str], backends: Sequence[str]) -> Dict[str, Any]:
+    """The options ``argv`` gives (dest -> value, as parsed), without those left at their
+    defaults: what a launch asked for in so many words."""
+    simple = _SimpleLine(backends).parse_given(argv)
+    if simple is not None:
+        args, given = simple
+        return {dest: getattr(args, dest) for dest in given}
+    import argparse
+
+    key = tuple(backends)
+    parser = _GIVEN_PARSERS.get(key)
+    if parser is None:
+        parser = _GIVEN_PARSERS[key] = build_parser(backends)
+        for action in parser._actions:
+            action.default = argparse.SUPPRESS
+    given, _ = parser.parse_known_args(list(argv))
+    return vars(given)
+
+
+#: parsers that leave out what is not given, per list of backends
+_GIVEN_PARSERS: Dict[tuple, Any] = {}
+
+
+def read_full_command_line(argv: Sequence[str]):
+    """The command line read in full (what the launching process cannot read by itself):
+    help and the version are printed (exit 0), a mistake is one line (exit 2); returns what
+    the launch needs of it."""
+    from .launch import LaunchLine
+
+    try:
+        args = parse_arguments(list(argv))
+        check_arguments(args)
+    except (CommandLineError, ValueError) as exc:
+        text = str(exc)
+        print(text if text.startswith("proxy-agent") else f"proxy-agent: {text}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return LaunchLine.from_arguments(args)
+
+
+def run_private(argv: Sequence[str], signals: Optional[Signals] = None) -> int:
+    """An agent of its own, in this process, on its own transport (see the module's
+    description).  ``signals``: the launch's (taken here when None)."""
+    own = signals is None
+    if signals is None:
+        signals = Signals().install()
+    try:
+        return _run_private(argv, signals)
+    except Stopped:
         return 0
     finally:
-        _START.restore(previous)
+        signals.hold()
+        signals.remove_made()
+        if own:
+            signals.restore()
 
 
-def _main(argv: List[str]) -> int:
+def _run_private(argv: Sequence[str], signals: Signals) -> int:
     try:
-        argv = _configured(argv)
-    except ValueError as exc:  # the configuration file's problem, said in one line
-        print(f"proxy-agent: {exc}", file=sys.stderr)
-        return 2
-    args = parse_arguments(argv)
-    try:
-        names = _scheduler_names(args.scheduler)
-        for name in args.parsed_backends:
-            # A bad value is refused even for a backend not selected, never silently ignored
-            # (a backend's options given on the command line are always among those parsed).
-            backend_class(name).options_from_args(args)
-        if not 0 < args.auth_timeout <= 3600:
-            raise ValueError(f"--auth-timeout must be between 0 and 3600 seconds, got {args.auth_timeout:g}")
-        if (args.host or args.port) and not args.proxy:
-            raise ValueError("--host and --port go with --proxy=tcp")
-        if _stdio_on_a_terminal(args):
-            if not args.stdio:
-                print(f"proxy-agent: {_ON_A_TERMINAL}, or give --stdio to speak it on this terminal anyway)",
-                      file=sys.stderr)
-                return 2
-            print(f"proxy-agent: {_ON_A_TERMINAL})", file=sys.stderr)
+        args = parse_arguments(list(argv))
+        names = check_arguments(args)
         _setup_logging(args)
         state = StateDir(os.path.abspath(args.state_dir or default_state_dir()))
         try:
@@ -804,13 +816,14 @@ def _main(argv: List[str]) -> int:
             return 2
         service = build_service(args, names, state)
         service.brokering.configure(args.broker, args.broker_config)
-    except ValueError as exc:
-        print(f"proxy-agent: {exc}", file=sys.stderr)
+    except (CommandLineError, ValueError) as exc:
+        text = str(exc)
+        print(text if text.startswith("proxy-agent") else f"proxy-agent: {text}", file=sys.stderr)
         return 2
     args.env_token = os.environ.pop(TOKEN_VARIABLE, None)
-    _START.raising = False  # from here a signal is recorded, and cancels the agent once trio runs
+    signals.hold()  # from here a signal is noted, and cancels the agent once trio runs
     try:
-        return trio.run(_START.run, args, service, state)
+        return trio.run(_run_agent, args, service, state, signals)
     except KeyboardInterrupt:
         return 0
     except (OSError, ValueError) as exc:  # set-up failures not caught above
@@ -818,5 +831,8 @@ def _main(argv: List[str]) -> int:
         return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def main(argv: Optional[List[str]] = None) -> int:
+    """``proxy-agent``: see :func:`proxy_agent.launch.entry`."""
+    from .launch import entry
+
+    return entry(sys.argv[1:] if argv is None else argv)

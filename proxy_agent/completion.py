@@ -266,6 +266,9 @@ def programs() -> List[Program]:
     from .service.jobs import JobState
 
     commands = {name: joblist.build_parser(name) for name in joblist.COMMANDS}
+    from .launch import stop_parser
+
+    commands["stop"] = stop_parser()
     commands["completion"] = command_parser()
     hints: Dict[str, Values] = {
         "--scheduler": list(BACKENDS),

@@ -5,7 +5,10 @@
 table or as JSON lines (``--json``); ``proxy-agent forget JOB... | --ended-before WHEN``
 removes ended jobs (a running job is never forgotten) with what is kept for them;
 ``proxy-agent output JOB [--stderr] [--follow]`` prints a job's kept output.  The data comes
-from :mod:`.service.statedir`; this module filters, formats and prints it.
+from :mod:`.service.statedir`; this module filters, formats and prints it.  When the service
+of the state directory runs, the list and forgetting go through it (its interface on
+``agent.sock``): the list as it is this moment, and forgetting done by the one process that
+writes the store.
 """
 
 from __future__ import annotations
@@ -239,10 +242,39 @@ def build_parser(command: str) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- jobs
 
 
+def _ask_service(state_dir: str, op: str, **fields: Any) -> Optional[Dict[str, Any]]:
+    """The running service's answer to a request (None: no service with the interface runs,
+    and the store is read or written as it is)."""
+    from .endpoints import lock_holder
+    from .frontends.api.wire import Refused, ask, socket_path
+
+    if lock_holder(state_dir) is None:
+        return None
+    try:
+        return ask(socket_path(state_dir), op, **fields)
+    except Refused as exc:
+        raise StoreError(exc.message) from None
+    except (OSError, ValueError):
+        return None
+
+
+def _rows(state_dir: str) -> List[Dict[str, Any]]:
+    answer = _ask_service(state_dir, "jobs")
+    if answer is None:
+        return list_jobs(state_dir)
+    import attrs
+
+    from .service.statedir import job_row
+    from .service.store import StoredJob
+
+    names = {field.name for field in attrs.fields(StoredJob)}
+    return [job_row(StoredJob(**{k: v for k, v in row.items() if k in names})) for row in answer["jobs"]]
+
+
 def _list(args: argparse.Namespace) -> int:
     columns = _columns(args.format, args.json)
     chosen = _filters(args)
-    rows = [row for row in list_jobs(args.state_dir) if all(keep(row) for keep in chosen)]
+    rows = [row for row in _rows(args.state_dir) if all(keep(row) for keep in chosen)]
     if args.json:
         for row in rows:
             print(_json_row(row, columns))
@@ -271,7 +303,12 @@ def _forget(args: argparse.Namespace) -> int:
             return 2
         keys.append(int(text))
     when = parse_when(args.ended_before, "--ended-before") if args.ended_before else None
-    outcome = forget_jobs(args.state_dir, keys, when)
+    answer = _ask_service(args.state_dir, "forget", jobs=keys, ended_before=when)
+    if answer is None:
+        outcome = forget_jobs(args.state_dir, keys, when)
+    else:
+        outcome = {"forgotten": list(answer["forgotten"]), "refused": list(answer["refused"])}
+        outcome["missing"] = [k for k in keys if k not in outcome["forgotten"] and k not in outcome["refused"]]
     for key in outcome["refused"]:
         print(f"proxy-agent forget: job {key} has not ended; it is kept", file=sys.stderr)
     for key in outcome["missing"]:
@@ -291,7 +328,7 @@ def _job_key(state_dir: str, text: str) -> int:
     """A job named on the command line: its id, or a name only one job has."""
     if text.isascii() and text.isdigit():
         return int(text)
-    named = [row["id"] for row in list_jobs(state_dir) if row["name"] == text]
+    named = [row["id"] for row in _rows(state_dir) if row["name"] == text]
     if len(named) == 1:
         return named[0]
     if not named:

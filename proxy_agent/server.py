@@ -27,14 +27,30 @@ from .service.service import JobService
 
 log = logging.getLogger("proxy_agent.server")
 
-__all__ = ["ServerLimits", "Sessions", "peer_name", "serve_listeners", "serve_stream"]
+__all__ = ["Admission", "ServerLimits", "Sessions", "peer_name", "serve_connection", "serve_listeners", "serve_stream"]
 
 
 class Sessions:
-    """The sessions being served, so that the agent can say goodbye to each when it stops."""
+    """The sessions being served, so that the agent can say goodbye to each when it stops,
+    and the jobs submitted in those that have ended."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep_jobs: bool = False) -> None:
         self.live: "set[PtpSession]" = set()
+        #: keys of the jobs submitted in the sessions that have ended (with ``keep_jobs``)
+        self.submitted: List[int] = []
+        self._keep_jobs = keep_jobs
+
+    def left(self, session: PtpSession) -> None:
+        self.live.discard(session)
+        if self._keep_jobs:
+            self.submitted.extend(session.submitted)
+
+    def jobs(self) -> "set[int]":
+        """The keys of the jobs submitted in these sessions, live or ended."""
+        keys = set(self.submitted)
+        for session in self.live:
+            keys.update(session.submitted)
+        return keys
 
     async def farewell(self, text: str, bound: float = CLOSE_BOUND + 0.5) -> None:
         """Tell every client the agent is stopping, and let that be written (bounded: each
@@ -76,11 +92,11 @@ async def serve_stream(stream: trio.abc.Stream, service: JobService, config: Ptp
         return await session.run()
     finally:
         if sessions is not None:
-            sessions.live.discard(session)
+            sessions.left(session)
         await _close(stream)
 
 
-class _Admission:
+class Admission:
     """Unauthenticated connections, oldest first, and the count of live sessions."""
 
     def __init__(self, limits: ServerLimits) -> None:
@@ -104,6 +120,60 @@ class _Admission:
         self.waiting.pop(ticket, None)
 
 
+async def serve_connection(
+    stream: trio.abc.Stream,
+    service: JobService,
+    config: PtpConfig,
+    limits: ServerLimits,
+    admission: "Admission",
+    sessions: Optional[Sessions] = None,
+    peer: Optional[str] = None,
+) -> Optional[PtpSession]:
+    """Serve one accepted connection in a session of its own, under ``admission`` (the
+    sessions and unauthenticated connections of one front door); returns the session once
+    it has ended (None if it was refused: too many sessions)."""
+    peer = peer or peer_name(stream)
+    if admission.sessions >= limits.max_sessions:
+        log.warning("refusing %s: %d sessions are open", peer, admission.sessions)
+        await refuse_busy(stream, peer, config.max_frame_size)
+        return None
+    with trio.CancelScope() as scope:
+        ticket = admission.admit(scope)
+        session = PtpSession(stream, service, config, peer)
+        if sessions is not None:
+            sessions.live.add(session)
+        counted = False
+        try:
+            async with trio.open_nursery() as nursery:
+
+                async def watch_authentication() -> None:
+                    nonlocal counted
+                    with trio.move_on_after(limits.auth_timeout):
+                        while not session.authenticated:
+                            await trio.sleep(0.05)
+                    if not session.authenticated:
+                        log.info("%s did not authenticate within %g s; closing", peer, limits.auth_timeout)
+                        nursery.cancel_scope.cancel()
+                        return
+                    admission.authenticated(ticket)
+                    admission.sessions += 1
+                    counted = True
+
+                nursery.start_soon(watch_authentication)
+                log.info("session with %s started", peer)
+                await session.run()
+                nursery.cancel_scope.cancel()
+            log.info("session with %s ended", peer)
+        finally:
+            if sessions is not None:
+                sessions.left(session)
+            admission.left(ticket)
+            if counted:
+                admission.sessions -= 1
+            await _close(stream)
+    return session
+
+
 async def serve_listeners(
     listeners: List[trio.SocketListener],
     service: JobService,
@@ -116,48 +186,10 @@ async def serve_listeners(
 ) -> None:
     """Accept clients until cancelled, each in a session of its own.  With ``plan_ahead``,
     the initial model is kept planned for clients yet to come."""
-    admission = _Admission(limits)
+    admission = Admission(limits)
 
     async def handle(stream) -> None:
-        peer = peer_name(stream)
-        if admission.sessions >= limits.max_sessions:
-            log.warning("refusing %s: %d sessions are open", peer, admission.sessions)
-            await refuse_busy(stream, peer, config.max_frame_size)
-            return
-        with trio.CancelScope() as scope:
-            ticket = admission.admit(scope)
-            session = PtpSession(stream, service, config, peer)
-            if sessions is not None:
-                sessions.live.add(session)
-            counted = False
-            try:
-                async with trio.open_nursery() as nursery:
-
-                    async def watch_authentication() -> None:
-                        nonlocal counted
-                        with trio.move_on_after(limits.auth_timeout):
-                            while not session.authenticated:
-                                await trio.sleep(0.05)
-                        if not session.authenticated:
-                            log.info("%s did not authenticate within %g s; closing", peer, limits.auth_timeout)
-                            nursery.cancel_scope.cancel()
-                            return
-                        admission.authenticated(ticket)
-                        admission.sessions += 1
-                        counted = True
-
-                    nursery.start_soon(watch_authentication)
-                    log.info("session with %s started", peer)
-                    await session.run()
-                    nursery.cancel_scope.cancel()
-                log.info("session with %s ended", peer)
-            finally:
-                if sessions is not None:
-                    sessions.live.discard(session)
-                admission.left(ticket)
-                if counted:
-                    admission.sessions -= 1
-                await _close(stream)
+        await serve_connection(stream, service, config, limits, admission, sessions)
 
     async with trio.open_nursery() as nursery:
         if plan_ahead:

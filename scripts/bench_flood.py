@@ -11,7 +11,11 @@
   agent's memory is watched (peak RSS); then it reads again and a command is timed.
   Targets: <= 400 MB, the command answered within 5 s.
 
-Usage: scripts/bench_flood.py [--jobs N] [--seconds S] [--stall S] [--runs N]
+The client reaches the service of its state directory through a launch, as every client does
+(the service writes to the client's pipe itself); ``--own-agent`` measures an agent of its own instead (the whole agent in
+the launched process), for comparison.
+
+Usage: scripts/bench_flood.py [--jobs N] [--seconds S] [--stall S] [--runs N] [--own-agent]
 """
 
 from __future__ import annotations
@@ -21,9 +25,13 @@ import os
 import select
 import time
 
-from benchlib import RawAgent, median
+from benchlib import PRIVATE_AGENT, RawAgent, median
 from proxy_agent.protocol.messages import CommandId, EventId
 from proxy_agent.protocol.wire import Frame
+
+
+#: how the agent is started (see --own-agent)
+COMMAND = [("-m", "proxy_agent")]
 
 
 def _rss_mb(pid: int, key: str = "VmRSS:") -> float:
@@ -86,7 +94,7 @@ def _pump(agent: RawAgent, until: float, probes: list, probe_every: float, count
 
 
 def flood(jobs: int, seconds: float) -> dict:
-    agent = RawAgent()
+    agent = RawAgent(command=COMMAND[0])
     try:
         _start(agent, jobs)
         counter = {"bytes": 0}
@@ -96,7 +104,7 @@ def flood(jobs: int, seconds: float) -> dict:
         t0 = time.perf_counter()
         _pump(agent, t0 + seconds, probes, 0.5, counter)
         rate = counter["bytes"] / (time.perf_counter() - t0) / 1e6
-        pids = _job_pids(agent.proc.pid)
+        pids = _job_pids(agent.pid)
         rss = agent.peak_rss_mb()
         t1 = time.perf_counter()
         quit_tid = agent.send(CommandId.QUIT)
@@ -116,14 +124,14 @@ def flood(jobs: int, seconds: float) -> dict:
 
 
 def stall(jobs: int, pause: float) -> dict:
-    agent = RawAgent()
+    agent = RawAgent(command=COMMAND[0])
     try:
         _start(agent, jobs)
         _pump(agent, time.perf_counter() + 2.0, [], 10.0, {"bytes": 0})
         peak = 0.0
         end = time.perf_counter() + pause
         while time.perf_counter() < end:  # not reading at all
-            peak = max(peak, _rss_mb(agent.proc.pid))
+            peak = max(peak, _rss_mb(agent.pid))
             time.sleep(0.2)
         t0 = time.perf_counter()
         probes: list = []
@@ -145,7 +153,10 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--stall", type=float, default=20.0)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--own-agent", action="store_true", help="an agent of its own, not a launch joining a service")
     args = parser.parse_args()
+    if args.own_agent:
+        COMMAND[0] = PRIVATE_AGENT
     floods = [flood(args.jobs, args.seconds) for _ in range(args.runs)]
     print(f"flood: {args.jobs} yes jobs, a client reading as fast as it can, {args.seconds:g} s, {args.runs} runs")
     for r in floods:

@@ -86,7 +86,7 @@ def run_agent(jobs: int) -> dict:
             frames.append(encode_frame(CommandId.SUBMIT_JOB, agent.tid,
                                        [f"jobSubId=bench-{n}", "execPath=/bin/true", "jobNumProcs=1"]))
         cpu0 = agent.cpu_seconds()
-        keeper0 = _keeper_cpu(agent.proc.pid)
+        keeper0 = _keeper_cpu(agent.pid)
         received = 0
         t0 = time.perf_counter()
         agent.send_many(frames)
@@ -107,7 +107,7 @@ def run_agent(jobs: int) -> dict:
                 break
         elapsed = time.perf_counter() - t0
         cpu = agent.cpu_seconds() - cpu0
-        keeper = _keeper_cpu(agent.proc.pid) - keeper0
+        keeper = _keeper_cpu(agent.pid) - keeper0
         return {"seconds": elapsed, "ok": ok, "failed": failed, "rate": jobs / elapsed,
                 "frames": received / jobs, "cpu_ms": cpu / jobs * 1000,
                 "keeper_ms": keeper / jobs * 1000}

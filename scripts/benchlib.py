@@ -21,17 +21,30 @@ from proxy_agent.protocol.messages import CommandId, EventId  # noqa: E402
 from proxy_agent.protocol.wire import Decoder, Frame, encode_frame  # noqa: E402
 
 
-class RawAgent:
-    """An agent subprocess driven over stdio with raw frames."""
+#: How an agent of its own is started (what every launch was before the service of a state
+#: directory: the whole agent in the launched process).
+PRIVATE_AGENT = ["-c", "import sys; from proxy_agent.__main__ import run_private; sys.exit(run_private(sys.argv[1:]))"]
 
-    def __init__(self, agent_args: Sequence[str] = (), env: Optional[dict] = None) -> None:
-        # Its own state directory: one agent per directory, and others may be running.
-        self._state = tempfile.TemporaryDirectory(prefix="bench-agent-")
+
+class RawAgent:
+    """An agent launched over stdio, driven with raw frames.
+
+    It joins (or starts) the service of a state directory of its own, or of ``state_home``
+    when given (``XDG_STATE_HOME``: launches on one share its service); ``command`` replaces
+    ``-m proxy_agent`` (:data:`PRIVATE_AGENT`: an agent of its own).  What is measured of
+    "the agent" (memory, CPU) is the service's, which does the work."""
+
+    def __init__(self, agent_args: Sequence[str] = (), env: Optional[dict] = None,
+                 state_home: Optional[str] = None, command: Sequence[str] = ("-m", "proxy_agent")) -> None:
+        # Its own state directory unless told: one service per directory, and others may run.
+        self._state = tempfile.TemporaryDirectory(prefix="bench-agent-") if state_home is None else None
+        self.state_home = state_home or self._state.name
+        self.state_dir = os.path.join(self.state_home, "proxy-agent")
         env = dict(os.environ if env is None else env)
-        env["XDG_STATE_HOME"] = self._state.name
+        env["XDG_STATE_HOME"] = self.state_home
         self.started = time.perf_counter()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy_agent", "--stdio", *agent_args],
+            [sys.executable, *command, "--stdio", *agent_args],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
@@ -88,8 +101,17 @@ class RawAgent:
         self.complete(self.send(CommandId.INIT, "version=2.0", f"baseId={base_id}"))
         self.complete(self.send(CommandId.MODEL_DEF))
 
+    @property
+    def pid(self) -> int:
+        """The process that serves: the state directory's service (else the launched one)."""
+        from proxy_agent.endpoints import lock_holder
+
+        holder = lock_holder(self.state_dir) or {}
+        pid = holder.get("pid")
+        return pid if isinstance(pid, int) else self.proc.pid
+
     def peak_rss_mb(self) -> float:
-        with open(f"/proc/{self.proc.pid}/status") as status:
+        with open(f"/proc/{self.pid}/status") as status:
             for line in status:
                 if line.startswith("VmHWM:"):
                     return int(line.split()[1]) / 1024
@@ -98,7 +120,7 @@ class RawAgent:
     def cpu_seconds(self, children: bool = False) -> float:
         """CPU time of the agent (user + system); with ``children``, also of the
         child processes it has reaped (e.g. the scheduler commands it ran)."""
-        with open(f"/proc/{self.proc.pid}/stat") as stat:
+        with open(f"/proc/{self.pid}/stat") as stat:
             fields = stat.read().rsplit(")", 1)[1].split()
         ticks = os.sysconf("SC_CLK_TCK")
         used = int(fields[11]) + int(fields[12])
@@ -117,7 +139,16 @@ class RawAgent:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self._state.cleanup()
+        if self._state is not None:
+            stop_service(self.state_dir)
+            self._state.cleanup()
+
+
+def stop_service(state_dir: str) -> None:
+    """Stop the service a benchmark's launches started on ``state_dir`` (it would outlive them)."""
+    from proxy_agent.launch import stop_service as stop
+
+    stop(state_dir, end_jobs=True)
 
 
 def median(values: Sequence[float]) -> float:

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional
 import attrs
 import trio
 
-from agent_fixtures import agent_argv, subprocess_env
+from agent_fixtures import agent_argv, service_pid, subprocess_env
 from proxy_agent.client import AgentClient
 
 
@@ -71,8 +71,10 @@ async def kill_and_adopt(state_dir: str, plan: List[PlannedJob], agent_args: Lis
                          before_kill, timeout: float, between=None, after_submit=None,
                          stop: str = "SIGKILL") -> Dict[str, dict]:
     """Run ``plan`` on one agent, stop it once ``before_kill(client, subs)`` holds (``stop``:
-    ``SIGKILL``, ``SIGTERM``, or ``drop``: its client's connection goes away), let a
-    second agent adopt the jobs, terminate those planned for it, and wait for every end.
+    ``SIGKILL``: the state directory's service crashes; ``SIGTERM``: the launch is stopped;
+    ``drop``: its client's connection goes away), let a second agent adopt the jobs (the
+    service that runs on, or the one the second launch starts), terminate those planned for
+    it, and wait for every end.
     ``after_submit(client, subs)`` runs once the first agent shows every job, ``between()``
     while no agent runs.  Returns, per tag: what each client saw and how
     the job ended."""
@@ -95,6 +97,8 @@ async def kill_and_adopt(state_dir: str, plan: List[PlannedJob], agent_args: Lis
             await trio.sleep(random.uniform(0.05, 0.3))
             if stop == "drop":
                 await first.stream.send_stream.aclose()
+            elif stop == "SIGKILL":
+                os.kill(service_pid(state_dir), signal.SIGKILL)
             else:
                 os.kill(first.process.pid, getattr(signal, stop))
             # what the agent wrote before it died is still read, to the end of its output

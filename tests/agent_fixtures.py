@@ -12,7 +12,7 @@ import sys
 import tempfile
 from collections import deque
 from pathlib import Path
-from typing import Deque, List, Sequence
+from typing import Deque, List, Optional, Sequence
 
 import trio
 
@@ -49,43 +49,161 @@ def console_argv(*args: str) -> List[str]:
     return [sys.executable, "-m", "proxy_agent.console", *args]
 
 
+#: The state homes subprocess_env made, where agents the tests start keep their state (and
+#: where the services they start run: see stop_services).
+STATE_HOMES: List[str] = []
+
+
 def subprocess_env(**extra: str) -> dict:
     """The environment for child processes: this checkout importable, no colour, no pager."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PROXY_AGENT_TOKEN", None)
-    # Every agent a test starts gets a state directory of its own (one agent per directory),
+    # Every agent a test starts gets a state directory of its own (one service per directory),
     # and no configuration file but one a test writes there (never the user's own).
     env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="proxy-agent-test-state-")
+    STATE_HOMES.append(env["XDG_STATE_HOME"])
     env["XDG_CONFIG_HOME"] = env["XDG_STATE_HOME"]
     env.pop("PROXY_AGENT_CONFIG", None)
     env.update(extra)
     return env
 
 
+def services_under(root: str, depth: int = 4) -> List[str]:
+    """The state directories under ``root`` (to ``depth`` levels) held by a running process."""
+    from proxy_agent.endpoints import lock_holder
+
+    found = []
+    for directory, subdirectories, files in os.walk(root):
+        if directory[len(root):].count(os.sep) >= depth:
+            subdirectories[:] = []
+        subdirectories[:] = [d for d in subdirectories if d not in ("local", "jobs")]
+        if "agent.lock" in files and lock_holder(directory) is not None:
+            found.append(directory)
+    return found
+
+
+def stop_services(roots: Sequence[str]) -> None:
+    """Stop the service of every state directory under ``roots``, ending its local jobs (a
+    service outlives the launches that started it: a test must not leave one behind)."""
+    import signal
+
+    from proxy_agent.endpoints import lock_holder
+    from proxy_agent.launch import LaunchError, stop_service
+
+    for root in roots:
+        if not os.path.isdir(root):
+            continue
+        for directory in services_under(str(root)):
+            try:
+                stop_service(directory, end_jobs=True, timeout=15)
+            except LaunchError:
+                pid = (lock_holder(directory) or {}).get("pid")
+                if isinstance(pid, int):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+
+
+def service_pid(state_dir) -> int:
+    """The pid of the service holding a state directory (AssertionError when none does)."""
+    from proxy_agent.endpoints import lock_holder
+
+    holder = lock_holder(str(state_dir))
+    assert holder is not None and isinstance(holder.get("pid"), int), f"no service holds {state_dir}"
+    return holder["pid"]
+
+
+def processes_of(state_dir) -> List[tuple]:
+    """The processes whose command line names a state directory (``--state-dir DIR``), as
+    (pid, whether it is that directory's service: ``proxy-agent service``); a service a launch
+    has just forked may still show the launch's command line for a moment, and a child the
+    service has just forked the service's."""
+    wanted = os.path.abspath(str(state_dir))
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                words = [word.decode(errors="replace") for word in file.read().split(b"\0")]
+        except OSError:
+            continue
+        if "--state-dir" in words:
+            index = words.index("--state-dir")
+            if index + 1 < len(words) and os.path.abspath(words[index + 1]) == wanted and not process_gone(int(entry)):
+                found.append((int(entry), "service" in words[:index]))
+    # a service's own child, forked and not yet executing what it runs, shows its command line
+    services = {pid for pid, service in found if service}
+    return [(pid, service and _parent(pid) not in services) for pid, service in found]
+
+
+def _parent(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            return int(file.read().rpartition(")")[2].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def service_processes(state_dir) -> List[int]:
+    """The pids of the services started for a state directory (``proxy-agent service
+    --state-dir DIR``), whether or not they hold it yet (one may still be starting)."""
+    return [pid for pid, service in processes_of(state_dir) if service]
+
+
+def process_gone(pid: int) -> bool:
+    """Has the process ended (gone, or a zombie waiting for its parent; not while its other
+    threads are still being ended, which hold its files)?"""
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            if file.read().rpartition(")")[2].split()[0] != "Z":
+                return False
+        return len(os.listdir(f"/proc/{pid}/task")) <= 1
+    except OSError:
+        return True
+
+
 def start_up_probe(tmp_path: Path, before: Sequence[str], after: Sequence[str], stdin: bytes = b""):
-    """Run a stdio agent's whole start-up in a child Python, to the end of ``stdin``: the lines
-    ``before`` run first, the agent next, then the lines ``after``, which write what they found
-    to the file named ``OUT``.  Returns (the finished process, with its output as bytes, and
-    the text written to OUT).  The file is used because the agent closes its stdout as it ends."""
+    """Run the service's whole start-up in a child Python, until a stdio launch that sends it
+    ``stdin`` has ended and the service has been stopped: the lines ``before`` run first, the
+    service next, then the lines ``after``, which write what they found to the file named
+    ``OUT``.  Returns (the finished process, its ``stdout`` replaced by what the launch wrote
+    to its stdout, and the text written to OUT).  Files are used because the service points
+    its own stdio elsewhere as it starts."""
     import subprocess
+    import types
 
     out = tmp_path / "loaded"
+    answer = tmp_path / "answer"
+    state = tmp_path / "state"
     probe = "\n".join([
-        "import runpy, sys",
+        "import runpy, sys, threading, subprocess, os, time",
         *before,
-        "sys.argv = ['proxy-agent', '--stdio']",
+        "def launch():",
+        "    while not os.path.exists(os.path.join(STATE, 'agent.sock')):",
+        "        time.sleep(0.01)",
+        "    done = subprocess.run([sys.executable, '-m', 'proxy_agent', '--stdio', '--state-dir', STATE],",
+        "                          input=INPUT, capture_output=True, timeout=60)",
+        "    open(ANSWER, 'wb').write(done.stdout)",
+        "    from proxy_agent.frontends.api.wire import call",
+        "    call(os.path.join(STATE, 'agent.sock'), {'op': 'stop', 'version': 1})",
+        "threading.Thread(target=launch, daemon=True).start()",
+        "sys.argv = ['proxy-agent', 'service', '--state-dir', STATE, '--idle-exit', 'never']",
         "try:",
         "    runpy.run_module('proxy_agent', run_name='__main__')",
         "except SystemExit:",
         "    pass",
         *after,
-    ]).replace("OUT", repr(str(out)))
+    ]).replace("OUT", repr(str(out))).replace("ANSWER", repr(str(answer))).replace("STATE", repr(str(state)))
+    probe = probe.replace("INPUT", repr(stdin))
     env = subprocess_env(XDG_STATE_HOME=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", probe], input=stdin, capture_output=True, env=env, timeout=60)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, env=env, timeout=90)
     assert done.returncode == 0, done.stderr
-    return done, out.read_text()
+    finished = types.SimpleNamespace(returncode=done.returncode, stdout=answer.read_bytes(), stderr=done.stderr)
+    return finished, out.read_text()
 
 
 def free_port() -> int:

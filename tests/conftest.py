@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -44,3 +45,18 @@ _PROFILE = os.environ.get("HYPOTHESIS_PROFILE", "ci")
 if _PROFILE not in ("ci", "explore"):
     raise SystemExit(f"HYPOTHESIS_PROFILE must be 'ci' or 'explore', not {_PROFILE!r}")
 settings.load_profile(_PROFILE)
+
+
+@pytest.fixture(autouse=True)
+def _no_service_left_behind(request):
+    """The services the test's agents started (in the state homes it made, or under its
+    tmp_path) are stopped when it ends: a service outlives the launches that started it."""
+    from agent_fixtures import STATE_HOMES, stop_services
+
+    made = len(STATE_HOMES)
+    yield
+    roots = STATE_HOMES[made:]
+    tmp_path = request.node.funcargs.get("tmp_path") if hasattr(request.node, "funcargs") else None
+    if tmp_path is not None:
+        roots.append(str(tmp_path))
+    stop_services(roots)

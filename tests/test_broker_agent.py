@@ -3,6 +3,8 @@ the protocol, through the Python client and through the console."""
 
 from __future__ import annotations
 
+import os
+
 import re
 import subprocess
 
@@ -162,8 +164,9 @@ async def test_a_user_broker_as_the_agents_default_and_its_prints_stay_off_the_p
         "        return f'{self.argument}: {candidate.waiting} waiting'\n"
     )
     argv = agent_argv(*SIM, "--broker", f"{module}:Emptiest:quietest")
+    env = subprocess_env()
     with trio.fail_after(60):
-        async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
+        async with await AgentClient.spawn(argv, env=env) as client:
             await _start(client, "compat")
             job = await _brokered(client, await client.submit("/bin/true", queue="sim:batch,local:default"))
             assert _label(client.element(job.parent)) == "local:default"
@@ -171,4 +174,7 @@ async def test_a_user_broker_as_the_agents_default_and_its_prints_stay_off_the_p
             assert job.get("brokerReason") == f"{module}:Emptiest:quietest: quietest: 0 waiting"
             assert client.violations == []
             await client.quit()
-        assert "imported" in client.process.stderr_tail(lines=100)
+        # what the module prints goes to the log of the state directory's service
+        log = os.path.join(env["XDG_STATE_HOME"], "proxy-agent", "agent.log")
+        with open(log) as text:
+            assert "imported" in text.read()

@@ -48,7 +48,7 @@ def _normalized(text: str) -> str:
 
 
 @pytest.mark.parametrize("program, help_commands", [
-    (agent_argv(), [[], ["jobs"], ["forget"], ["output"], ["completion"]]),
+    (agent_argv(), [[], ["jobs"], ["forget"], ["output"], ["stop"], ["completion"]]),
     (console_argv(), [[], ["deploy"]]),
 ])
 def test_each_manual_page_says_what_help_says(program, help_commands):
@@ -96,7 +96,7 @@ def test_bash_completes_options_values_commands_and_job_ids(tmp_path):
     assert "complete -o default -F _proxy_agent proxy-agent" in script and "_proxy_console proxy-console" in script
     assert _bash_complete(script, "proxy-agent", "--sch") == ["--scheduler"]
     assert _bash_complete(script, "proxy-agent", "--scheduler", "") == ["local", "sim", "slurm", "sge", "pbs"]
-    assert _bash_complete(script, "proxy-agent", "") == ["jobs", "forget", "output", "completion"]
+    assert _bash_complete(script, "proxy-agent", "") == ["jobs", "forget", "output", "stop", "completion"]
     assert sorted(_bash_complete(script, "proxy-agent", "jobs", "--st")) == ["--state", "--state-dir"]
     assert _bash_complete(script, "proxy-agent", "jobs", "--state", "RUN") == ["RUNNING"]
     assert _bash_complete(script, "proxy-agent", "--on-disconnect", "") == ["terminate", "keep"]
@@ -138,7 +138,7 @@ def test_zsh_completion_loads_and_describes_every_option():
     specs = done.stdout.splitlines()
     assert any(s.startswith("--scheduler[") and s.endswith(":(local sim slurm sge pbs)") for s in specs), specs
     assert any(s.startswith("--state-dir[") and s.endswith(":_files -/") for s in specs)
-    assert "1:command:(jobs forget output completion)" in specs
+    assert "1:command:(jobs forget output stop completion)" in specs
     check = subprocess.run(["zsh", "-n", "-c", console_part], capture_output=True, text=True, timeout=60)
     assert check.returncode == 0, check.stderr
 
@@ -175,6 +175,9 @@ def test_the_configuration_file_sets_defaults_and_the_command_line_wins(tmp_path
     state = tmp_path / "kept-here"
     env = _config(tmp_path, f"[agent]\nscheduler = sim\nstate-dir = {state}\nkeep-ended = 7d\n\n[sim]\nnodes = 5\n")
     assert _nodes(env) == 5  # the scheduler and its option from the file
+    # the directory's service runs as it was started; the next one takes the command line's
+    stopped = _run(agent_argv("stop"), env=env)
+    assert stopped.returncode == 0 and str(state) in stopped.stdout, stopped.stderr
     assert _nodes(env, "--sim-nodes", "7") == 7  # the command line wins
     # the state directory is the file's, for the agent and for the job list
     run = _run(console_argv("-q", "-c", "submit --wait /bin/echo kept", "--spawn", *agent_argv("--scheduler", "local")),
@@ -182,7 +185,7 @@ def test_the_configuration_file_sets_defaults_and_the_command_line_wins(tmp_path
     assert run.returncode == 0, run.stderr
     listed = _run(agent_argv("jobs", "--format", "name,state", "--no-header"), env=env)
     assert listed.stdout.split() == ["echo", "FINISHED"] and (state / "jobs.sqlite").exists()
-    from proxy_agent.__main__ import parse_arguments, _configured
+    from proxy_agent.__main__ import configured as _configured, parse_arguments
 
     old = os.environ.get("XDG_CONFIG_HOME")
     os.environ["XDG_CONFIG_HOME"] = str(tmp_path / "config")
@@ -203,6 +206,7 @@ def test_another_file_or_none_by_the_environment(tmp_path):
     other = tmp_path / "other.ini"
     other.write_text("[sim]\nnodes = 3\n")
     assert _nodes({**env, "PROXY_AGENT_CONFIG": str(other)}, "--scheduler", "sim") == 3
+    assert _run(agent_argv("stop"), env=env).returncode == 0  # the next launch starts the service anew
     assert _nodes({**env, "PROXY_AGENT_CONFIG": ""}, "--scheduler", "sim") == 16  # none: the built-in default
 
 

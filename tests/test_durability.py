@@ -6,7 +6,9 @@ keeper, custodian and the jobs' processes: what losing the machine's power does 
 processes).  Then (after starting a new agent where the agent died) every job that had been
 answered OK must be there and end: FINISHED, having run exactly once, or FAILED with the
 reason; never missing, never run twice.  Each job appends its own tag to one file, which says
-how often it ran.
+how often it ran.  "The agent" is the service of the state directory (the process that holds
+the jobs; the launch only passes its client on); the same holds for the jobs a tool submits
+through the service interface, as the Invoke Server does.
 
 The runs: ``PROXY_AGENT_KILL_RUNS`` (default 20, the victims in turn); each run is bounded,
 and so is the whole.
@@ -25,9 +27,12 @@ import pytest
 import trio
 
 from adoption_support import spawn_agent, start
+from agent_fixtures import service_pid
 from proxy_agent.client import AgentClient
 from proxy_agent.client.connection import job_attributes
+from proxy_agent.frontends.api.client import ServiceClient, ServiceGone
 from proxy_agent.protocol.messages import CommandId, Ok
+from proxy_agent.service.jobs import JobSpec, ServiceError
 
 BURST = 200
 RUNS = int(os.environ.get("PROXY_AGENT_KILL_RUNS", "20"))
@@ -126,7 +131,9 @@ async def one_run(base: Path, number: int, victim: str) -> dict:
         if victim in ("keeper", "both"):
             os.kill(pids["keeper"], signal.SIGKILL)
         if victim in ("agent", "both", "power"):
-            os.kill(first.process.pid, signal.SIGKILL)
+            os.kill(service_pid(state), signal.SIGKILL)  # the process that holds the jobs
+        if victim == "power":
+            os.kill(first.process.pid, signal.SIGKILL)  # the launch goes with the power too
         if victim == "power":
             assert custodian_session is not None
             kill_session(custodian_session)
@@ -168,4 +175,77 @@ async def test_an_acknowledged_job_is_never_lost_whatever_is_killed(tmp_path):
     print("\n".join(json.dumps(r) for r in results))
     # every victim was tried, and the kills fell in the burst (some jobs were accepted)
     assert {r["victim"] for r in results} == set(VICTIMS[:RUNS])
+    assert all(r["acknowledged"] >= 1 for r in results)
+
+
+async def _interface_run(base: Path, number: int, victim: str) -> dict:
+    """As :func:`one_run`, for jobs a tool submits through the service interface (as the
+    Invoke Server does): a key in the answer is the acknowledgement."""
+    state = base / f"tool-state-{number}"
+    ran = base / f"tool-ran-{number}"
+    kill_after = random.randint(1, BURST - 1)
+    acknowledged: Dict[str, int] = {}
+
+    async def submit(tool: ServiceClient, tag: str) -> None:
+        try:
+            acknowledged[tag] = await tool.submit(JobSpec("/bin/sh", ("-c", f'echo {tag} >> "{ran}"'), client_ref=tag))
+        except (ServiceError, ServiceGone):
+            pass  # refused, or the service died first: not acknowledged
+
+    async with ServiceClient.open(str(state), options=["--scheduler", "local"]) as tool:
+        async with trio.open_nursery() as nursery:
+            for i in range(BURST):
+                nursery.start_soon(submit, tool, f"t{number}-{i}")
+            await wait_until(lambda: len(acknowledged) >= kill_after, 60, "keys before the kill")
+            await trio.sleep(random.uniform(0, 0.02))
+            pids = keeper_pids(state)
+            custodian_session = session_of(pids["custodian"]) if pids.get("custodian") else None
+            if victim == "both":
+                os.kill(pids["keeper"], signal.SIGKILL)
+            os.kill(service_pid(state), signal.SIGKILL)
+            if victim == "power":
+                assert custodian_session is not None
+                kill_session(custodian_session)
+    async with ServiceClient.open(str(state), options=["--scheduler", "local"]) as tool:
+        final = {"FINISHED", "FAILED", "KILLED", "DELETED"}
+
+        async def rows() -> Dict[int, dict]:
+            return {row["key"]: row for row in await tool.jobs()}
+
+        with trio.fail_after(60):
+            while True:
+                known = await rows()
+                if all(known.get(key, {}).get("state") in final for key in acknowledged.values()):
+                    break
+                await trio.sleep(0.1)
+    counts: Dict[str, int] = {}
+    if ran.exists():
+        for tag in ran.read_text().split():
+            counts[tag] = counts.get(tag, 0) + 1
+    assert not {tag: n for tag, n in counts.items() if n > 1}, f"{victim}: jobs that ran more than once"
+    outcome: dict = {"FINISHED": 0, "FAILED": 0, "reasons": set()}
+    for tag, key in acknowledged.items():
+        row = known[key]
+        assert row["client_ref"] == tag, (victim, tag, row)
+        if row["state"] == "FINISHED":
+            assert counts.get(tag) == 1, f"{victim}: {tag} FINISHED but ran {counts.get(tag, 0)} times"
+        else:
+            assert row["state"] == "FAILED" and row.get("message"), (victim, tag, row)
+            outcome["reasons"].add(row["message"])
+        outcome[row["state"]] += 1
+    outcome["reasons"] = sorted(outcome["reasons"])
+    return {"victim": victim, "acknowledged": len(acknowledged), **outcome}
+
+
+@pytest.mark.skipif(RUNS < 1, reason="PROXY_AGENT_KILL_RUNS is 0")
+async def test_a_job_the_service_interface_acknowledged_is_never_lost(tmp_path):
+    """The service answers a tool's submission (the Invoke Server's) only once the job is
+    recorded too: killing the service, with its keeper or with everything, loses none."""
+    victims = ("agent", "both", "power")
+    results = []
+    with trio.fail_after(RUN_BOUND * len(victims)):
+        for number, victim in enumerate(victims):
+            with trio.fail_after(RUN_BOUND):
+                results.append(await _interface_run(tmp_path, number, victim))
+    print("\n".join(json.dumps(r) for r in results))
     assert all(r["acknowledged"] >= 1 for r in results)

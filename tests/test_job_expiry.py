@@ -15,6 +15,7 @@ import trio
 
 from adoption_support import spawn_agent, start
 from agent_fixtures import agent_argv, subprocess_env
+from proxy_agent.launch import stop_service
 from proxy_agent.schedulers.local import LocalBackend
 from proxy_agent.service import history
 from proxy_agent.service.jobs import JobSpec
@@ -69,6 +70,8 @@ async def test_clients_see_recent_ended_jobs_and_old_ones_are_forgotten(tmp_path
             assert set(await trio.to_thread.run_sync(lambda: _rows(state))) == {"two-days", "an-hour"}
             assert os.path.exists(history.job_directory(state, 101))  # still listed: still kept
             await client.quit()
+        # the directory's service keeps the options it was started with: the next one takes these
+        await trio.to_thread.run_sync(lambda: stop_service(state))
         async with await spawn_agent(state, "--show-ended", "3d", "--keep-ended", "never") as client:
             await start(client)
             assert await _names_in_the_model(client) == {"two-days", "an-hour"}

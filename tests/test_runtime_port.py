@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import trio
 
-from agent_fixtures import agent_argv, free_port, subprocess_env
+from agent_fixtures import agent_argv, free_port, service_pid, subprocess_env
 from proxy_agent.__main__ import parse_arguments, runtime_settings
 from proxy_agent.client import AgentClient
 from proxy_agent.protocol.messages import CommandId
@@ -78,14 +78,15 @@ async def test_unauthenticated_peers_cost_bounded_memory_and_never_lock_out_loca
     waiter = tmp_path / "waiter.py"
     waiter.write_text(WAITER)
     argv = agent_argv("--scheduler", "local", "--runtime-tcp", f"127.0.0.1:{port}")
+    env = subprocess_env()
     with trio.fail_after(120):
-        async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
+        async with await AgentClient.spawn(argv, env=env) as client:
             await _start(client)
             first = await client.cosubmit(_parts(str(waiter), 1))  # starts the runtime server
             await _runtime_listening(port)
             await client.wait_for(lambda: client.job(first).get("jobStatus") == "FINISHED", 60,
                                   description="a first multi-part job")
-            pid = client.process.pid
+            pid = service_pid(os.path.join(env["XDG_STATE_HOME"], "proxy-agent"))  # the runtime port's process
             before = rss_kib(pid)
 
             # one request of 24 MiB, and twenty held half-way, all without a secret

@@ -40,12 +40,15 @@ def sshd():
 
 @pytest.fixture(scope="module")
 def remote_pyz(sshd):
-    """The single file, copied with scp into both test users' home directories."""
+    """The single file, copied with scp into both test users' home directories; the services
+    its launches start there (in the users' default state directories) are stopped at the end."""
     pyz = str(built_pyz())
     for user in (sshd.user, sshd.banner_user):
         result = subprocess.run(sshd.ide_scp(pyz, user, "proxy-agent.pyz"), capture_output=True, text=True, timeout=60)
         assert result.returncode == 0, result.stderr
-    return "./proxy-agent.pyz"
+    yield "./proxy-agent.pyz"
+    for user in (sshd.user, sshd.banner_user):
+        subprocess.run(sshd.ide_ssh(user, "./proxy-agent.pyz stop --end-jobs"), capture_output=True, timeout=60)
 
 
 @lru_cache(maxsize=None)

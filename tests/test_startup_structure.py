@@ -122,3 +122,36 @@ def test_the_names_that_moved_are_the_same_objects_under_their_old_names():
         assert getattr(broker, name) is getattr(brokering, name)
     with pytest.raises(AttributeError):
         messages.NoSuchEvent  # noqa: B018
+
+
+def test_a_launch_that_joins_a_running_service_loads_only_the_standard_library_and_the_relay(tmp_path):
+    """What ``proxy-agent --stdio`` loads to relay a client to the service of its state
+    directory: the launch's own modules, none of the agent (no trio, no attrs, no protocol)."""
+    state = tmp_path / "state"
+    env = subprocess_env()
+    started = subprocess.run([sys.executable, "-m", "proxy_agent", "--state-dir", str(state)], input=b"", env=env,
+                             capture_output=True, timeout=60)
+    assert started.returncode == 0, started.stderr  # the service now runs, and stays
+    out = tmp_path / "loaded"
+    probe = "\n".join([
+        "import runpy, sys",
+        f"sys.argv = ['proxy-agent', '--stdio', '--state-dir', {str(state)!r}]",
+        "try:",
+        "    runpy.run_module('proxy_agent', run_name='__main__')",
+        "except SystemExit:",
+        "    pass",
+        "ours = sorted(m for m in sys.modules if m.startswith('proxy_agent'))",
+        "outside = sorted(m for m in ('trio', 'attrs', 'sqlite3', 'argparse', 'subprocess', 'threading')",
+        "                 if m in sys.modules)",
+        f"open({str(out)!r}, 'w').write(repr((ours, outside)))",
+    ])
+    init = encode_frame(int(CommandId.INIT), 1, ["version=2.0", "baseId=100"])
+    done = subprocess.run([sys.executable, "-c", probe], input=init, capture_output=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    decoder = Decoder()
+    decoder.feed(done.stdout)
+    assert [(frame.msg_id, frame.tid) for frame in decoder] == [(0, 1)]  # the service's OK for INIT
+    ours, outside = eval(out.read_text())
+    assert ours == ["proxy_agent", "proxy_agent.endpoints", "proxy_agent.frontends", "proxy_agent.frontends.api",
+                    "proxy_agent.frontends.api.wire", "proxy_agent.launch"]
+    assert outside == []

@@ -1,6 +1,7 @@
-"""The agent's state directory end to end: one agent per directory, a damaged store or an
-unusable directory told to the client in one MESSAGE while the agent serves on, and the job
-list for people (``proxy-agent jobs`` / ``forget``) beside a running agent."""
+"""The agent's state directory end to end: one service per directory, which a second launch
+joins, a damaged store or an unusable directory told to the client in one MESSAGE while the
+agent serves on, and the job list for people (``proxy-agent jobs`` / ``forget``) beside a
+running agent."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import trio
 from proxy_agent.schedulers.keeper import JOURNAL, read_journal
 
 from adoption_support import spawn_agent, start
-from agent_fixtures import subprocess_env
+from agent_fixtures import BackgroundAgent, service_pid, subprocess_env
+from proxy_agent.client import AgentClient
 
 
 def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
@@ -28,18 +30,25 @@ async def _runs_a_job(client) -> None:
     assert client.job_process(done, 0).text() == "still serving\n"
 
 
-async def test_a_second_agent_on_the_same_state_dir_names_the_holder_and_exits_2(tmp_path):
+async def test_a_second_launch_on_the_same_state_dir_joins_the_service_of_the_first(tmp_path):
     state = str(tmp_path / "state")
-    with trio.fail_after(30):
+    path = str(tmp_path / "s")
+    with trio.fail_after(60):
         async with await spawn_agent(state) as first:
             await start(first)
-            result = await trio.to_thread.run_sync(lambda: _run("--state-dir", state, "--unix", str(tmp_path / "s")))
-            assert result.returncode == 2
-            line = result.stderr.strip()
-            assert "\n" not in line and "Traceback" not in line
-            assert f"in use by proxy-agent process {first.process.pid}" in line
-            assert f"proxy-console --unix {state}/agent.sock" in line
-            # the first one is not disturbed
+            service = service_pid(state)
+            job = await first.submit("/bin/echo", ["first"], jobName="first")
+            await first.wait_job_state(job, "COMPLETED", 20)
+            async with BackgroundAgent("--state-dir", state, "--unix", path, env=subprocess_env()):
+                async with await AgentClient.connect_unix(path) as second:
+                    await start(second)
+                    seen = await second.wait_for(lambda: second.state.jobs_by_sub.get(first.job(job).sub_id), 20,
+                                                 description="the first launch's job")
+                    assert seen.name == "first"
+                    await _runs_a_job(second)
+                    await second.quit()
+            assert service_pid(state) == service
+            # the first is not disturbed
             await _runs_a_job(first)
             await first.quit()
 

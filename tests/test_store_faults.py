@@ -1,12 +1,16 @@
 """A job store that cannot be read, or cannot be written now, never stops the agent.
 
 * Unreadable (damaged, truncated, a newer agent's, a symbolic link, a directory, in a path
-  through a file): the agent serves, says so in one MESSAGE to every client, moves a damaged
-  file aside once (never deleting it, never following a link), and keeps new jobs in a new
-  store.  ``proxy-agent jobs`` on it prints one line.
+  through a file): the agent serves, says so in one MESSAGE to every client (those of
+  launches that join its service later too), moves a damaged file aside once (never deleting
+  it, never following a link), and keeps new jobs in a new store.  ``proxy-agent jobs`` on it
+  prints one line.
 * Sound but not writable now (a full disk): kept where it is, not moved aside; the agent
-  adopts its jobs, serves, says so, refuses new jobs (they could not be recorded), retries,
-  and writes what it owes once there is room.
+  adopts its jobs, serves, says so (to clients that join later too, while it lasts), refuses
+  new jobs (they could not be recorded), retries, and writes what it owes once there is room.
+
+"The agent" is the service of the state directory, which the first launch starts; a second
+agent is the service started after the first one was stopped.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import trio
 
 from adoption_support import spawn_agent, start
 from agent_fixtures import subprocess_env
+from proxy_agent.launch import stop_service
 from disk_support import fill, small_disk
 from proxy_agent.client import CommandFailed
 from proxy_agent.service.jobs import JobSpec
@@ -113,6 +118,14 @@ async def test_a_store_that_cannot_be_read_never_stops_the_agent(tmp_path, kind)
                 else:
                     assert texts == []
                 await client.quit()
+            if start_number == 1:
+                # a launch that joins the agent later is told the same, once
+                async with await spawn_agent(str(state)) as later:
+                    await start(later)
+                    await later.wait_for(lambda: later.messages, 10, description="the store's MESSAGE")
+                    assert [m.text for m in later.messages] == texts
+                    await later.quit()
+                assert stop_service(str(state)) is not None
     copies = [p for p in state.glob("jobs.sqlite.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
     assert len(copies) == 1, copies
     if kind == "symbolic link":
@@ -165,6 +178,7 @@ async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_
                                                       first.state.jobs_by_sub[sub].get("jobState") == "RUNNING"),
                                              30, description="a running job")
                     await first.quit()
+                assert stop_service(str(state)) is not None  # the agent leaves; its jobs run on
                 assert not (state / "jobs.sqlite-wal").exists()  # closed cleanly: nothing but the file
                 filler = fill(disk)
 
@@ -186,6 +200,12 @@ async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_
                     texts = [m.text for m in second.messages]
                     assert len(texts) == 1 and "cannot be written now" in texts[0], texts
                     assert "new jobs are refused" in texts[0]
+                    # a launch that joins the agent meanwhile is told so too
+                    async with await spawn_agent(str(state)) as joining:
+                        await start(joining)
+                        await joining.wait_for(lambda: joining.messages, 10, description="the store's MESSAGE")
+                        assert [m.text for m in joining.messages] == texts
+                        await joining.quit()
                     with pytest.raises(Exception, match="disk is full|no space left"):
                         await second.submit("/bin/echo", ["not recorded, so not run"])
                     await second.terminate(jobs[subs[0]])  # a change the store owes
@@ -209,10 +229,17 @@ async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_
                         await second.wait_job_state(jobs[sub], "COMPLETED", 30)
                     assert second.violations == []
                     await second.quit()
+                # one that joins now hears nothing of it: the store is written again
+                async with await spawn_agent(str(state)) as after:
+                    await start(after)
+                    await after.submit("/bin/true", [])
+                    assert [m.text for m in after.messages] == []
+                    await after.quit()
             assert not list(state.glob("jobs.sqlite.damaged-*"))
         finally:
             if filler is not None and filler.exists():
                 filler.unlink()
+            stop_service(str(state), end_jobs=True)  # before the disk goes
 
 
 async def test_a_read_only_store_is_kept_its_writes_owed_and_written_once_it_can_be(tmp_path):
@@ -261,3 +288,31 @@ async def test_a_read_only_store_is_kept_its_writes_owed_and_written_once_it_can
             nursery.cancel_scope.cancel()
     finally:
         subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+
+
+async def test_forgetting_through_the_service_on_a_store_it_cannot_write_is_one_line(tmp_path):
+    """``proxy-agent forget`` asks the running service, which may hold a store it cannot write
+    now (an immutable file here): one line saying so, nothing forgotten; ``jobs`` still lists."""
+    state = tmp_path / "state"
+    state.mkdir()
+    path = a_store_with_jobs(state, 3)
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("this file system cannot make a file immutable (chattr +i)")
+    try:
+        with trio.fail_after(60):
+            async with await spawn_agent(str(state)) as client:
+                await start(client)
+                await client.wait_for(lambda: client.messages, 10, description="the store's MESSAGE")
+                assert "cannot be written now" in client.messages[0].text
+                done = subprocess.run([sys.executable, "-m", "proxy_agent", "forget", "1", "--state-dir", str(state)],
+                                      capture_output=True, text=True, timeout=60, env=subprocess_env(),
+                                      stdin=subprocess.DEVNULL)
+                assert done.returncode != 0 and done.stdout == "", done
+                assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr
+                assert "cannot be written now" in done.stderr and "nothing was forgotten" in done.stderr, done.stderr
+                listed = jobs_command(state, "--json")
+                assert listed.returncode == 0 and len(listed.stdout.splitlines()) == 3, listed
+                await client.quit()
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
+        stop_service(str(state))

@@ -162,9 +162,9 @@ def main():
         from proxy_agent.console import main as console_main
 
         return console_main(args[1:])
-    from proxy_agent.__main__ import main as agent_main
+    from proxy_agent.launch import entry
 
-    return agent_main(args)
+    return entry(args)
 
 
 if __name__ == "__main__":

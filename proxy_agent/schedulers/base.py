@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import importlib
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Type
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple, Type
 
 import attrs
 import trio
@@ -67,6 +67,9 @@ class Backend(abc.ABC):
     #: them, or nobody), "queue" (each queue has its own ``totalSlots``) or "shared" (the queues
     #: draw on the same slots); see :mod:`proxy_agent.service.figures`
     queue_load: ClassVar[Optional[str]] = None
+    #: its jobs are processes of this host in the agent's care: ``--on-disconnect terminate``
+    #: ends those a client submitted when that client goes
+    jobs_are_local: ClassVar[bool] = False
 
     def __init__(self, model: ServiceModel, options: Any = None, context: Optional[BackendContext] = None) -> None:
         self.model = model
@@ -125,6 +128,15 @@ class Backend(abc.ABC):
     def job_extra(self, job: int) -> Dict[str, Any]:
         """What the backend needs, beside the job description, to adopt the job later
         (output file paths, say); kept in the store."""
+        return {}
+
+    def active_jobs(self) -> int:
+        """How many of its jobs are running in the agent's care (an idle service waits for
+        them before it leaves); a batch scheduler's jobs are its scheduler's, not counted."""
+        return 0
+
+    def output_files(self, job: int) -> Dict[Tuple[int, str], str]:
+        """Where the backend keeps a job's output, if it does: (rank, stream) -> file."""
         return {}
 
     def native_id(self, job: int) -> Optional[str]:

@@ -217,6 +217,7 @@ class LocalBackend(Backend):
     summary = "programs run directly on this machine as local processes"
     #: the queue's slots are this host's CPUs; the service counts its waiting and running jobs
     queue_load = "queue"
+    jobs_are_local = True
 
     def __init__(self, model: ServiceModel, options: Optional[LocalOptions] = None,
                  context: Optional[BackendContext] = None) -> None:
@@ -266,9 +267,10 @@ class LocalBackend(Backend):
             help="seconds between SIGTERM and SIGKILL when a local job is terminated (default: %(default)s)",
         )
         group.add_argument(
-            "--on-disconnect", choices=["terminate", "keep"], default="terminate",
-            help="when the agent ends (its only client went away, or a signal): end its running local jobs, "
-            "or keep them running for the next agent on the same state directory (default: %(default)s)",
+            "--on-disconnect", choices=["terminate", "keep"], default=None,
+            help="when this launch's client goes away (--stdio, --connect), or the launch ends (--listen, --unix): "
+            "end the local jobs submitted through it, or keep them running; they stay jobs of the state "
+            "directory's service either way (default: terminate, and keep for --listen and --unix)",
         )
 
     @classmethod
@@ -276,7 +278,7 @@ class LocalBackend(Backend):
         grace = getattr(args, "local_kill_grace", 2.0)
         if not grace >= 0 or grace > 3600:
             raise ValueError(f"--local-kill-grace must be between 0 and 3600 seconds, got {grace:g}")
-        return LocalOptions(kill_grace=grace, on_disconnect=getattr(args, "on_disconnect", "terminate"))
+        return LocalOptions(kill_grace=grace, on_disconnect=getattr(args, "on_disconnect", None) or "terminate")
 
     @classmethod
     def default_options(cls) -> LocalOptions:
@@ -575,6 +577,25 @@ class LocalBackend(Backend):
             for index, pid in enumerate(record.pids):
                 while not record.reported[index] and not _stopped_or_exited(pid):
                     await trio.sleep(0.001)
+
+    def active_jobs(self) -> int:
+        return sum(1 for job in self._jobs.values() if not job.done)
+
+    def output_files(self, job: int) -> Dict[Tuple[int, str], str]:
+        """The keeper's files of the job (kept until the job is forgotten)."""
+        if self._directory is None or self._temporary:
+            return {}
+        directory = os.path.join(self._directory, "jobs", str(job))
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            return {}
+        files = {}
+        for name in names:
+            rank, _, suffix = name.partition(".")
+            if rank.isdigit() and suffix in ("out", "err"):
+                files[(int(rank), "stdout" if suffix == "out" else "stderr")] = os.path.join(directory, name)
+        return files
 
     async def move(self, job: int, queue: int) -> None:
         raise JobError(

@@ -341,6 +341,8 @@ class ServiceModel:
         #: job key -> the rank its next process gets
         self._next_ranks: Dict[int, int] = {}
         self._room = None  # a trio.Event while backends wait for room for output
+        #: job key -> sinks that hear that job's output whoever else listens (see watch_output)
+        self._job_watchers: Dict[int, List[ChangeSink]] = {}
         #: bumped on every mutation: equal versions mean an unchanged model
         self.version = 0
         #: keys handed out in creation order stay ascending unless a caller chose keys
@@ -446,6 +448,31 @@ class ServiceModel:
             pass
         self._readers = [s for s in self._sinks if s.takes_output]
         self.room_made()
+
+    def watch_output(self, job: int, sink: ChangeSink) -> None:
+        """``sink`` hears the output of job ``job`` (as :meth:`ChangeSink.output`), besides the
+        subscribers: a watcher of single jobs is no subscriber, so output is still kept for
+        the next one while none listens, and it holds no job back."""
+        watchers = self._job_watchers.setdefault(job, [])
+        if sink not in watchers:
+            watchers.append(sink)
+
+    def backlog_of(self, job: int) -> List[Tuple[int, str, str, Optional[int]]]:
+        """The output of ``job`` kept while nobody listened: (process, stream, text, offset),
+        in order; it stays kept for the next subscriber."""
+        backlog = self._backlog.get(job)
+        return list(backlog.lines) if backlog is not None else []
+
+    def unwatch_output(self, job: int, sink: ChangeSink) -> None:
+        watchers = self._job_watchers.get(job)
+        if watchers is None:
+            return
+        try:
+            watchers.remove(sink)
+        except ValueError:
+            pass
+        if not watchers:
+            del self._job_watchers[job]
 
     # ------------------------------------------------------------------ output flow
 
@@ -707,12 +734,35 @@ class ServiceModel:
         element = self.find(process, Kind.PROCESS)
         for recorder in self._output_recorders:
             recorder.output(element, stream, text, offset)
+        if self._job_watchers:
+            for sink in self._job_watchers.get(element.parent, ()):
+                sink.output(element, stream, text, offset)
         readers = self._readers
         if readers:
             for sink in readers:
                 sink.output(element, stream, text, offset)
             self._notify()
             return
+        self._keep(element, process, stream, text, offset)
+
+    def keep_output(self, lines: Iterable[Tuple[int, str, str, Optional[int]]], dropped: Mapping[int, int]) -> None:
+        """Output a subscriber held and never passed on to its client, which has gone:
+        (process, stream, text, offset) in order, and lines it had given up per process.  It
+        is kept for the next subscriber as output written while nobody listened is, unless a
+        subscriber listens now (it has had those lines)."""
+        if self._readers:
+            return
+        for process, stream, text, offset in lines:
+            element = self._elements.get(process)
+            if element is not None and element.kind is Kind.PROCESS:
+                self._keep(element, process, stream, text, offset)
+        for process, count in dropped.items():
+            element = self._elements.get(process)
+            if element is not None and element.kind is Kind.PROCESS:
+                backlog = self._backlog.setdefault(element.parent, OutputBacklog())
+                backlog.dropped[process] = backlog.dropped.get(process, 0) + count
+
+    def _keep(self, element: Element, process: int, stream: str, text: str, offset: Optional[int]) -> None:
         backlog = self._backlog.get(element.parent)
         if backlog is None:
             backlog = self._backlog[element.parent] = OutputBacklog()

@@ -130,7 +130,10 @@ class JobService:
         self._by_name: Dict[str, Backend] = {}
         #: backends that could not start: name -> why
         self.failures: Dict[str, str] = {}
+        #: set when every backend added so far has started (or failed to); a backend added
+        #: while the service runs makes a new one (see :meth:`start_backend`)
         self.ready = trio.Event()
+        self._starting = 0
         self._listeners: List[Notice] = []
         #: notices every client is told when it starts listening: (level, text)
         self.standing: List[Tuple[str, str]] = []
@@ -187,6 +190,32 @@ class JobService:
         self._by_name[backend.name] = backend
         self.brokering.track(backend.name, backend.queue_load)
 
+    def start_backend(self, backend: Backend) -> None:
+        """Add a backend to a service that may be running already: it starts at once, and
+        :attr:`ready` waits for it (sessions that began before keep the event they had)."""
+        self.add_backend(backend)
+        if self._nursery is None:
+            return  # started with the others by run()
+        self._starting += 1
+        if self.ready.is_set():
+            self.ready = trio.Event()
+        self._nursery.start_soon(self._run_backend, backend, self._one_started)
+
+    def remove_failed_backend(self, name: str) -> None:
+        """Forget a backend that failed to start, so that it can be added again."""
+        backend = self._by_name.get(name)
+        if backend is None or name not in self.failures:
+            return
+        self.backends.remove(backend)
+        del self._by_name[name]
+        del self.failures[name]
+
+    def _one_started(self) -> None:
+        self._starting -= 1
+        if self._starting <= 0:
+            self._starting = 0
+            self.ready.set()
+
     def backend(self, name: str) -> Backend:
         try:
             return self._by_name[name]
@@ -231,19 +260,13 @@ class JobService:
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
-                pending = [len(self.backends)]
-
-                def one_done() -> None:
-                    pending[0] -= 1
-                    if pending[0] <= 0:
-                        self.ready.set()
-
+                self._starting = len(self.backends)
                 if not self.backends:
                     self.ready.set()
                 if self.coalloc is not None:
                     await nursery.start(self.coalloc.run)
                 for backend in self.backends:
-                    nursery.start_soon(self._run_backend, backend, one_done)
+                    nursery.start_soon(self._run_backend, backend, self._one_started)
                 if self.store is not None:
                     nursery.start_soon(self._flush_store)
                     nursery.start_soon(self._tidy)
@@ -340,6 +363,10 @@ class JobService:
         while True:
             await trio.sleep(_STORE_FLUSH)
             self._write_store()
+
+    def flush_store(self) -> None:
+        """Write the state changes noted so far to the store now (for a reader of the store)."""
+        self._write_store()
 
     def _write_store(self) -> None:
         if self.history is not None:
@@ -557,13 +584,19 @@ class JobService:
             seen.setdefault(info.name, info)
         return list(seen.values())
 
-    def running_backends(self) -> List[Backend]:
-        return [b for b in self.backends if b.name not in self.failures]
+    def running_backends(self, prefer: Sequence[str] = ()) -> List[Backend]:
+        """The backends that run, those named in ``prefer`` first (in that order)."""
+        running = [b for b in self.backends if b.name not in self.failures]
+        if not prefer:
+            return running
+        first = [b for name in prefer for b in running if b.name == name]
+        return first + [b for b in running if b not in first]
 
     # ------------------------------------------------------------------ routing
 
-    def queue_key(self, queue: Union[int, str]) -> int:
-        """The key of a queue given by key, ``NAME`` or ``BACKEND:NAME``."""
+    def queue_key(self, queue: Union[int, str], prefer: Sequence[str] = ()) -> int:
+        """The key of a queue given by key, ``NAME`` or ``BACKEND:NAME`` (a bare name is looked
+        for in the backends of ``prefer`` first, then in the others in the order they came)."""
         model = self.model
         if isinstance(queue, int):
             try:
@@ -580,7 +613,7 @@ class JobService:
                 if element.owner == backend.name and model.attr(key, K.NAME) == name:
                     return key
             raise ServiceError(self._no_queue(text), ErrorKind.NO_SUCH_QUEUE)
-        for backend in self.running_backends():
+        for backend in self.running_backends(prefer):
             for key in model.keys(Kind.QUEUE):
                 if model.get(key).owner == backend.name and model.attr(key, K.NAME) == text:
                     return key
@@ -595,30 +628,32 @@ class JobService:
         element = self.model.get(key)
         return f"{element.owner}:{self.model.attr(key, K.NAME) or key}"
 
-    def default_queue(self) -> Tuple[Backend, int]:
-        for backend in self.running_backends():
+    def default_queue(self, prefer: Sequence[str] = ()) -> Tuple[Backend, int]:
+        """The default queue of the first running backend (of ``prefer``'s first, if any)."""
+        for backend in self.running_backends(prefer):
             queue = backend.default_queue()
             if queue is not None:
                 return backend, queue
         raise SubmitError("no scheduler has a queue to submit to", ErrorKind.UNAVAILABLE)
 
-    def route(self, spec: JobSpec) -> Placement:
+    def route(self, spec: JobSpec, prefer: Sequence[str] = ()) -> Placement:
         """Where a submission goes: unpacks as ``(backend, queue)``.
 
         One queue named: that one.  Several, or none while a broker is chosen (the
         submission's or the agent's default): a broker picks among them, or among every queue
         of every running backend (without a broker, ``Null``: the first that can run the
         job); the placement then carries the broker's decision.  None and no broker: the
-        first backend's default queue.
+        first backend's default queue.  ``prefer`` names the backends whose queues a bare
+        queue name and the default queue are looked for in first (the submitter's own).
         """
         if spec.queue is not None and spec.queue != "":
-            return Placement(*self._owner_of(self.queue_key(spec.queue)))
+            return Placement(*self._owner_of(self.queue_key(spec.queue, prefer)))
         broker = spec.broker or self.brokering.default
         if not spec.candidates and not broker:
-            return Placement(*self.default_queue())
+            return Placement(*self.default_queue(prefer))
         running = [b.name for b in self.running_backends()]
         if spec.candidates:
-            queues = [self.queue_key(name) for name in spec.candidates]
+            queues = [self.queue_key(name, prefer) for name in spec.candidates]
         else:
             queues = self.brokering.all_queues(running)
         unusable = {key: "its scheduler is not running" for key in queues if self.model.get(key).owner not in running}
@@ -646,8 +681,13 @@ class JobService:
 
     # ------------------------------------------------------------------ requests
 
-    async def submit(self, spec: JobSpec) -> int:
+    async def submit(self, spec: JobSpec, prefer: Sequence[str] = (),
+                     on_key: Optional[Callable[[int], None]] = None) -> int:
         """Submit a job; returns its key once it is in the model.
+
+        ``prefer``: see :meth:`route`.  ``on_key`` is called with the job's key as soon as it
+        has one, before its scheduler is asked (a fast job's output may come before this
+        returns; a watcher set up then misses none of it).
 
         With a store, the submission is written (committed) before the scheduler is called,
         and completed with the scheduler's own id after; a refused one is removed again.
@@ -661,9 +701,11 @@ class JobService:
             if self.coalloc is None:
                 raise SubmitError("this agent does not run multi-part jobs", ErrorKind.NOT_SUPPORTED)
             return await self.coalloc.submit(spec)
-        placement = self.route(spec)
+        placement = self.route(spec, prefer)
         backend, queue = placement.backend, placement.queue
         key = self.model.new_keys(1)[0]
+        if on_key is not None:
+            on_key(key)
         store = self.store
         if store is not None:
             store.note_submission(key, backend.name, self.queue_label(queue), spec)

@@ -41,6 +41,8 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set,
 
 import attrs
 
+from ..endpoints import default_state_dir, holder_of
+from ..endpoints import read_lock_holder as _read_holder
 from .jobs import JobSpec
 
 log = logging.getLogger("proxy_agent.service.store")
@@ -126,11 +128,6 @@ class StateDirInUse(StoreError):
         self.holder = holder
 
 
-def default_state_dir() -> str:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return os.path.join(base, "proxy-agent")
-
-
 # --------------------------------------------------------------------------- the lock
 
 
@@ -180,33 +177,6 @@ class StateLock:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-
-
-def _read_holder(fd: int) -> Dict[str, Any]:
-    try:
-        data = os.pread(fd, 4096, 0)
-        value = json.loads(data.decode() or "{}")
-        return value if isinstance(value, dict) else {}
-    except (OSError, ValueError):
-        return {}
-
-
-def holder_of(directory: str) -> Dict[str, Any]:
-    """What the agent holding ``directory`` wrote about itself ({} if none holds it)."""
-    path = os.path.join(directory, "agent.lock")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return {}
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            return _read_holder(fd)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        return {}
-    finally:
-        os.close(fd)
 
 
 # --------------------------------------------------------------------------- specs as JSON

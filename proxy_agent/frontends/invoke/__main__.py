@@ -1,9 +1,9 @@
 """Command line of the Invoke Server: ``proxy-invoke-server`` / ``python -m proxy_agent.invoke``.
 
 A grid RPC client starts it with ``-l LOGFILE`` at most; the other options are for people
-and wrapper scripts.  The jobs are the agent's: the server is a client of the agent that
-serves the state directory (``--state-dir``, the agent's default), and starts one there
-when none does (see ``agent.py``).  stdout and stderr carry the protocol and nothing else: logs go to the
+and wrapper scripts.  The jobs are the agent's: the server is a client of the service of the
+state directory (``--state-dir``, the agent's default), and starts it when none runs (see
+``agent.py``).  stdout and stderr carry the protocol and nothing else: logs go to the
 log file or nowhere, and the process's own descriptors 0, 1 and 2 are pointed at /dev/null
 once the protocol has taken its copies, so no library or child process can write into the
 protocol by accident.
@@ -53,15 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--state-dir",
         metavar="DIR",
-        help="the state directory of the agent whose jobs these are (default: the agent's, "
-        "$XDG_STATE_HOME/proxy-agent); an agent is started there if none serves it",
+        help="the state directory whose service runs these jobs (default: the agent's, "
+        "$XDG_STATE_HOME/proxy-agent); the service is started if none runs",
     )
     parser.add_argument(
         "--agent-option",
         action="append",
         default=[],
         metavar="OPTION",
-        help="an option for the agent this server starts when none runs (repeat for several; "
+        help="an agent option the service is given, as a launch's (repeat for several; "
         "e.g. --agent-option=--scheduler=local,slurm)",
     )
     parser.add_argument("-l", dest="log_file", metavar="LOGFILE", help="write the log here (otherwise there is none)")
@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--scheduler",
         choices=list(BACKENDS),
-        help="scheduler for jobs whose request names none (default: the agent's first); an agent "
-        "started by this server runs it",
+        help="scheduler for jobs whose request names none (default: the service's first); the "
+        "service is given it (added if it lacks it)",
     )
     parser.add_argument("--queue", metavar="QUEUE[,QUEUE...]", help="queue, or candidate queues, for jobs that name none")
     parser.add_argument("--broker", metavar="NAME", help="broker for jobs that name none")

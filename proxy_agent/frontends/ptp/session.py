@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import hmac
 import logging
-import os
 from collections import deque
-from typing import Deque, Iterator, Optional, Tuple, Union
+from typing import Deque, Iterator, List, Optional, Tuple, Union
 
 import attrs
 import trio
@@ -46,6 +45,7 @@ from ...protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, FrameError, encode
 from ...service.jobs import ErrorKind, JobError, ServiceError, SubmitError
 from ...service.model import Kind, UnknownElement
 from ...service.service import JobService, describe
+from ...transport import write_now
 from . import mapping
 from .view import NATIVE_RULES, STALL_SECONDS, ModelView, RenderRules, prepare_snapshot
 
@@ -73,6 +73,8 @@ CLOSE_SOFT = 2.0
 #: ...within this long in all, unless the client takes nothing at all; the connection is
 #: then closed wherever the writing stands.
 CLOSE_BOUND = 5.0
+#: How often a session that ends tries again to write to a client that has no room.
+_CLOSING_RETRY = 0.05
 
 _LEVELS = {"ERROR": MessageLevel.ERROR, "WARNING": MessageLevel.WARNING, "INFO": MessageLevel.INFO}
 
@@ -82,6 +84,13 @@ class PtpConfig:
     max_frame_size: int = DEFAULT_MAX_FRAME_SIZE
     #: shared secret the client must send as INIT attribute token=... (None: not required)
     token: Optional[str] = None
+    #: schedulers whose queues this client's submissions prefer, in order (the launch's
+    #: ``--scheduler``): a submission that names no queue goes to the first one's default
+    prefer: Tuple[str, ...] = ()
+    #: the working directory of jobs that name none (the launching process's), else the service's
+    working_dir: Optional[str] = None
+    #: told to this client alone when its events start, as (level, text)
+    notices: Tuple[Tuple[str, str], ...] = ()
 
 
 class PtpSession:
@@ -122,6 +131,10 @@ class PtpSession:
         self._sending_since: Optional[float] = None
         #: the client has not taken anything for STALL_SECONDS
         self._stalled = False
+        #: the backends this session waits for: those of the service when it began
+        self._ready = service.ready
+        #: keys of the jobs this client submitted (what ``--on-disconnect terminate`` ends)
+        self.submitted: List[int] = []
 
     # ------------------------------------------------------------------ output
 
@@ -286,11 +299,18 @@ class PtpSession:
             if self._closing_since is None:
                 await stream.wait_send_all_might_not_block()
             else:
-                with trio.move_on_after(max(0.0, self._closing_since + CLOSE_BOUND - trio.current_time())):
+                # A socket says it has room only once much of its buffer is free (a quarter of
+                # it, for a Unix socket), while a write goes through as soon as there is any:
+                # while the session ends, a write is tried every _CLOSING_RETRY, so that it goes
+                # on at the pace the client reads (through a launch's relay, say).
+                left = self._closing_since + CLOSE_BOUND - trio.current_time()
+                with trio.move_on_after(max(0.0, min(_CLOSING_RETRY, left))) as waited:
                     await stream.wait_send_all_might_not_block()
                 if self._past(CLOSE_BOUND):
                     log.warning("%s took nothing for %g s; closing the connection", self.peer, CLOSE_BOUND)
                     raise trio.ClosedResourceError("the client does not read")
+                if waited.cancelled_caught:
+                    continue  # no room said yet: a write is tried again
             written = write_now(stream, view[sent:target])
             if written:
                 sent += written
@@ -505,18 +525,18 @@ class PtpSession:
     async def _prepare_snapshot(self) -> None:
         """Between INIT and START_EVENTS: the initial model is planned while the model is
         quiet, so that START_EVENTS has only to render it for this client."""
-        await self.service.ready.wait()
+        await self._ready.wait()
         if self.service.failure is None:
             await prepare_snapshot(self.service.model, lambda: self.rules,
                                    lambda: not self._snapshot_started and not self._closing,
                                    base=lambda: self.view.plan_base() if self.view is not None else None)
 
     async def _service_ready(self, command: Command, transaction: Optional[Transaction] = None) -> bool:
-        if self.service.ready.is_set():
+        if self._ready.is_set():
             # a session that is ending takes no new request; no pass through the scheduler
             await trio.lowlevel.checkpoint_if_cancelled()
         else:
-            await self.service.ready.wait()
+            await self._ready.wait()
         failure = self.service.failure
         if failure is not None:
             self.emit(Error(command.tid, ErrorCode.SCHEDULER, failure), transaction)
@@ -525,7 +545,7 @@ class PtpSession:
 
     def _default_queue_id(self) -> Optional[str]:
         try:
-            _, queue = self.service.default_queue()
+            _, queue = self.service.default_queue(self.config.prefer)
         except ServiceError:
             return None
         assert self.view is not None
@@ -556,7 +576,7 @@ class PtpSession:
             self._ahead.append(self.view.subscribe_chunks(tid, early))
             self._snapshot_started = True
             self._remove_listener = self.service.add_listener(self._notice)
-            for level, text in self.service.standing:
+            for level, text in (*self.service.standing, *self.config.notices):
                 self._notice(level, text)
             log.debug("initial model queued: %d elements", len(self.service.model))
         elif self.view is not None and not self._stalled:
@@ -634,13 +654,16 @@ class PtpSession:
         try:
             if cid is CommandId.SUBMIT_JOB:
                 spec = mapping.job_spec(attrs_, self._queue_ref, self._job_key)
+                if spec.working_dir is None and self.config.working_dir is not None:
+                    spec = attrs.evolve(spec, working_dir=self.config.working_dir)
                 view = self.view
                 sub_id = spec.client_ref or ""
                 # The job is held back from this client (nothing else is) until the OK is queued.
                 view.expect_submission(sub_id)
                 job: Optional[int] = None
                 try:
-                    job = await service.submit(spec)
+                    job = await service.submit(spec, self.config.prefer)
+                    self.submitted.append(job)
                     log.info("submitted %s as job %d", spec.client_ref, job)  # the job's id, as every tool names it
                     self.emit(Ok(tid), transaction)
                 finally:
@@ -834,18 +857,3 @@ def _frame_end(data: bytes, upto: int) -> int:
             return min(end, len(data))
         position = end
     return len(data)
-
-
-def write_now(stream: trio.abc.Stream, data: bytes) -> int:
-    """Write as much of ``data`` as the stream takes without waiting, and without letting
-    another task run first (``send_all`` checkpoints before it writes); 0 when the stream
-    cannot do that or the write fails (``send_all`` then writes, or says why it cannot)."""
-    send_now = getattr(stream, "send_now", None)
-    if send_now is not None:
-        return send_now(data)
-    if not isinstance(stream, trio.SocketStream):
-        return 0
-    try:
-        return os.write(stream.socket.fileno(), data)
-    except OSError:
-        return 0

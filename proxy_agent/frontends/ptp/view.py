@@ -1384,6 +1384,28 @@ class ModelView(ChangeSink):
         if self.subscribed:
             self.model.unsubscribe(self)
             self.subscribed = False
+            if self._output or self._output_dropped:
+                # Output held for this client and never sent (it left, or quit): kept for the
+                # next client, as output written while nobody listened is.
+                self.model.keep_output(self._held_lines(), self._output_dropped)
+                self._output, self._output_bytes, self._output_dropped = {}, {}, {}
+                self.held_output = 0
+
+    def _held_lines(self) -> List[Tuple[int, str, str, Optional[int]]]:
+        """The held output as (process, stream, text, offset); the last block of each stream
+        carries where it ends in the backend's file (when it keeps one)."""
+        lines: List[Tuple[int, str, str, Optional[int]]] = []
+        last: Dict[Tuple[int, str], int] = {}
+        for process, blocks in self._output.items():
+            for key, text in blocks:
+                stream = "stdout" if key == "processStdout" else "stderr"
+                last[(process, stream)] = len(lines)
+                lines.append((process, stream, text, None))
+        for (process, stream), index in last.items():
+            offset = self._held_offsets.get((process, stream))
+            if offset is not None:
+                lines[index] = (process, stream, lines[index][2], offset)
+        return lines
 
     def _known(self, element: Element) -> bool:
         """Has the client been told of this element (and not of its removal)?"""

@@ -1,0 +1,1002 @@
+"""The service of one state directory: the background process every launch joins.
+
+``proxy-agent service --state-dir DIR [--idle-exit SECONDS|never]`` is what the first launch on
+a state directory starts (:mod:`.launch`), in a session of its own, with its stdio on
+``/dev/null`` and its log in ``DIR/agent.log``; a person may also run it in the foreground.  It
+holds the directory's lock (so exactly one runs per directory), keeps the job store, runs the
+backends, and serves ``DIR/agent.sock``:
+
+* a connection whose first byte is ``{`` speaks the service interface
+  (:mod:`.frontends.api`): the Invoke Server, ``proxy-agent jobs``/``forget``/``output``, and
+  the launching processes themselves;
+* anything else is a PTP session (the console, any PTP client on this host).
+
+**Launches.**  A launching process (``proxy-agent --stdio``, ``--connect``, ``--listen``,
+``--unix``...) opens one connection that stays open as long as it runs (its *anchor*), sending
+``launch`` with its command line: the service reads it as the agent's own command line (a
+mistake is refused with the one line the launch prints), adds the schedulers it lacks with
+the launch's options for them, and notes which of the launch's options it cannot apply (a
+scheduler that runs already with another value, another runtime address...): the launch's
+clients are told so in one MESSAGE.  This makes the launch a *door*: each of its clients'
+connections then opens with ``session`` naming the door, and is a PTP session with the
+door's settings (token, authentication deadline, preferred schedulers, working directory).
+The request passes the client's output along (its pipe or socket, ``output: handed``): the
+session writes to it directly, as an agent of its own would, and reads what the client sends
+from the connection, which the launch relays; the connection closes when the session ends.
+The door ends when its anchor closes: with ``--on-disconnect terminate`` the local jobs its
+clients submitted end then, and the anchor is closed only after they have.  ``farewell`` on
+the anchor (the launch received a signal) ends the door's sessions the way the service's own
+end does.
+
+**Leaving.**  With no connection and no running local job for ``--idle-exit`` seconds
+(default 600), or on ``stop``, SIGTERM, SIGINT or SIGHUP, the service stops accepting, tells
+every PTP client why (MESSAGE, SHUTDOWN: each stream ends with whole frames within the
+session's bound), ends the local jobs of doors that asked for it, tells each launch its door
+was closed, and leaves; the other jobs go on (local ones under their keeper, batch ones in
+their scheduler) and the next service adopts them.  A service whose socket file was removed
+or replaced leaves too (no launch can reach it any more).  A signal while the service starts
+ends it at once, with exit status 0 and its socket file removed.
+"""
+
+from __future__ import annotations
+
+import array
+import contextvars
+import copy
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
+
+import attrs
+import trio
+
+from .launch import EXIT_IN_USE, READY_MARK, Signals, Stopped
+from .__main__ import (
+    DEFAULT_IDLE_EXIT,
+    CommandLineError,
+    StateDir,
+    build_parser,
+    check_arguments,
+    given_options,
+    idle_exit_seconds,
+    parse_arguments,
+    runtime_settings,
+)
+from .endpoints import bind_unix_listener
+from .frontends.api.server import ApiSession, Handover, service_facts
+from .frontends.api.wire import DOOR_CLOSED, FIRST_BYTE, VERSION, LineReader, encode, socket_path
+from .frontends.ptp import PtpConfig, PtpSession, keep_snapshot_planned
+from .frontends.ptp.session import CLOSE_BOUND
+from .schedulers.base import backend_class
+from .server import Admission, ServerLimits, Sessions, serve_connection
+from .transport import SplitStream
+from .service.coalloc.manager import CoallocManager
+from .service.jobs import ErrorKind, ServiceError
+from .service.model import K, Kind
+from .service.service import JobService
+from .service.store import StateDirInUse
+
+__all__ = ["Daemon", "EXIT_IN_USE", "LOG_NAME", "main"]
+
+log = logging.getLogger("proxy_agent.daemon")
+
+#: The service's log in the state directory, and where it goes once it is this large.
+LOG_NAME = "agent.log"
+LOG_LIMIT = 8 << 20
+#: How long a new connection may take to say what it speaks.
+_FIRST_BYTES_BOUND = 10.0
+#: How long the local jobs of a door that ends may take to end.
+_END_JOBS_BOUND = 10.0
+#: How often the service looks whether it is idle, and whether its socket is still its own.
+_SOCKET_CHECK = 2.0
+#: File descriptors a request may carry (a launch's log).
+_MAX_FDS = 2
+
+#: Options that are the service's, one value for all: set by the first launch; a later
+#: launch giving another value is told it was not applied.
+SERVICE_OPTIONS = ("broker", "broker_config", "runtime_socket", "runtime_tcp", "runtime_advertise", "idle_exit",
+                   "keep_ended", "show_ended")
+#: Options that belong to each backend beside its own (``--all-users``).
+BACKEND_COMMON = ["all_users"]
+#: Options given as paths, resolved against the launch's working directory.
+_PATH_OPTIONS = ("broker_config", "runtime_socket")
+
+#: The log route of the task that logs (a launch's ``-v``/``--log-file``), see :class:`_Routes`.
+_ROUTE: contextvars.ContextVar[Optional["_LogRoute"]] = contextvars.ContextVar("proxy_agent_log_route", default=None)
+
+_FORMAT = "%(asctime)s proxy-agent[%(process)d] %(levelname)s %(name)s: %(message)s"
+
+
+# --------------------------------------------------------------------------- logging
+
+
+class _LogRoute:
+    """Where one launch wants the log of its sessions: a descriptor it passed (its stderr or
+    its ``--log-file``), and the least level it wants."""
+
+    def __init__(self, fd: int, level: int) -> None:
+        self.fd = fd
+        self.level = level
+        self.dropped = 0
+        try:
+            os.set_blocking(fd, False)  # a launch whose stderr nobody reads must not stop the service
+        except OSError:
+            pass
+
+    def write(self, line: str) -> None:
+        if self.fd < 0:
+            return
+        data = (line + "\n").encode("utf-8", "replace")
+        if self.dropped:
+            data = f"... {self.dropped} lines of the log were dropped (nobody read them)\n".encode() + data
+        try:
+            os.write(self.fd, data)
+            self.dropped = 0
+        except BlockingIOError:
+            self.dropped += 1
+        except OSError:
+            self.close()
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
+
+
+class _Routes(logging.Handler):
+    """Sends each record logged in a launch's tasks to that launch's route as well, and each
+    record the service logs for no launch in particular (its schedulers, say) to every route:
+    a launch's log shows what an agent of its own would have logged."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.setFormatter(logging.Formatter(_FORMAT))
+        self.live: Set[_LogRoute] = set()
+        self.base_level = logging.INFO
+
+    def emit(self, record: logging.LogRecord) -> None:
+        route = _ROUTE.get()
+        routes = self.live if route is None else (route,)
+        text = None
+        for each in routes:
+            if record.levelno < each.level:
+                continue
+            try:
+                if text is None:
+                    text = self.format(record)
+                each.write(text)
+            except Exception:  # noqa: BLE001 - logging must never fail the service
+                pass
+
+    def add(self, route: _LogRoute) -> None:
+        self.live.add(route)
+        self._level()
+
+    def remove(self, route: _LogRoute) -> None:
+        self.live.discard(route)
+        route.close()
+        self._level()
+
+    def _level(self) -> None:
+        levels = [self.base_level] + [route.level for route in self.live]
+        logging.getLogger().setLevel(min(levels))
+
+
+class _ServiceLog(logging.Handler):
+    """The service's own log file (mode 0600), moved to ``agent.log.1`` once it is large."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(logging.INFO)
+        self.path = path
+        self.setFormatter(logging.Formatter(_FORMAT))
+        self.fd = self._open()
+
+    def _open(self) -> int:
+        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            os.write(self.fd, (self.format(record) + "\n").encode("utf-8", "replace"))
+            if os.fstat(self.fd).st_size > LOG_LIMIT:
+                os.replace(self.path, self.path + ".1")
+                old, self.fd = self.fd, self._open()
+                os.dup2(self.fd, 2)
+                os.close(old)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+# --------------------------------------------------------------------------- streams
+
+
+class PrefixedStream(trio.abc.HalfCloseableStream):
+    """A socket stream whose first bytes were read already (to see what it speaks)."""
+
+    def __init__(self, stream: trio.SocketStream, prefix: bytes) -> None:
+        self._stream = stream
+        self._prefix = prefix
+        self.socket = stream.socket
+
+    async def receive_some(self, max_bytes=None) -> bytes:
+        if self._prefix:
+            size = len(self._prefix) if max_bytes is None else max_bytes
+            data, self._prefix = self._prefix[:size], self._prefix[size:]
+            await trio.lowlevel.checkpoint()
+            return data
+        return await self._stream.receive_some(max_bytes)
+
+    async def send_all(self, data) -> None:
+        await self._stream.send_all(data)
+
+    def send_now(self, data) -> int:
+        """Write what the socket takes now, without waiting (0 if it takes nothing)."""
+        try:
+            return os.write(self.socket.fileno(), data)
+        except OSError:
+            return 0
+
+    async def wait_send_all_might_not_block(self) -> None:
+        await self._stream.wait_send_all_might_not_block()
+
+    async def send_eof(self) -> None:
+        await self._stream.send_eof()
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+async def _first_bytes(stream: trio.SocketStream) -> Tuple[bytes, List[int]]:
+    """The connection's first bytes, with the descriptors that came with them."""
+    fds: List[int] = []
+    data, ancdata, _, _ = await stream.socket.recvmsg(1 << 16, socket.CMSG_SPACE(_MAX_FDS * 4))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            numbers = array.array("i")
+            numbers.frombytes(payload[: len(payload) - len(payload) % numbers.itemsize])
+            fds.extend(numbers)
+    return data, fds
+
+
+# --------------------------------------------------------------------------- launches
+
+
+@attrs.define(eq=False)
+class Door:
+    """A launch's front door: its settings, its clients' sessions, the jobs they submitted."""
+
+    ident: str
+    #: ``terminate`` or ``keep``: what becomes of the local jobs of its clients when it ends
+    policy: str
+    config: PtpConfig
+    limits: ServerLimits
+    peer: str
+    admission: Admission = attrs.field(default=None)
+    sessions: Sessions = attrs.field(factory=lambda: Sessions(keep_jobs=True))
+    route: Optional[_LogRoute] = None
+    #: the launch is ending (a signal): its sessions are told so, and no new one starts
+    ending: bool = False
+    #: the launch's anchor connection
+    anchor: Optional[ApiSession] = None
+
+    def __attrs_post_init__(self) -> None:
+        if self.admission is None:
+            self.admission = Admission(self.limits)
+
+    def jobs(self) -> Set[int]:
+        return self.sessions.jobs()
+
+
+@attrs.frozen
+class _Applied:
+    """What became of a launch's options: the schedulers it prefers, and a line naming those
+    not applied and why (None: all were)."""
+
+    prefer: Tuple[str, ...]
+    note: Optional[str]
+
+
+class Daemon:
+    """The service of one state directory (see the module documentation)."""
+
+    def __init__(self, state: StateDir, listener: socket.socket, idle_exit: Optional[float],
+                 routes: Optional[_Routes] = None, signals: Optional[Signals] = None) -> None:
+        self.state = state
+        self.signals = signals
+        self.path = socket_path(state.directory)
+        self._listener = listener
+        self._socket_id = _file_id(self.path)
+        self.idle_exit = idle_exit
+        self.routes = routes or _Routes()
+        self.service = JobService(store=state.store)
+        CoallocManager(self.service, runtime_settings(parse_arguments([]), [], state))
+        self.sessions = Sessions()
+        self.admission = Admission(ServerLimits())
+        self.doors: Dict[str, Door] = {}
+        self._door_numbers = itertools.count(1)
+        #: live connections of any kind
+        self.clients = 0
+        self._stop = trio.Event()
+        self._stop_reason = ""
+        self._end_every_job = False
+        #: the values of the service-wide options (set by the first launch), dest -> value
+        self._service_values: Optional[Dict[str, Any]] = None
+        #: backend name -> the values of its options it was started with
+        self._backend_values: Dict[str, Dict[str, Any]] = {}
+        self._flags: Dict[str, str] = {}
+        self._nursery: Optional[trio.Nursery] = None
+        self._planning = False
+        if state.problem:
+            self.service.tell_every_client("WARNING", state.problem)
+
+    # ------------------------------------------------------------------ running
+
+    async def run(self) -> None:
+        listener = trio.SocketListener(trio.socket.from_stdlib_socket(self._listener))
+        log.info("serving %s (process %d)", self.path, os.getpid())
+        if self.signals is not None:
+            # a signal, from now on (or one noted since start-up), stops the service the usual way
+            token = trio.lowlevel.current_trio_token()
+            self.signals.to_function(lambda number: token.run_sync_soon(self._signalled, number))
+            self.signals.handed_on(self.path)  # removed as the service stops (_remove_socket)
+        async with trio.open_nursery() as nursery:
+            if self.signals is None:
+                nursery.start_soon(self._watch_signals)
+            await nursery.start(self.service.run)
+            self._nursery = nursery
+            accepting = trio.CancelScope()
+            nursery.start_soon(self._accept, listener, accepting, nursery)
+            nursery.start_soon(self._watch_idle)
+            nursery.start_soon(self._watch_socket)
+            await self._stop.wait()
+            log.info("stopping: %s", self._stop_reason)
+            accepting.cancel()
+            self._remove_socket()
+            with trio.CancelScope(shield=True):
+                await self._farewell(self._stop_reason)
+                doors = list(self.doors.values())
+                jobs: Set[int] = set()
+                for door in doors:
+                    if door.policy == "terminate":
+                        jobs.update(door.jobs())
+                if self._end_every_job:
+                    jobs.update(self._local_jobs())
+                await self._end_local_jobs(jobs)
+                # each launch is told its door was closed, not lost (as when the service dies)
+                anchors = [door.anchor for door in doors if door.anchor is not None]
+                for anchor in anchors:
+                    anchor.send({"event": DOOR_CLOSED})
+                with trio.move_on_after(1.0):
+                    for anchor in anchors:
+                        await anchor.drained()
+            nursery.cancel_scope.cancel()
+
+    async def _accept(self, listener: trio.SocketListener, scope: trio.CancelScope, nursery: trio.Nursery) -> None:
+        # connections are served in the service's nursery: they outlive the end of accepting
+        with scope:
+            await trio.serve_listeners(self._handle, [listener], handler_nursery=nursery)
+
+    def stop(self, reason: str, *, end_every_job: bool = False) -> None:
+        if not self._stop.is_set():
+            self._stop_reason = reason
+            self._end_every_job = end_every_job
+            self._stop.set()
+
+    async def _watch_signals(self) -> None:
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
+            async for signum in signals:
+                self._signalled(signum)
+                return
+
+    def _signalled(self, signum: int) -> None:
+        self.stop(f"the agent's service received {signal.Signals(signum).name} and is shutting down")
+
+    async def _watch_idle(self) -> None:
+        if self.idle_exit is None:
+            return
+        check = min(1.0, max(0.05, self.idle_exit / 4))
+        quiet_since: Optional[float] = None
+        while True:
+            await trio.sleep(check)
+            busy = self.clients > 0 or any(backend.active_jobs() for backend in self.service.backends)
+            now = trio.current_time()
+            if busy:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = now
+            if quiet_since is not None and now - quiet_since >= self.idle_exit:
+                self.stop(f"no client and no running local job for {self.idle_exit:g} s")
+                return
+
+    async def _watch_socket(self) -> None:
+        while True:
+            await trio.sleep(_SOCKET_CHECK)
+            if _file_id(self.path) != self._socket_id:
+                self._socket_id = None  # not ours to remove any more
+                self.stop(f"its socket {self.path} was removed or replaced")
+                return
+
+    def _remove_socket(self) -> None:
+        if self._socket_id is not None and _file_id(self.path) == self._socket_id:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        self._socket_id = None
+
+    async def _farewell(self, text: str) -> None:
+        groups = [self.sessions, *(door.sessions for door in self.doors.values())]
+        sessions = [session for group in groups for session in group.live]
+        for session in sessions:
+            session.farewell(text)
+        # each ends its stream with whole frames and SHUTDOWN within its bound
+        with trio.move_on_after(CLOSE_BOUND + 0.5):
+            for session in sessions:
+                await session.written()
+
+    # ------------------------------------------------------------------ connections
+
+    async def _handle(self, stream: trio.SocketStream) -> None:
+        self.clients += 1
+        fds: List[int] = []
+        try:
+            first = b""
+            with trio.move_on_after(_FIRST_BYTES_BOUND) as waited:
+                try:
+                    first, fds = await _first_bytes(stream)
+                except OSError:
+                    return
+            if waited.cancelled_caught:
+                log.info("a connection said nothing within %g s; closed", _FIRST_BYTES_BOUND)
+            if not first:
+                return
+            if first[:1] == FIRST_BYTE:
+                await self._serve_api(stream, first, fds)
+            else:
+                await serve_connection(PrefixedStream(stream, first), self.service, PtpConfig(),
+                                       self.admission.limits, self.admission, self.sessions, "local client")
+        except Exception:  # noqa: BLE001 - one connection's trouble must not end the service
+            log.exception("internal error serving a connection")
+        finally:
+            self.clients -= 1
+            for fd in fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            with trio.move_on_after(0.5) as scope:
+                scope.shield = True
+                try:
+                    await stream.aclose()
+                except Exception:  # noqa: BLE001
+                    pass
+
+    async def _serve_api(self, stream: trio.SocketStream, first: bytes, fds: List[int]) -> None:
+        reader = LineReader()
+        try:
+            messages = reader.feed(first)
+        except ValueError as exc:
+            log.warning("a local tool sent %s; closed", exc)
+            with trio.move_on_after(1.0):
+                try:
+                    await stream.send_all(encode({"event": "error", "message": f"the service closes this "
+                                                                                 f"connection: {exc}"}))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+            return
+        api = ApiSession(stream, self.service, state_dir=self.state.directory, ops=self._ops(fds),
+                         options=self._hello_options, peer="local tool")
+        api.door = None  # type: ignore[attr-defined]
+        handover = await api.run(reader, messages)
+        door: Optional[Door] = getattr(api, "door", None)
+        if handover is not None:
+            taken, rest = handover
+            await taken.run(stream, rest)
+        if door is not None:
+            await self._end_door(door)
+            # the launch tells a service that ended its door from one that died
+            with trio.move_on_after(1.0):
+                try:
+                    await stream.send_all(encode({"event": DOOR_CLOSED}))
+                except (trio.BrokenResourceError, trio.ClosedResourceError):
+                    pass
+
+    def _ops(self, fds: List[int]):
+        async def launch(api: ApiSession, message: Dict[str, Any]) -> Dict[str, Any]:
+            door = await self._launch(message, fds)
+            door.anchor = api
+            api.door = door  # type: ignore[attr-defined]
+            if door.route is not None:
+                _ROUTE.set(door.route)
+            return {"door": door.ident, "service": service_facts(self.service),
+                    "not_applied": door.config.notices[0][1] if door.config.notices else None}
+
+        async def session(api: ApiSession, message: Dict[str, Any]) -> Handover:
+            door = self.doors.get(str(message.get("door")))
+            if door is None:
+                raise ServiceError("no such launch (it has ended)", ErrorKind.BAD_REQUEST)
+            peer = str(message.get("peer") or door.peer)
+            out_fd = None
+            if message.get("output") == "handed":
+                # The client's own output (its pipe or socket): the session writes to it
+                # directly, as an agent of its own would, while the launch passes the
+                # client's input on over this connection.
+                if not fds:
+                    raise ServiceError("the client's output was to come with the request", ErrorKind.BAD_REQUEST)
+                out_fd = fds.pop(0)  # the session's from now on (closed with its stream)
+            return Handover(lambda stream, rest: self._serve_session(door, stream, rest, peer, out_fd))
+
+        async def farewell(api: ApiSession, message: Dict[str, Any]) -> Dict[str, Any]:
+            door = getattr(api, "door", None) or self.doors.get(str(message.get("door")))
+            if door is None:
+                raise ServiceError("no such launch (it has ended)", ErrorKind.BAD_REQUEST)
+            text = str(message.get("text") or "the agent is shutting down")
+            log.info("%s: %s", door.peer, text)
+            door.ending = True  # a session of it that has yet to start is not served
+            await door.sessions.farewell(text)
+            for live in list(door.sessions.live):
+                with trio.move_on_after(0.5) as scope:
+                    scope.shield = True
+                    await live.stream.aclose()  # its client is told; the session ends
+            return {}
+
+        async def stop(api: ApiSession, message: Dict[str, Any]) -> Dict[str, Any]:
+            every = message.get("jobs") == "terminate"
+            self.stop("the agent's service was asked to stop" + (" with its jobs" if every else ""),
+                      end_every_job=every)
+            return {"pid": os.getpid()}
+
+        return {"launch": launch, "session": session, "farewell": farewell, "stop": stop}
+
+    async def _serve_session(self, door: Door, stream: trio.SocketStream, rest: bytes, peer: str,
+                             out_fd: Optional[int] = None) -> None:
+        if door.route is not None:
+            _ROUTE.set(door.route)
+        if door.ending:
+            log.info("%s: the launch is ending; %s is not served", door.peer, peer)
+            if out_fd is not None:
+                os.close(out_fd)
+            return
+        client: trio.abc.HalfCloseableStream = PrefixedStream(stream, rest)
+        if out_fd is not None:
+            client = SplitStream(client, out_fd)
+        await serve_connection(client, self.service, door.config, door.limits, door.admission, door.sessions, peer)
+
+    # ------------------------------------------------------------------ launches
+
+    async def _launch(self, message: Dict[str, Any], fds: List[int]) -> Door:
+        argv = message.get("argv")
+        if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
+            raise ServiceError("argv must be a list of texts", ErrorKind.BAD_REQUEST)
+        cwd = message.get("cwd") if isinstance(message.get("cwd"), str) else None
+        args, applied = self._apply(argv, cwd)
+        transport = str(message.get("transport") or "stdio")
+        policy = getattr(args, "on_disconnect", None) or ("keep" if transport in ("listen", "unix") else "terminate")
+        token = message.get("token") if transport == "listen" else None
+        notices: Tuple[Tuple[str, str], ...] = ()
+        if applied.note:
+            notices = (("WARNING", applied.note),)
+        config = PtpConfig(token=token if isinstance(token, str) else None, prefer=applied.prefer,
+                           working_dir=cwd, notices=notices)
+        ident = f"{next(self._door_numbers)}"
+        peer = str(message.get("peer") or f"{transport} launch {ident}")
+        door = Door(ident, policy, config, ServerLimits(auth_timeout=args.auth_timeout), peer)
+        if fds:
+            # The launch's log (its stderr, or --log-file) hears what its clients' sessions log,
+            # as an agent of its own would have written it there.
+            verbose = max(args.verbose or 0, args.debug or 0, 1 if args.log_file else 0)
+            level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
+            door.route = _LogRoute(os.dup(fds[0]), level)
+            self.routes.add(door.route)
+        self.doors[ident] = door
+        log.info("%s joined (process %s, schedulers %s, on disconnect: %s)", peer, message.get("pid", "?"),
+                 ",".join(applied.prefer), policy)
+        if applied.note:
+            log.warning("%s: %s", peer, applied.note)
+        return door
+
+    async def _end_door(self, door: Door) -> None:
+        self.doors.pop(door.ident, None)
+        if door.route is not None:
+            # first of all: nothing of the launch's (its stderr, an ssh channel) stays open here
+            self.routes.remove(door.route)
+            door.route = None
+        with trio.CancelScope(shield=True):
+            if door.policy == "terminate":
+                await self._end_local_jobs(door.jobs())
+        log.info("%s ended", door.peer)
+
+    async def _hello_options(self, argv: Sequence[str], cwd: Optional[str]) -> Dict[str, Any]:
+        if not isinstance(cwd, str):
+            cwd = None
+        _, applied = self._apply(list(argv), cwd)
+        return {"prefer": applied.prefer, "not_applied": applied.note}
+
+    def _apply(self, argv: List[str], cwd: Optional[str]):
+        """Read a launch's command line and bring the service to it: the schedulers it lacks
+        are added; what it cannot apply is named.  ServiceError (BAD_REQUEST) with the line to
+        show for a command line that cannot be used."""
+        try:
+            args, names, given = read_launch(argv)
+        except (CommandLineError, ValueError) as exc:
+            text = str(exc)
+            raise ServiceError(text if text.startswith("proxy-agent") else f"proxy-agent: {text}",
+                               ErrorKind.BAD_REQUEST) from None
+        for dest in _PATH_OPTIONS:
+            value = getattr(args, dest, None)
+            if value and cwd and not os.path.isabs(value):
+                value = os.path.join(cwd, value)
+                setattr(args, dest, value)
+                if dest in given:
+                    given[dest] = value
+        notes: List[str] = []
+        try:
+            self._apply_service_options(args, given, notes)
+            added = self._apply_backends(args, names, given, notes)
+        except ValueError as exc:
+            raise ServiceError(f"proxy-agent: {exc}", ErrorKind.BAD_REQUEST) from None
+        if added:
+            self._update_runtime()
+            if not self._planning and self._nursery is not None:
+                # the initial model is kept planned for clients to come, once there is one
+                self._planning = True
+                self._nursery.start_soon(keep_snapshot_planned, self.service)
+        note = None
+        if notes:
+            note = (f"this launch joined the running service of {self.state.directory} (process {os.getpid()}), "
+                    f"which keeps its own settings; not applied: {'; '.join(notes)}")
+        return args, _Applied(tuple(names), note)
+
+    def _apply_service_options(self, args, given: Dict[str, Any], notes: List[str]) -> None:
+        brokering = self.service.brokering
+        if self._service_values is None:
+            brokering.configure(args.broker, args.broker_config)  # ValueError naming a bad one
+            # how long ended jobs are shown and kept: before any scheduler adopts its stored jobs
+            self.service.keep_ended, self.service.show_ended = args.keep_ended, args.show_ended
+            self._service_values = {dest: getattr(args, dest) for dest in SERVICE_OPTIONS if dest != "idle_exit"}
+            self._service_values["idle_exit"] = self.idle_exit
+            self._runtime_args = copy.copy(args)
+            return
+        if "broker" in given or "broker_config" in given:
+            from .service.brokering import Brokering
+            from .service.model import ServiceModel
+
+            Brokering(ServiceModel()).configure(given.get("broker"), given.get("broker_config"))
+        for dest in SERVICE_OPTIONS:
+            if dest not in given:
+                continue
+            wanted = idle_exit_seconds(given[dest]) if dest == "idle_exit" else given[dest]
+            current = self._service_values.get(dest)
+            if wanted != current:
+                shown = given[dest] if dest == "idle_exit" else _shown(given[dest], dest)
+                notes.append(f"{self._flag(dest)}={shown} (the service has {_shown(current, dest)})")
+
+    def _apply_backends(self, args, names: Sequence[str], given: Dict[str, Any], notes: List[str]) -> List[str]:
+        service = self.service
+        added = []
+        for name in names:
+            if name in service.failures:
+                service.remove_failed_backend(name)
+                self._backend_values.pop(name, None)
+            dests = backend_dests(name) + BACKEND_COMMON
+            if name not in self._backend_values:
+                cls = backend_class(name)
+                # The service's local jobs outlive its end; each launch ends its own clients'
+                # (see Door), so the backend itself always keeps them.
+                backend_args = copy.copy(args)
+                backend_args.on_disconnect = "keep"
+                options = cls.options_from_args(backend_args)
+                context = service.context(all_users=args.all_users,
+                                          state_dir=self.state.directory if self.state.usable else None)
+                service.start_backend(cls(service.model, options, context))
+                self._backend_values[name] = {dest: getattr(args, dest, None) for dest in dests}
+                added.append(name)
+                log.info("the %s scheduler was added", name)
+                continue
+            current = self._backend_values[name]
+            for dest in dests:
+                if dest in given and given[dest] != current.get(dest) and dest != "on_disconnect":
+                    notes.append(f"{self._flag(dest)}={_shown(given[dest])} (the service's {name} scheduler has "
+                                 f"{_shown(current.get(dest), dest)})")
+        return added
+
+    def _update_runtime(self) -> None:
+        """The runtime of multi-part jobs listens on TCP when a batch scheduler runs (with
+        ``--runtime-tcp auto``): decided again as schedulers are added, until it starts."""
+        manager = self.service.coalloc
+        args = getattr(self, "_runtime_args", None)
+        if manager is None or args is None or manager.server is not None or manager.ready.is_set():
+            return
+        names = [backend.name for backend in self.service.backends]
+        manager.settings = runtime_settings(args, names, self.state)
+
+    def _flag(self, dest: str) -> str:
+        if not self._flags:
+            parser = build_parser()
+            for action in parser._actions:
+                longs = [o for o in action.option_strings if o.startswith("--")]
+                if longs:
+                    self._flags[action.dest] = longs[0]
+        return self._flags.get(dest, "--" + dest.replace("_", "-"))
+
+    # ------------------------------------------------------------------ jobs
+
+    def _local_jobs(self) -> Set[int]:
+        local = {backend.name for backend in self.service.backends if backend.jobs_are_local}
+        return {element.key for element in self.service.model.elements(Kind.JOB) if element.owner in local}
+
+    async def _end_local_jobs(self, keys: Set[int]) -> None:
+        """End the local jobs among ``keys`` (with the local parts of multi-part jobs among
+        them) that are still running, and wait for their ends (bounded)."""
+        service = self.service
+        model = service.model
+        local = {backend.name for backend in service.backends if backend.jobs_are_local}
+        coalloc = service.coalloc.name if service.coalloc is not None else None
+        targets: Set[int] = set()
+        multi = set()
+        for key in keys:
+            element = model._elements.get(key)
+            if element is None or element.kind is not Kind.JOB:
+                continue
+            if element.owner in local:
+                targets.add(key)
+            elif element.owner == coalloc:
+                multi.add(key)
+        if multi:
+            for element in model.elements(Kind.JOB):
+                if element.owner in local and model.attr(element.key, K.COALLOC_JOB) in multi:
+                    targets.add(element.key)
+        running = [key for key in targets if not _ended(model, key)]
+        if not running:
+            return
+        log.info("ending %d local jobs whose client went away", len(running))
+
+        async def end(key: int) -> None:
+            try:
+                await service.terminate(key)
+            except ServiceError as exc:
+                log.info("job %d: %s", key, exc.message)
+
+        with trio.move_on_after(_END_JOBS_BOUND):
+            async with trio.open_nursery() as nursery:
+                for key in running:
+                    nursery.start_soon(end, key)
+            while not all(_ended(model, key) for key in running):
+                await trio.sleep(0.02)
+
+
+_FINAL_STATES = frozenset({"FINISHED", "KILLED", "FAILED", "DELETED"})
+
+
+def _ended(model, key: int) -> bool:
+    return key not in model or model.attr(key, K.STATE) in _FINAL_STATES
+
+
+def _shown(value: Any, dest: Optional[str] = None) -> str:
+    if dest == "idle_exit":
+        return "never" if value is None else f"{value:g}"
+    if dest in ("keep_ended", "show_ended"):
+        from .service.service import _duration_text
+
+        if value is None:
+            return "never" if dest == "keep_ended" else "all"
+        return _duration_text(value) if isinstance(value, (int, float)) else str(value)
+    if value is None:
+        return "its default"
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def _file_id(path: str) -> Optional[Tuple[int, int]]:
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+_BACKEND_DESTS: Dict[str, List[str]] = {}
+
+
+class _Dests:
+    """Collects the names (dests) of the options a backend adds, as argparse would name them."""
+
+    def __init__(self) -> None:
+        self.dests: List[str] = []
+
+    def add_argument_group(self, *args: Any, **kwargs: Any) -> "_Dests":
+        return self
+
+    def add_mutually_exclusive_group(self, **kwargs: Any) -> "_Dests":
+        return self
+
+    def add_argument(self, *flags: str, **settings: Any) -> None:
+        dest = settings.get("dest")
+        if dest is None:
+            longs = [flag for flag in flags if flag.startswith("--")]
+            dest = (longs or list(flags))[0].lstrip("-").replace("-", "_")
+        self.dests.append(dest)
+
+
+def backend_dests(name: str) -> List[str]:
+    """The options (dests) a backend adds to the command line."""
+    dests = _BACKEND_DESTS.get(name)
+    if dests is None:
+        collector = _Dests()
+        backend_class(name).add_arguments(collector)
+        dests = _BACKEND_DESTS[name] = collector.dests
+    return list(dests)
+
+
+def read_launch(argv: Sequence[str]):
+    """A launch's command line read as the agent reads its own: (arguments, schedulers, the
+    options given in so many words).  CommandLineError or ValueError with the line to show."""
+    try:
+        args = parse_arguments(list(argv))
+        names = check_arguments(args)
+        given = given_options(argv, args.parsed_backends)
+    except SystemExit:  # help or the version: the launching process answers those itself
+        raise CommandLineError("proxy-agent: --help and --version are answered by the launch itself") from None
+    return args, names, given
+
+
+# --------------------------------------------------------------------------- the process
+
+
+def _parse(argv: Sequence[str]):
+    """The service's own command line: read by hand when it is what a launch writes (the
+    service then starts without argparse), else by argparse."""
+    words = list(argv)
+    values: Dict[str, Any] = {"state_dir": None, "idle_exit": None, "check": None}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "--check":
+            values["check"] = words[i + 1:]
+            break
+        if word in ("--state-dir", "--idle-exit") and i + 1 < len(words) and not words[i + 1].startswith("-"):
+            values[word[2:].replace("-", "_")] = words[i + 1]
+            i += 2
+            continue
+        return _parse_fully(argv)
+    import types
+
+    return types.SimpleNamespace(**values)
+
+
+def _parse_fully(argv: Sequence[str]):
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="proxy-agent service",
+        description="The service of one state directory, which every proxy-agent launch on that directory "
+        "joins. Launches start it when none runs; it runs in the foreground when started by hand.",
+    )
+    parser.add_argument("--state-dir", metavar="DIR", help="the state directory (default: the agent's)")
+    parser.add_argument("--idle-exit", metavar="SECONDS|never",
+                        help=f"leave after this long without a client and a running local job "
+                        f"(default: {DEFAULT_IDLE_EXIT:g})")
+    parser.add_argument("--check", nargs=argparse.REMAINDER, metavar="ARGV",
+                        help="first check a launch's command line (the rest of the line), and stop with its "
+                        "one-line error if it cannot be used")
+    return parser.parse_args(list(argv))
+
+
+def main(argv: Sequence[str], signals: Optional[Signals] = None) -> int:
+    """``proxy-agent service``: see the module documentation.  Exit status 0 when it has served
+    and left (or was stopped by a signal while starting: it then removes its socket file),
+    :data:`EXIT_IN_USE` when another process holds the directory, 2 when the directory, the
+    log or a launch's command line (``--check``) cannot be used.  ``signals``: taken from the
+    process's first moment by :func:`proxy_agent.launch.entry` (taken here when None)."""
+    own = signals is None
+    if signals is None:
+        signals = Signals().install()
+    where: List[str] = []
+    try:
+        return _serve(argv, signals, where)
+    except Stopped:
+        signals.hold()
+        name = signals.name or "a signal"
+        log.info("stopped by %s while starting", name)
+        text = f"proxy-agent: the service of {where[0] if where else 'its state directory'} was stopped by {name} " \
+               f"while starting\n"
+        try:
+            os.write(2, text.encode())  # the launch that started it reads this (or the log, once detached)
+        except OSError:
+            pass
+        return 0
+    finally:
+        signals.hold()
+        signals.remove_made()
+        if own:
+            signals.restore()
+
+
+def _serve(argv: Sequence[str], signals: Signals, where: List[str]) -> int:
+    from .endpoints import default_state_dir
+
+    args = _parse(argv)
+    try:
+        idle_exit = idle_exit_seconds(args.idle_exit)
+        if args.check is not None:
+            read_launch(args.check)
+    except (CommandLineError, ValueError) as exc:
+        text = str(exc)
+        print(text if text.startswith("proxy-agent") else f"proxy-agent: {text}", file=sys.stderr)
+        return 2
+    state = StateDir(os.path.abspath(args.state_dir or default_state_dir()))
+    where.append(state.directory)
+    try:
+        os.makedirs(state.directory, mode=0o700, exist_ok=True)
+        service_log = _ServiceLog(os.path.join(state.directory, LOG_NAME))
+    except OSError as exc:
+        print(f"proxy-agent: cannot use the state directory {state.directory}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    routes = _Routes()
+    root = logging.getLogger()
+    root.handlers[:] = [service_log, routes]
+    root.setLevel(logging.INFO)
+    try:
+        state.take()
+    except StateDirInUse as exc:
+        print(f"proxy-agent: {exc.message}", file=sys.stderr)
+        return EXIT_IN_USE
+    if not state.usable:
+        print(f"proxy-agent: {state.problem}", file=sys.stderr)
+        return 2
+    path = socket_path(state.directory)
+    try:
+        listener = bind_unix_listener(path, 64, replace=True)
+    except OSError as exc:
+        print(f"proxy-agent: cannot serve {state.directory}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
+    signals.made(path)
+    state.advertise(path)
+    try:
+        # holding no launch's working directory (each launch's clients' jobs get their own)
+        os.chdir(os.path.expanduser("~"))
+    except OSError:
+        os.chdir("/")
+    try:
+        # The launch that started the service reads this, then the end of its stderr.
+        os.write(2, READY_MARK)
+    except OSError:
+        pass  # that launch has gone: the service serves the next one
+    _detach(service_log.fd)
+    signals.hold()  # from here a signal is noted, and stops the service once it runs
+    started = time.time()
+    try:
+        trio.run(Daemon(state, listener, idle_exit, routes, signals).run)
+    except KeyboardInterrupt:
+        pass
+    except Exception:  # noqa: BLE001 - said in the log, never on a launch's stdio
+        log.exception("the service failed")
+        return 1
+    finally:
+        signals.hold()
+        log.info("left after %.0f s", time.time() - started)
+    return 0
+
+
+def _detach(log_fd: int) -> None:
+    """From now on stdin is /dev/null and stdout and stderr go into the log (what a user's
+    broker module prints, say): the launch that started the service waits for its stderr to
+    close (the service is ready), and nothing of the service may hold a launch's terminal or
+    ssh channel."""
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    try:
+        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+    except (AttributeError, ValueError):
+        pass
