@@ -30,6 +30,7 @@ from proxy_agent.protocol.messages import (
 )
 from proxy_agent.protocol.rangeset import RangeSet
 from proxy_agent.protocol.wire import Decoder, FrameError
+from leftover_support import RUN_VARIABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_MAIN = ROOT / "proxy_agent" / "__main__.py"
@@ -50,13 +51,21 @@ def console_argv(*args: str) -> List[str]:
 
 
 def subprocess_env(**extra: str) -> dict:
-    """The environment for child processes: this checkout importable, no colour, no pager."""
+    """The environment for child processes: this checkout importable, no colour, no pager.
+
+    Every agent a test starts gets a state directory of its own (one agent per directory),
+    and the run's own HOME (for the files agents keep there: batch output spools, tokens),
+    both inside the run's area, which is removed when the run ends (see leftover_support)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PROXY_AGENT_TOKEN", None)
-    # Every agent a test starts gets a state directory of its own (one agent per directory).
-    env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="proxy-agent-test-state-")
+    area = os.environ.get(RUN_VARIABLE)
+    if area:
+        env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="state-", dir=os.path.join(area, "agents"))
+        env["HOME"] = os.path.join(area, "home")
+    else:  # imported outside a test run
+        env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="proxy-agent-test-state-")
     env.update(extra)
     return env
 

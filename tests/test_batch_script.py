@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 from hypothesis import given, settings, HealthCheck
 from hypothesis import strategies as st
 
 from proxy_agent.schedulers import slurm_parse as sp
+from wait_support import scaled, wait_until_blocking
 from proxy_agent.schedulers.batch import (
     SLURM,
     BatchScriptError,
@@ -263,31 +262,11 @@ def test_jobspec_is_a_frozen_value():
 # --------------------------------------------------------------------------------------------
 
 
-def find_slurm_conf():
-    """The scripts/slurm-env convention: SLURM_CONF, then $PROXY_AGENT_SLURM_DIR/slurm.conf,
-    then /tmp/proxy-agent-slurm/slurm.conf."""
-    conf = os.environ.get("SLURM_CONF")
-    if conf:
-        return conf
-    for d in (os.environ.get("PROXY_AGENT_SLURM_DIR"), "/tmp/proxy-agent-slurm"):
-        if d and os.path.isfile(os.path.join(d, "slurm.conf")):
-            return os.path.join(d, "slurm.conf")
-    return None
-
-
 @pytest.mark.slurm
 def test_arguments_survive_real_sbatch_and_srun(tmp_path):
-    conf = find_slurm_conf()
-    if conf is None or not os.path.isfile(conf) or shutil.which("sbatch") is None:
-        pytest.skip("no SLURM cluster (scripts/slurm-up)")
-    env = dict(os.environ, SLURM_CONF=conf)
-    try:
-        probe = subprocess.run(["sinfo", "--noheader", "--format=%a"], env=env, capture_output=True,
-                               timeout=10)
-    except subprocess.TimeoutExpired:
-        pytest.skip("SLURM cluster not answering")
-    if probe.returncode != 0:
-        pytest.skip("SLURM cluster not answering")
+    from slurm_support import require_cluster
+
+    env = dict(os.environ, SLURM_CONF=require_cluster())
     tmp_path.chmod(0o755)
     out = tmp_path / "out.json"
     args = [a for a in NASTY if "\r" not in a][:30]
@@ -297,19 +276,20 @@ def test_arguments_survive_real_sbatch_and_srun(tmp_path):
         time_limit="2",
     )
     p = subprocess.run(submit_argv(spec), input=render_script(spec).encode(), env=env,
-                       capture_output=True, timeout=30)
+                       capture_output=True, timeout=scaled(30))
     assert p.returncode == 0, p.stderr
     job_id = sp.parse_sbatch_parsable(p.stdout.decode())
-    deadline = time.monotonic() + 60
-    state = ""
-    while time.monotonic() < deadline:
-        q = subprocess.run(sp.scontrol_job_argv(job_id), env=env, capture_output=True, text=True, timeout=20)
+
+    def ended():
+        q = subprocess.run(sp.scontrol_job_argv(job_id), env=env, capture_output=True, text=True, timeout=scaled(30))
         jobs = sp.parse_scontrol_jobs(q.stdout)
-        state = jobs[0].state if jobs else ""
-        if sp.map_job_state(state)[0] == "COMPLETED":
-            break
-        time.sleep(0.5)
-    assert state == "COMPLETED", state
+        return jobs if jobs and sp.map_job_state(jobs[0].state)[0] == "COMPLETED" else None
+
+    try:
+        jobs = wait_until_blocking(ended, 120, what=f"SLURM job {job_id} to end")
+    finally:
+        subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=scaled(30))
+    assert jobs[0].state == "COMPLETED", jobs[0].state
     assert jobs[0].name == 'batch test | "odd"'
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["argv"] == args

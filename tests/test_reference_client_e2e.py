@@ -24,6 +24,8 @@ import pytest
 import trio
 
 from agent_fixtures import agent_argv, subprocess_env
+from slurm_support import other_user_env
+from wait_support import fail_after, scaled
 
 from proxy_agent.client import AgentClient, AgentProcess, CommandFailed, listen_for_agent
 from proxy_agent.client.state import Traffic
@@ -498,8 +500,8 @@ def slurm_cluster():
     return require_cluster()
 
 
-def _slurm(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, env=subprocess_env(),
+def _slurm(*argv: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=scaled(30), env=env or subprocess_env(),
                           stdin=subprocess.DEVNULL)
 
 
@@ -511,7 +513,8 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
     other_name = f"\u30b8\u30e7\u30d6-ide-{os.getpid()}"
     ours_name = f"pa-h9-ide-{os.getpid()}"
     other = _slurm("sbatch", "--parsable", "--uid=nobody", "--gid=nogroup", "-J", other_name, "-p", "long",
-                   "-D", "/tmp", "-o", "/dev/null", "-e", "/dev/null", "--wrap", "sleep 60")
+                   "-D", "/tmp", "-o", "/dev/null", "-e", "/dev/null", "--wrap", "sleep 60",
+                   env=other_user_env(subprocess_env()))
     if other.returncode != 0:
         pytest.skip(f"cannot submit a job as another user: {other.stderr.strip()}")
     other_id = other.stdout.strip().split(";")[0]

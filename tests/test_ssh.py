@@ -7,8 +7,8 @@ with a connect-back option (the agent connects to a port the test listens on).  
 console must name that as the cause.  ``proxy-console --ssh`` and ``proxy-console deploy``
 are run the same way.
 
-Marked ``ssh``: skipped when the server is not up, except under CI=true, where the module
-starts it (scripts/sshd-up) and stops it afterwards (scripts/sshd-down).
+Marked ``ssh``: run when PROXY_AGENT_TEST_CLUSTERS asks for them (see ``cluster_support``),
+with the test accounts to this run alone while the module runs (``accounts_of_our_own``).
 """
 
 from __future__ import annotations
@@ -22,20 +22,16 @@ import pytest
 from agent_fixtures import agent_argv, console_argv, subprocess_env
 from proxy_agent.client import AgentClient, AgentProcess, listen_for_agent
 from pyz_support import built_pyz
-from ssh_support import ensure_sshd, sshd_settings, stop_sshd
+from ssh_support import accounts_of_our_own, require_sshd
 
 pytestmark = pytest.mark.ssh
 
 
 @pytest.fixture(scope="module")
 def sshd():
-    started = ensure_sshd()
-    settings = sshd_settings()
-    if settings is None:
-        pytest.skip("the test sshd is not up (run scripts/sshd-up)")
-    yield settings
-    if started:
-        stop_sshd()
+    settings = require_sshd()
+    with accounts_of_our_own(settings):
+        yield settings
 
 
 @pytest.fixture(scope="module")
