@@ -31,6 +31,7 @@ from proxy_agent.protocol.messages import (
 from proxy_agent.protocol.rangeset import RangeSet
 from proxy_agent.protocol.wire import Decoder, FrameError
 from leftover_support import RUN_VARIABLE
+from wait_support import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_MAIN = ROOT / "proxy_agent" / "__main__.py"
@@ -70,6 +71,19 @@ def subprocess_env(**extra: str) -> dict:
     return env
 
 
+def stored_jobs(env: dict) -> List[dict]:
+    """The jobs the store of the agent started with ``env`` holds, as ``proxy-agent jobs
+    --json`` lists them (with or without the agent running).  A job's end is in the store
+    once the agent has taken it in: a test that must know the agent has seen something
+    happen, without being told through events, waits for it here."""
+    import json
+    import subprocess
+
+    done = subprocess.run(agent_argv("jobs", "--json"), capture_output=True, text=True, env=env, timeout=scaled(60))
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
 def start_up_probe(tmp_path: Path, before: Sequence[str], after: Sequence[str], stdin: bytes = b""):
     """Run a stdio agent's whole start-up in a child Python, to the end of ``stdin``: the lines
     ``before`` run first, the agent next, then the lines ``after``, which write what they found
@@ -89,7 +103,7 @@ def start_up_probe(tmp_path: Path, before: Sequence[str], after: Sequence[str], 
         *after,
     ]).replace("OUT", repr(str(out)))
     env = subprocess_env(XDG_STATE_HOME=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", probe], input=stdin, capture_output=True, env=env, timeout=60)
+    done = subprocess.run([sys.executable, "-c", probe], input=stdin, capture_output=True, env=env, timeout=scaled(60))
     assert done.returncode == 0, done.stderr
     return done, out.read_text()
 
@@ -121,7 +135,7 @@ class FakeAgent:
         self.received: List[Command] = []
         self.base_id = 1000
 
-    async def command(self, timeout: float = 5) -> Command:
+    async def command(self, timeout: float = scaled(30)) -> Command:
         with trio.fail_after(timeout):
             while not self.pending:
                 data = await self.stream.receive_some(65536)
@@ -135,7 +149,7 @@ class FakeAgent:
         self.received.append(command)
         return command
 
-    async def expect(self, command_id: CommandId, timeout: float = 5) -> Command:
+    async def expect(self, command_id: CommandId, timeout: float = scaled(30)) -> Command:
         command = await self.command(timeout)
         assert command.command_id == command_id, f"expected {command_id.name}, got {command.name} {command.args}"
         return command
@@ -204,7 +218,7 @@ class BackgroundAgent:
         nursery = await self._nursery_cm.__aenter__()
         nursery.start_soon(self.process.pump_stderr)
         try:
-            with trio.fail_after(15):
+            with trio.fail_after(scaled(30)):
                 while "listening on" not in stderr_so_far(self.process):
                     if self.process.returncode is not None:
                         raise AssertionError(f"the agent exited early: {stderr_so_far(self.process)}")

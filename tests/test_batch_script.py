@@ -105,7 +105,7 @@ def run_script(script: str, bindir, cwd, env_names=()):
         "LC_ALL": "C.UTF-8",
         "HOME": str(cwd),
     }
-    p = subprocess.run(["bash", path], cwd=str(cwd), env=env, capture_output=True, timeout=30)
+    p = subprocess.run(["bash", path], cwd=str(cwd), env=env, capture_output=True, timeout=scaled(30))
     assert p.returncode == 0, p.stderr.decode(errors="replace")
     return json.loads(p.stdout.decode("utf-8"))
 

@@ -19,11 +19,12 @@ from proxy_agent.service.coalloc.description import MultiJobDescription, Part
 from proxy_agent.service.coalloc.server import RuntimeServer
 from proxy_agent.service.coalloc.state import NotAllowed
 from proxy_agent.service.jobs import JobState
+from wait_support import scaled
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Unix sockets and SO_PEERCRED")
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT = 30
+TIMEOUT = scaled(30)
 PYTHON39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
 RUNTIME_CMD = [sys.executable, "-m", "proxy_agent.runtime"]  # what the proxy-runtime command runs
 
@@ -450,7 +451,7 @@ class RawClient:
 
     async def reply(self) -> Optional[dict]:
         """The next reply, or None when the server closed the connection."""
-        with trio.fail_after(5):
+        with trio.fail_after(scaled(30)):
             while True:
                 message = self.decoder.next()
                 if message is not None:
@@ -461,7 +462,7 @@ class RawClient:
                 self.decoder.feed(data)
 
     async def closed(self) -> bool:
-        with trio.fail_after(5):
+        with trio.fail_after(scaled(30)):
             try:
                 return await self.stream.receive_some(1) == b""
             except trio.BrokenResourceError:

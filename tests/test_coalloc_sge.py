@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from agent_fixtures import ROOT, agent_argv, subprocess_env
+from wait_support import scaled
 from proxy_agent.client import AgentClient
 from proxy_agent.schedulers.base import BACKENDS
 
@@ -66,10 +67,10 @@ def _still_queued(client: AgentClient, parts) -> list:
             continue
         if backend == "slurm":
             shown = subprocess.run(["squeue", "-h", "-j", native], capture_output=True, text=True,
-                                   env=subprocess_env(), timeout=30).stdout
+                                   env=subprocess_env(), timeout=scaled(30)).stdout
         else:
             shown = subprocess.run(["qstat", "-j", native], capture_output=True, text=True, env=subprocess_env(),
-                                   timeout=30)
+                                   timeout=scaled(30))
             shown = shown.stdout if shown.returncode == 0 else ""
         if shown.strip():
             alive.append(native)
@@ -82,16 +83,16 @@ def _cancel(client: AgentClient, parts) -> None:
         backend = client.element(part.get("queueId")).get("backend")
         if native and backend in ("slurm", "sge"):
             command = ["scancel", native] if backend == "slurm" else ["qdel", native]
-            subprocess.run(command, capture_output=True, env=subprocess_env(), timeout=30)
+            subprocess.run(command, capture_output=True, env=subprocess_env(), timeout=scaled(30))
 
 
 async def test_three_parts_on_three_schedulers_pass_the_barrier_and_connect_to_each_other(tmp_path):
     mesh = _script(tmp_path, "mesh.py", MESH)
     description = json.dumps({"name": "pa-h14-three", "parts": _parts_across(mesh, _launcher(tmp_path, mesh))})
-    with trio.fail_after(240):
+    with trio.fail_after(scaled(240)):
         async with await AgentClient.spawn(agent_argv(*AGENT), env=subprocess_env()) as client:
             await _start(client)
-            await client.wait_for(lambda: {"debug", "all.q"} <= {q.name for q in client.queues.values()}, 60,
+            await client.wait_for(lambda: {"debug", "all.q"} <= {q.name for q in client.queues.values()}, scaled(60),
                                   description="the SLURM partitions and Grid Engine queues")
             job_id = await client.cosubmit(description)
             parts = await _parts(client, job_id, 3)
@@ -111,10 +112,10 @@ async def test_a_part_failing_before_the_barrier_leaves_nothing_in_any_scheduler
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"name": "pa-h14-gone", "parts": _parts_across(waiter, _launcher(tmp_path, waiter))[1:] + [
         {"queue": "local:default", "executable": "/bin/sh", "arguments": ["-c", "sleep 5; exit 1"], "label": "fails"}]})
-    with trio.fail_after(120):
+    with trio.fail_after(scaled(120)):
         async with await AgentClient.spawn(agent_argv(*AGENT), env=subprocess_env()) as client:
             await _start(client)
-            await client.wait_for(lambda: {"debug", "all.q"} <= {q.name for q in client.queues.values()}, 60,
+            await client.wait_for(lambda: {"debug", "all.q"} <= {q.name for q in client.queues.values()}, scaled(60),
                                   description="the SLURM partitions and Grid Engine queues")
             job_id = await client.cosubmit(description)
             parts = await _parts(client, job_id, 3)

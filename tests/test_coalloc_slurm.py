@@ -16,6 +16,7 @@ import trio
 
 from agent_fixtures import ROOT, agent_argv, subprocess_env
 from slurm_support import require_cluster
+from wait_support import scaled
 from test_coalloc_agent import MESH, WAITER, _lines, _parts, _script, _start, _state
 
 from proxy_agent.client import AgentClient
@@ -35,13 +36,13 @@ def _part(queue: str, script: str, count: int, label: str, **more) -> dict:
 def _in_slurm(native_ids) -> list:
     """Those of the jobs SLURM still lists as pending or running."""
     shown = subprocess.run(["squeue", "-h", "-o", "%i %T", "-j", ",".join(native_ids)], capture_output=True,
-                           text=True, env=subprocess_env(), timeout=30)
+                           text=True, env=subprocess_env(), timeout=scaled(30))
     return [line for line in shown.stdout.splitlines() if line.split()[-1] in ("PENDING", "RUNNING", "CONFIGURING")]
 
 
 def _cancel(native_ids) -> None:
     for native in filter(None, native_ids):
-        subprocess.run(["scancel", native], capture_output=True, env=subprocess_env(), timeout=30)
+        subprocess.run(["scancel", native], capture_output=True, env=subprocess_env(), timeout=scaled(30))
 
 
 async def test_a_local_and_a_slurm_part_pass_the_barrier_and_find_each_other(tmp_path):
@@ -51,10 +52,10 @@ async def test_a_local_and_a_slurm_part_pass_the_barrier_and_find_each_other(tmp
     native_ids = []
     busy = None
     try:
-        with trio.fail_after(200):
+        with trio.fail_after(scaled(200)):
             async with await AgentClient.spawn(agent_argv(*AGENT), env=subprocess_env()) as client:
                 await _start(client)
-                await client.wait_for(lambda: "debug" in {q.name for q in client.queues.values()}, 30,
+                await client.wait_for(lambda: "debug" in {q.name for q in client.queues.values()}, scaled(30),
                                       description="the SLURM partitions")
                 job_id = await client.cosubmit(description)
                 here, there = await _parts(client, job_id, 2)
@@ -93,10 +94,10 @@ async def test_a_failing_local_part_gets_the_slurm_part_cancelled_in_slurm(tmp_p
         {"queue": "local:default", "executable": "/bin/sh", "arguments": ["-c", "sleep 3; exit 3"], "label": "fails"}]})
     native_ids = []
     try:
-        with trio.fail_after(150):
+        with trio.fail_after(scaled(150)):
             async with await AgentClient.spawn(agent_argv(*AGENT), env=subprocess_env()) as client:
                 await _start(client)
-                await client.wait_for(lambda: "debug" in {q.name for q in client.queues.values()}, 30,
+                await client.wait_for(lambda: "debug" in {q.name for q in client.queues.values()}, scaled(30),
                                       description="the SLURM partitions")
                 job_id = await client.cosubmit(description)
                 waits, fails = await _parts(client, job_id, 2)
@@ -109,7 +110,7 @@ async def test_a_failing_local_part_gets_the_slurm_part_cancelled_in_slurm(tmp_p
                     assert time.monotonic() - failed_at < 10, "the SLURM part is still in SLURM 10 s after the failure"
                     await trio.sleep(0.5)
                 assert "PASSED" not in client.job_output(waits)
-                await client.wait_for(lambda: waits.get("jobState") == "COMPLETED", 15,
+                await client.wait_for(lambda: waits.get("jobState") == "COMPLETED", scaled(30),
                                       description="the agent to see the SLURM part end")
     finally:
         _cancel(native_ids)

@@ -22,6 +22,7 @@ import time
 import pytest
 
 from agent_fixtures import agent_argv, agent_present, console_argv, free_port, subprocess_env
+from wait_support import scaled
 
 if not agent_present():
     pytest.skip("the agent's command line (proxy_agent/__main__.py) is not there yet", allow_module_level=True)
@@ -32,7 +33,7 @@ from proxy_agent.console.commands import CommandError, parse_submit, split_comma
 SIM = ["--spawn", *agent_argv("--scheduler", "sim", "--sim-nodes", "12", "--sim-jobs", "6")]
 
 
-def console(*args: str, timeout: float = 60, env=None, input_text=None) -> subprocess.CompletedProcess:
+def console(*args: str, timeout: float = scaled(60), env=None, input_text=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         console_argv(*args),
         input=input_text,
@@ -315,7 +316,7 @@ class Screen:
         self.seen = ""
         self.pending = b""
 
-    def expect(self, text: str, timeout: float = 15) -> str:
+    def expect(self, text: str, timeout: float = scaled(30)) -> str:
         deadline = time.time() + timeout
         while text not in self.pending.decode("utf-8", "replace"):
             remaining = deadline - time.time()

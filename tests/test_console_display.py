@@ -20,6 +20,7 @@ import trio
 import trio.testing
 
 from agent_fixtures import FakeAgent, agent_argv, console_argv, ids, subprocess_env
+from wait_support import scaled
 from proxy_agent.client import AgentClient
 from proxy_agent.console import render
 from proxy_agent.console.commands import Console
@@ -30,7 +31,7 @@ from test_console import Screen
 HOSTILE_NAME = "evil\x1b[2J\x1b]0;owned\x07\x1e\x1f\nforged-row  x"
 
 
-def console(*args: str, timeout: float = 60, env=None) -> subprocess.CompletedProcess:
+def console(*args: str, timeout: float = scaled(60), env=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         console_argv(*args), stdin=subprocess.DEVNULL, capture_output=True, text=True,
         timeout=timeout, env=env or subprocess_env(),
@@ -65,7 +66,7 @@ async def console_with_burst(json_mode: bool):
             nursery.start_soon(shell.startup)
             tid = await fake.handshake()
         await fake.send(*burst(tid))
-        await client.wait_for(lambda: (client.find_job("1010") or client.rm).state == "COMPLETED", 5)
+        await client.wait_for(lambda: (client.find_job("1010") or client.rm).state == "COMPLETED", scaled(30))
         await shell.execute(["jobs"])
         await shell.execute(["wait", "1010", "FINISHED"])
         await shell.execute(["wait", "1010", "QUEUING"])

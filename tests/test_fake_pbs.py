@@ -17,6 +17,7 @@ import pytest
 from proxy_agent.schedulers.batch import pbs_parse as P
 from proxy_agent.schedulers.batch.pbs import PbsSystem
 from proxy_agent.service.jobs import JobSpec, JobState
+from wait_support import scaled
 
 FAKE_BIN = Path(__file__).parent / "fake_pbs" / "bin"
 
@@ -40,7 +41,7 @@ class Cluster:
 
     def run(self, argv, stdin: str = "", check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, env=self.env,
-                                cwd=str(self.root), timeout=20)
+                                cwd=str(self.root), timeout=scaled(30))
         if check:
             assert result.returncode == 0, (argv, result.stderr)
         return result
@@ -52,7 +53,7 @@ class Cluster:
     def jobs(self):
         return {job.job_id: job for job in self.system.parse_status(self.run(self.system.status_argv()).stdout)}
 
-    def wait(self, job_id: str, condition, timeout: float = 15.0):
+    def wait(self, job_id: str, condition, timeout: float = scaled(30)):
         deadline = time.monotonic() + timeout
         while True:
             job = self.jobs().get(job_id)

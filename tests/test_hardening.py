@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from agent_fixtures import agent_argv, free_port, subprocess_env
+from wait_support import scaled
 from proxy_agent.client import AgentClient, CommandFailed
 from proxy_agent.protocol.messages import CommandId, EventId
 from proxy_agent.protocol.wire import Decoder, Frame, FrameError, encode_frame
@@ -55,7 +56,7 @@ async def _listening(*args: str, env=None) -> trio.Process:
         env=env or subprocess_env(),
     )
     banner = b""
-    with trio.fail_after(10):
+    with trio.fail_after(scaled(30)):
         while b"listening on" not in banner:
             data = await process.stderr.receive_some(4096)
             assert data, banner
@@ -66,7 +67,7 @@ async def _listening(*args: str, env=None) -> trio.Process:
 async def _stop(process: trio.Process) -> int:
     if process.returncode is None:
         process.send_signal(signal.SIGTERM)
-    with trio.fail_after(10):
+    with trio.fail_after(scaled(30)):
         return await process.wait()
 
 
@@ -133,13 +134,13 @@ async def test_unauthenticated_connections_never_keep_the_owner_out(tmp_path):
                 await stream.send_all(encode_frame(CommandId.LIST_FILTERS, 1, []))  # no INIT
             squatters.append(stream)
         # the owner gets in at once, squatters or not
-        with trio.fail_after(5):
+        with trio.fail_after(scaled(30)):
             async with await AgentClient.connect_tcp("127.0.0.1", port) as client:
                 await _start(client, token=TOKEN)
                 assert len(client.queues) == 1
                 await client.quit()
         # and every squatter is gone after the deadline
-        with trio.fail_after(5):
+        with trio.fail_after(scaled(30)):
             for stream in squatters:
                 while True:
                     try:
@@ -187,7 +188,7 @@ async def test_an_output_flood_leaves_commands_and_quit_prompt():
     assert max(answers) < 2.0, answers
     assert rate >= 5e6, f"{rate / 1e6:.1f} MB/s"
     assert shutdown_after is not None and shutdown_after < 2.0
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         assert await raw.process.wait() == 0
     await trio.sleep(0.3)
     assert _yes_processes() - before == set()
@@ -212,7 +213,7 @@ async def test_a_client_that_stops_reading_holds_memory_down_and_is_answered_whe
     assert peak < 400, f"{peak} MB"
     sent = time.monotonic()
     tid = await raw.send(CommandId.LIST_FILTERS)
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         async for frame in frames:
             if frame.msg_id == EventId.OK and frame.tid == tid:
                 break
@@ -220,7 +221,7 @@ async def test_a_client_that_stops_reading_holds_memory_down_and_is_answered_whe
     raw.process.send_signal(signal.SIGTERM)
     async for _ in frames:
         pass
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         assert await raw.process.wait() == 0
 
 
@@ -229,7 +230,7 @@ async def test_nothing_is_dropped_for_a_client_that_keeps_reading():
         await _start(client)
         jobs = [await client.submit("/usr/bin/seq", ["20000"]) for _ in range(10)]
         for job in jobs:
-            await client.wait_job_state(job, "COMPLETED", timeout=60)
+            await client.wait_job_state(job, "COMPLETED", timeout=scaled(60))
         for job in jobs:
             assert client.job_output(job).split("\n")[:-1] == [str(i) for i in range(1, 20001)]
             assert client.job_output(job, "stderr") == ""
@@ -252,7 +253,7 @@ async def test_quit_while_jobs_print_ends_with_whole_frames_and_shutdown(run):
         last = frame
     assert raw.errors == []
     assert quit_tid is not None and last.msg_id == EventId.SHUTDOWN and last.tid == quit_tid
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         assert await raw.process.wait() == 0
     await trio.sleep(0.3)
     assert _yes_processes() - before == set()
@@ -263,16 +264,16 @@ async def test_a_process_that_leaves_its_job_does_not_outlive_it():
     async with await AgentClient.spawn(agent_argv(), env=subprocess_env()) as client:
         await _start(client)
         job = await client.submit("/bin/sh", ["-c", script])
-        await client.wait_for(lambda: len(client.job_output(job).split()) == 2, timeout=20)
+        await client.wait_for(lambda: len(client.job_output(job).split()) == 2, timeout=scaled(30))
         escaped = [int(p) for p in client.job_output(job).split()]
         assert all(_alive(p) for p in escaped)
         await client.terminate(job)
-        await client.wait_job_state(job, "COMPLETED", timeout=10)
-        with trio.fail_after(5):
+        await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
+        with trio.fail_after(scaled(30)):
             while any(_alive(p) for p in escaped):
                 await trio.sleep(0.05)
         job = await client.submit("/bin/sh", ["-c", script])
-        await client.wait_for(lambda: len(client.job_output(job).split()) == 2, timeout=20)
+        await client.wait_for(lambda: len(client.job_output(job).split()) == 2, timeout=scaled(30))
         escaped = [int(p) for p in client.job_output(job).split()]
         assert all(_alive(p) for p in escaped)
         await client.quit()
@@ -294,7 +295,7 @@ async def test_a_signal_is_told_to_the_client_before_the_stream_closes(signum):
     assert message.msg_id == EventId.MESSAGE and message.tid == events
     assert signal.Signals(signum).name in message.args[-1]
     assert shutdown == Frame(EventId.SHUTDOWN, events, ())
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         assert await raw.process.wait() == 0
 
 
@@ -310,7 +311,7 @@ async def test_the_token_reaches_no_job_and_no_log(tmp_path):
         async with await AgentClient.connect_tcp("127.0.0.1", port) as client:
             await _start(client, token=TOKEN)
             job = await client.submit("/usr/bin/env")
-            await client.wait_job_state(job, "COMPLETED", timeout=20)
+            await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
             output = client.job_output(job)
             assert "PATH=" in output and "PROXY_AGENT_TOKEN" not in output and TOKEN not in output
             await client.quit()
@@ -346,7 +347,7 @@ def test_the_token_file_is_never_written_through_a_planted_link(tmp_path):
     shared.mkdir()
     shared.chmod(0o777)
     run = subprocess.run(agent_argv("--listen", "0", "--token-file", str(shared / "token")), capture_output=True,
-                         text=True, env=subprocess_env(), timeout=30, stdin=subprocess.DEVNULL)
+                         text=True, env=subprocess_env(), timeout=scaled(30), stdin=subprocess.DEVNULL)
     assert run.returncode == 2
     assert "others can write to that directory" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     assert not (shared / "token").exists()
@@ -359,7 +360,7 @@ async def test_ids_and_numbers_are_ascii_decimal_only():
     async with await AgentClient.spawn(agent_argv(), env=subprocess_env()) as client:
         await _start(client)
         job = await client.submit("/bin/sleep", ["30"])
-        await client.wait_job_state(job, "RUNNING", timeout=20)
+        await client.wait_job_state(job, "RUNNING", timeout=scaled(30))
         arabic = "".join(chr(0x0660 + int(d)) for d in job)
         for text in (arabic, "_".join(job), f" {job}x", f"+{job}"):
             with pytest.raises(CommandFailed) as failure:

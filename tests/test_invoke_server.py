@@ -22,13 +22,14 @@ import trio
 import trio.testing
 
 from agent_fixtures import subprocess_env
+from wait_support import scaled
 from proxy_agent.frontends.invoke.protocol import CreateNotify, InvokeStatus, StatusNotify, encode_job_create, parse_notify
 from proxy_agent.frontends.invoke.server import InvokeServer, JobUpdate
 from proxy_agent.service.jobs import ErrorKind, JobError, JobState, SubmitError
 
 from test_invoke_protocol import FACTS_NOTIFIES, FACTS_REPLIES
 
-TIMEOUT = 10
+TIMEOUT = scaled(30)
 
 
 class InvokeClient:

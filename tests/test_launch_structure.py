@@ -27,6 +27,7 @@ from proxy_agent.service.service import JobService
 from proxy_agent.service.store import JobStore
 
 from agent_fixtures import subprocess_env
+from wait_support import scaled
 
 # Runs a keeper in its own process, counting what the test asks about; prints the counts.
 _COUNTING_KEEPER = textwrap.dedent("""
@@ -90,7 +91,7 @@ def test_the_keeper_answers_a_round_in_one_write_and_starts_processes_without_po
         while lines.readline():
             pass
         sock.close()
-        out, _ = keeper.communicate(timeout=30)
+        out, _ = keeper.communicate(timeout=scaled(30))
     finally:
         if keeper.poll() is None:
             keeper.kill()

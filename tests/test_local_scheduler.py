@@ -19,11 +19,12 @@ from proxy_agent.schedulers.local import MAX_PROCS, LocalBackend, LocalOptions
 from proxy_agent.service.jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from proxy_agent.service.model import K, Kind, ServiceModel
 from service_fixtures import Harness, start_backend, wait_for
+from wait_support import scaled
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and process groups")
 
 SH = "/bin/sh"
-TIMEOUT = 10
+TIMEOUT = scaled(30)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -323,11 +324,11 @@ async def test_leftovers_are_killed_when_the_job_ends(local):
 
 
 async def test_terminate(local):
-    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "30")))
+    job = await local.submit_ptp(job_attrs((A.EXEC_PATH, "/bin/sleep"), (A.PROG_ARGS, "600")))
     await running(local, job)
     [proc] = processes(local, job)
     pgid = pid_of(local, proc)
-    with trio.fail_after(2):
+    with trio.fail_after(scaled(30)):
         await local.service.terminate(job)
         attrs = await ended(local, job)
     assert attrs[K.STATE] == "KILLED"

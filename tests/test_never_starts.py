@@ -16,6 +16,7 @@ from proxy_agent.schedulers.slurm import job_attributes
 from proxy_agent.schedulers.slurm_parse import SlurmJob
 from proxy_agent.service.jobs import NEVER_STARTS
 from proxy_agent.service.model import K
+from wait_support import scaled
 
 
 def _job(state: str, reason: str) -> SlurmJob:
@@ -68,7 +69,7 @@ async def test_a_wait_for_a_job_that_will_never_start_stops_at_once_and_says_why
             tid = await fake.handshake()
         await fake.send(NewElements(tid, ElementKind.JOB, "1002", [ElementGroup(ids("1010"), [
             ("name", "big"), ("jobSubId", "sub-big"), ("jobState", "STARTING"), ("jobStatus", "QUEUING")])]))
-        await client.wait_for(lambda: client.find_job("1010"), 5)
+        await client.wait_for(lambda: client.find_job("1010"), scaled(30))
 
         async def stuck_later():
             await trio.sleep(0.2)

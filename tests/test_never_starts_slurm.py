@@ -17,6 +17,7 @@ import pytest
 from agent_fixtures import agent_argv, console_argv, subprocess_env
 from proxy_agent.service.jobs import NEVER_STARTS
 from slurm_support import require_cluster
+from wait_support import scaled
 
 pytestmark = pytest.mark.slurm
 
@@ -30,11 +31,11 @@ def test_submit_wait_reports_a_job_that_asks_for_more_time_than_its_partition_al
         run = subprocess.run(
             console_argv("-q", "-c", f"submit --wait --timeout 120 -q debug jobName={name} timeLimit=3:00:00 /bin/true",
                          "--spawn", *agent_argv("--scheduler", "slurm")),
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=150, env=subprocess_env(),
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=scaled(150), env=subprocess_env(),
         )
         elapsed = time.monotonic() - start
     finally:
-        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=30)
+        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=scaled(30))
     assert run.returncode == 1, run.stderr
     last = run.stderr.strip().splitlines()[-1]
     assert NEVER_STARTS in last and "(reason Partition" in last, last

@@ -17,6 +17,7 @@ from typing import Callable, Dict, List, Optional
 import pytest
 
 import sge_support
+from wait_support import scaled
 from proxy_agent.schedulers.batch import sge, sge_parse, sge_script
 from proxy_agent.schedulers.batch.records import NativeJob
 from proxy_agent.service.jobs import ErrorKind, JobError, JobSpec, JobState
@@ -31,7 +32,7 @@ HOSTILE = ["plain", "two words", "single ' quote", 'double " quote', "$(touch pw
 submitted: List[str] = []
 
 
-def run(argv: List[str], stdin: Optional[str] = None, timeout: float = 30) -> subprocess.CompletedProcess:
+def run(argv: List[str], stdin: Optional[str] = None, timeout: float = scaled(30)) -> subprocess.CompletedProcess:
     return sge_support.run(argv, timeout=timeout, stdin=stdin)
 
 
@@ -61,7 +62,7 @@ def mine(number: str) -> Dict[str, NativeJob]:
     return {k: v for k, v in listing().items() if k.split(".")[0] == number}
 
 
-def wait_for(what: str, check: Callable[[], object], limit: float = 30.0):
+def wait_for(what: str, check: Callable[[], object], limit: float = scaled(30.0)):
     deadline = time.monotonic() + limit
     last = None
     while time.monotonic() < deadline:
@@ -72,14 +73,14 @@ def wait_for(what: str, check: Callable[[], object], limit: float = 30.0):
     pytest.fail(f"timed out after {limit}s waiting for {what} (last: {last!r}; jobs: {listing()})")
 
 
-def wait_state(number: str, wanted: JobState, limit: float = 30.0) -> NativeJob:
+def wait_state(number: str, wanted: JobState, limit: float = scaled(30.0)) -> NativeJob:
     def check():
         job = mine(number).get(number)
         return job if job is not None and sge.STATE_TABLE.map(job.native_state) is wanted else None
     return wait_for(f"job {number} to be {wanted.value}", check, limit)
 
 
-def wait_gone(number: str, limit: float = 30.0) -> None:
+def wait_gone(number: str, limit: float = scaled(30.0)) -> None:
     wait_for(f"job {number} to leave the queue", lambda: not mine(number), limit)
 
 

@@ -15,22 +15,23 @@ from proxy_agent.schedulers.keeper import JOURNAL, read_journal
 
 from adoption_support import spawn_agent, start
 from agent_fixtures import subprocess_env
+from wait_support import scaled
 
 
-def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+def _run(*args: str, timeout: float = scaled(30)) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "proxy_agent", *args], capture_output=True, text=True,
                           timeout=timeout, env=subprocess_env(), stdin=subprocess.DEVNULL)
 
 
 async def _runs_a_job(client) -> None:
     job = await client.submit("/bin/echo", ["still serving"])
-    done = await client.wait_job_state(job, "COMPLETED", 20)
+    done = await client.wait_job_state(job, "COMPLETED", scaled(30))
     assert client.job_process(done, 0).text() == "still serving\n"
 
 
 async def test_a_second_agent_on_the_same_state_dir_names_the_holder_and_exits_2(tmp_path):
     state = str(tmp_path / "state")
-    with trio.fail_after(30):
+    with trio.fail_after(scaled(30)):
         async with await spawn_agent(state) as first:
             await start(first)
             result = await trio.to_thread.run_sync(lambda: _run("--state-dir", state, "--unix", str(tmp_path / "s")))
@@ -49,7 +50,7 @@ async def test_a_damaged_store_is_kept_aside_told_once_and_the_agent_serves_on(t
     state.mkdir()
     garbage = b"\x00not sqlite\xff" * 500
     (state / "jobs.sqlite").write_bytes(garbage)
-    with trio.fail_after(30):
+    with trio.fail_after(scaled(30)):
         async with await spawn_agent(str(state)) as client:
             await start(client)
             await _runs_a_job(client)
@@ -67,7 +68,7 @@ async def test_a_damaged_store_is_kept_aside_told_once_and_the_agent_serves_on(t
 async def test_an_unusable_state_dir_is_told_once_and_the_agent_serves_on(tmp_path):
     (tmp_path / "file").write_text("")
     state = tmp_path / "file" / "state"  # cannot be made: its parent is a file
-    with trio.fail_after(30):
+    with trio.fail_after(scaled(30)):
         async with await spawn_agent(str(state)) as client:
             await start(client)
             await _runs_a_job(client)
@@ -82,15 +83,15 @@ async def test_an_unusable_state_dir_is_told_once_and_the_agent_serves_on(tmp_pa
 
 async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
     state = str(tmp_path / "state")
-    with trio.fail_after(40):
+    with trio.fail_after(scaled(40)):
         async with await spawn_agent(state) as client:
             await start(client)
             quick = await client.submit("/bin/echo", ["hi"], jobName="quick")
-            await client.wait_job_state(quick, "COMPLETED", 20)
+            await client.wait_job_state(quick, "COMPLETED", scaled(30))
             failing = await client.submit("/bin/sh", ["-c", "exit 3"], jobName="failing")
-            await client.wait_job_state(failing, "COMPLETED", 20)
+            await client.wait_job_state(failing, "COMPLETED", scaled(30))
             slow = await client.submit("/bin/sleep", ["60"], jobName="slow")
-            await client.wait_job_state(slow, "RUNNING", 20)
+            await client.wait_job_state(slow, "RUNNING", scaled(30))
             await trio.sleep(1.2)  # states reach the store within a second
 
             table = _run("jobs", "--state-dir", state)
@@ -123,7 +124,7 @@ async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
             bad = _run("forget", "--state-dir", state, "--ended-before", "someday")
             assert bad.returncode == 2 and "is not a date" in bad.stderr and "Traceback" not in bad.stderr
             await client.terminate(slow)
-            await client.wait_job_state(slow, "COMPLETED", 20)
+            await client.wait_job_state(slow, "COMPLETED", scaled(30))
             await client.quit()
     missing = _run("jobs", "--state-dir", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "no job store in" in missing.stderr
@@ -139,11 +140,11 @@ def _alive(pid: int) -> bool:
 
 async def test_by_default_a_clients_departure_ends_its_local_jobs_and_the_next_agent_says_so(tmp_path):
     state = str(tmp_path / "state")
-    with trio.fail_after(40):
+    with trio.fail_after(scaled(40)):
         async with await spawn_agent(state) as first:
             await start(first)
             job = await first.submit("/bin/sleep", ["60"], jobName="sleeper")
-            running = await first.wait_job_state(job, "RUNNING", 20)
+            running = await first.wait_job_state(job, "RUNNING", scaled(30))
             pid = int(first.job_process(running, 0).get("processPID"))
             sub = running.get("jobSubId")
             await first.stream.send_stream.aclose()  # the client goes away
@@ -153,7 +154,7 @@ async def test_by_default_a_clients_departure_ends_its_local_jobs_and_the_next_a
         assert not _alive(pid), "the job's process outlived the agent"
         async with await spawn_agent(state) as second:
             await start(second)
-            adopted = await second.wait_for(lambda: second.state.jobs_by_sub.get(sub), 20,
+            adopted = await second.wait_for(lambda: second.state.jobs_by_sub.get(sub), scaled(30),
                                             description="the ended job in the next agent")
             assert adopted.get("jobState") == "COMPLETED" and adopted.get("jobStatus") == "KILLED"
             await second.quit()

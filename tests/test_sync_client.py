@@ -12,6 +12,7 @@ import time
 import pytest
 
 from agent_fixtures import agent_argv, subprocess_env
+from wait_support import scaled
 from proxy_agent.client import AgentExited, CommandFailed, ConnectError, ConnectionClosed, WaitTimeout
 from proxy_agent.client.sync import Agent
 
@@ -25,7 +26,7 @@ def spawn(*args: str) -> Agent:
 def test_submit_wait_output_from_plain_code():
     with spawn() as agent:
         job = agent.submit("/bin/sh", ["-c", 'echo "out $PROXY_AGENT_PROCESS_INDEX"; echo err >&2'], count=2)
-        assert job.wait(timeout=30) == "FINISHED"
+        assert job.wait(timeout=scaled(30)) == "FINISHED"
         assert job.done and job.state == "COMPLETED"
         assert sorted(job.stdout.splitlines()) == ["out 0", "out 1"]
         assert job.stderr == "err\nerr\n"
@@ -44,12 +45,12 @@ def test_submit_wait_output_from_plain_code():
 def test_cancel_and_timeouts():
     with spawn() as agent:
         job = agent.submit("/bin/sleep", ["60"])
-        job.wait(timeout=30, state="RUNNING")
+        job.wait(timeout=scaled(30), state="RUNNING")
         with pytest.raises(WaitTimeout):
             job.wait(timeout=0.3)
         started = time.monotonic()
         job.cancel()
-        job.wait(timeout=30)
+        job.wait(timeout=scaled(30))
         assert time.monotonic() - started < 15
         assert job.status in ("KILLED", "CANCELED")
         with pytest.raises(CommandFailed, match="no job with id 999999"):
@@ -128,7 +129,7 @@ def test_an_agent_that_goes_away_ends_waits():
         pid = agent._client_now().process.pid
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(ConnectionClosed) as caught:
-            job.wait(timeout=20)
+            job.wait(timeout=scaled(30))
         assert isinstance(caught.value, AgentExited) and "SIGKILL" in str(caught.value)
         assert not agent.alive
 

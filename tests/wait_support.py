@@ -9,9 +9,9 @@ them is multiplied by one setting, the environment variable::
     PROXY_AGENT_TEST_TIMEOUT_SCALE=3 scripts/test     # a machine three times slower
 
 (default 1).  A deadline only costs time when a test fails, so it is generous: it tells a
-hung wait from a slow one.  Use :func:`scaled` for every deadline a test passes on (to a
-client wait, ``subprocess.run(timeout=...)``, an agent option that bounds a wait), and
-:func:`fail_after` instead of ``trio.fail_after``.
+hung wait from a slow one.  Every deadline a test writes is written ``scaled(SECONDS)``: in
+``trio.fail_after``, a client's wait (``client.wait_for(..., scaled(30))``),
+``subprocess.run(timeout=...)``, a helper's default; a helper passes on what it is given.
 
 A wait that must see that something does *not* happen cannot wait for it; it waits for a
 later thing that could only come after it (a reply to a command sent afterwards, a job that
@@ -47,11 +47,6 @@ def timeout_scale() -> float:
 def scaled(seconds: float) -> float:
     """A deadline of ``seconds`` on this machine (times PROXY_AGENT_TEST_TIMEOUT_SCALE)."""
     return seconds * timeout_scale()
-
-
-def fail_after(seconds: float):
-    """``trio.fail_after`` with a scaled deadline."""
-    return trio.fail_after(scaled(seconds))
 
 
 def _describe(condition: Callable[[], Any], what: Optional[str]) -> str:
