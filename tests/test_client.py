@@ -16,7 +16,7 @@ import trio.testing
 from hypothesis import given, settings, strategies as st
 
 from agent_fixtures import FakeAgent, ids
-from wait_support import scaled
+from wait_support import scaled, wait_until
 from proxy_agent.client import (
     AgentClient,
     AgentExited,
@@ -669,7 +669,7 @@ def test_huge_range_is_refused_without_expanding():
 
 # --------------------------------------------------------------------------- against the real agent
 
-from agent_fixtures import BackgroundAgent, agent_argv, agent_present, free_port, subprocess_env  # noqa: E402
+from agent_fixtures import BackgroundAgent, agent_argv, agent_present, free_port, stored_jobs, subprocess_env  # noqa: E402
 
 needs_agent = pytest.mark.skipif(not agent_present(), reason="the agent's command line is not there yet")
 
@@ -744,12 +744,15 @@ async def test_real_agent_terminate_suspend_resume():
 
 @needs_agent
 async def test_real_agent_holds_changes_while_events_are_stopped():
-    async with await open_session() as client:
+    env = subprocess_env()
+    async with await AgentClient.spawn(agent_argv(), env=env) as client:
         await handshake(client)
         await client.stop_events()
         script = "for i in 1 2 3 4 5; do echo line$i; done"
         sub_id = await client.submit_nowait("/bin/sh", ["-c", script])
-        await trio.sleep(0.5)  # the job runs and ends while nothing may be sent
+        # the job runs and ends while nothing may be sent
+        await wait_until(lambda: any(j["client_ref"] == sub_id and j["ended"] for j in stored_jobs(env)),
+                         what="the agent to see the job end")
         assert client.find_job(sub_id) is None
         await client.start_events()
         job = await client.wait_for(lambda: client.find_job(sub_id), scaled(30))
@@ -890,12 +893,13 @@ async def test_real_sim_agent_under_churn_keeps_the_rules():
         await handshake(client)
         await client.wait_for(lambda: len(client.nodes) == 50, scaled(30))
         start = client.state.model_events
-        await trio.sleep(0.8)
+        await client.wait_for(lambda: client.state.model_events - start > 100, scaled(30), description="churn")
         await client.stop_events()
-        await trio.sleep(0.4)  # changes pile up (coalesced) in the agent
+        # not a wait: the cluster moves on while the client hears nothing, and the agent holds
+        # and coalesces what changes (however little that is on a slow machine)
+        await trio.sleep(0.4)
         await client.start_events()
         job = await client.submit("lammps", queue="debug", count=4)
-        await trio.sleep(0.8)
         await client.wait_job_state(job, "COMPLETED", scaled(30))
         await client.stop_events()
         assert client.state.model_events - start > 100

@@ -13,7 +13,7 @@ import pytest
 import trio
 
 from agent_fixtures import agent_argv, console_argv, subprocess_env
-from wait_support import scaled
+from wait_support import scaled, scaled_program
 from proxy_agent.client import AgentClient
 from proxy_agent.client.errors import CommandFailed
 from proxy_agent.protocol.messages import CommandId
@@ -52,9 +52,13 @@ MESH = textwrap.dedent(
     # stay (and keep listening) until every peer has connected here too: a process that left
     # early would refuse a slower peer
     import time
-    deadline = time.monotonic() + 60
-    while len(heard) < connected and time.monotonic() < deadline:
-        time.sleep(0.05)
+
+    def stay(timeout=60):
+        deadline = time.monotonic() + timeout
+        while len(heard) < connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    stay()
     print("SEEN", me, "|".join(sorted(everyone)), "connected", connected, flush=True)
     print("HANDLES", os.environ["GLOBUS_GRAM_MULTIJOB_HANDLE"], os.environ["GLOBUS_GRAM_JOB_HANDLE"],
           os.environ["GLOBUS_GRAM_SUBJOB_RANK"], flush=True)
@@ -79,7 +83,7 @@ async def _start(client: AgentClient) -> None:
 
 def _script(tmp_path, name: str, text: str) -> str:
     path = tmp_path / name
-    path.write_text(text)
+    path.write_text(scaled_program(text))
     return str(path)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from typing import Any, Callable, Optional
 
@@ -49,6 +50,16 @@ def scaled(seconds: float) -> float:
     return seconds * timeout_scale()
 
 
+def scaled_program(text: str) -> str:
+    """A program a test writes for a job to run (it cannot import this module), with every
+    deadline written in it as ``timeout=N`` or ``--timeout N`` scaled."""
+    scale = timeout_scale()
+    if scale == 1:
+        return text
+    return re.sub(r"(\btimeout=|--timeout[ =])(\d+(?:\.\d*)?)\b",
+                  lambda m: f"{m.group(1)}{float(m.group(2)) * scale:g}", text)
+
+
 def _describe(condition: Callable[[], Any], what: Optional[str]) -> str:
     return what or getattr(condition, "__name__", "a condition")
 
@@ -65,6 +76,16 @@ async def wait_until(condition: Callable[[], Any], timeout: float = 30, *, what:
         if trio.current_time() >= deadline:
             raise AssertionError(f"gave up after {scaled(timeout):g} s waiting for {_describe(condition, what)}")
         await trio.sleep(interval)
+
+
+async def settle(timeout: float = 30) -> None:
+    """For code under test that runs in the test's own trio run: wait until every other task
+    is blocked, that is, has done all it can with what it was given (up to ``timeout``
+    seconds, scaled)."""
+    import trio.testing
+
+    with trio.fail_after(scaled(timeout)):
+        await trio.testing.wait_all_tasks_blocked()
 
 
 def wait_until_blocking(condition: Callable[[], Any], timeout: float = 30, *, what: Optional[str] = None,
