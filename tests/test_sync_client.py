@@ -124,14 +124,18 @@ def test_start_failures_are_clear():
 
 
 def test_an_agent_that_goes_away_ends_waits():
-    with spawn() as agent:
-        job = agent.submit("/bin/sleep", ["60"])
+    env = subprocess_env()
+    with Agent.spawn(agent_argv(), env=env) as agent:
+        job = agent.submit("/bin/sleep", ["600"])
+        sub_id = job.sub_id
         pid = agent._client_now().process.pid
         os.kill(pid, signal.SIGKILL)
         with pytest.raises(ConnectionClosed) as caught:
             job.wait(timeout=scaled(30))
         assert isinstance(caught.value, AgentExited) and "SIGKILL" in str(caught.value)
         assert not agent.alive
+    with Agent.spawn(agent_argv(), env=env) as again:  # the job outlived the agent: the next one ends it
+        again.job(sub_id).cancel()
 
 
 def test_the_package_is_marked_as_typed():

@@ -103,6 +103,8 @@ RM = "rm"
 OUTPUT_KEYS = {"processStdout": "stdout", "processStderr": "stderr"}
 #: Attributes known to repeat (one value per argument / variable) before MODEL_DEF says so.
 DEFAULT_ARRAY_KEYS = frozenset({"progArgs", "env"})
+#: The state every job begins in.
+FIRST_JOB_STATE = "STARTING"
 #: The attribute holding each kind's state.
 STATE_KEYS = {
     "machine": "machineState",
@@ -168,7 +170,9 @@ class Element:
     (``progArgs``, ``env``...).  Processes and jobs collect ``output`` (a
     job's holds the lines of all its processes in arrival order).
     ``states`` is the sequence of distinct states the element went through,
-    as seen by the client.
+    as seen by the client; a job's begins with STARTING, where every job begins, even
+    when the agent's first word of the job is a later state (it merges a job's changes
+    that come close together, or while the client is not taking events).
     """
 
     id: str
@@ -971,6 +975,8 @@ class ClientState:
         if key is not None:
             state = values.get(key)
             if isinstance(state, str) and (not element.states or element.states[-1] != state):
+                if not element.states and element.kind == "job" and state != FIRST_JOB_STATE:
+                    element.states.append(FIRST_JOB_STATE)
                 element.states.append(state)
         sub = values.get("jobSubId")
         if element.kind == "job" and isinstance(sub, str):
