@@ -18,6 +18,7 @@ cannot be removed are *leftovers*: they are listed, the run fails, and they are 
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ import tempfile
 import time
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import attrs
 
@@ -183,6 +184,8 @@ def release_idle_keepers(pids) -> None:
                 conn.settimeout(5)
                 conn.connect(os.path.join(directory, "keeper.sock"))
                 conn.sendall(b'{"op": "bye", "policy": "keep"}\n')
+                while conn.recv(4096):  # it closes the connection once it has taken the bye
+                    pass
         except OSError:
             pass
 
@@ -193,16 +196,19 @@ def wait_for_processes(area: RunArea, grace: float) -> List[Leftover]:
     return list(wait_for_ends(lambda: marked_processes(area), grace).values())
 
 
-def wait_for_ends(alive: Callable[[], Dict[int, Leftover]], grace: float) -> Dict[int, Leftover]:
+def wait_for_ends(alive: Callable[[], Dict[int, Any]], grace: float) -> Dict[int, Any]:
+    """What ``alive()`` still finds after ``grace`` seconds.  Once only job keepers are left,
+    they are told (again every second: one may be taking in an agent's end meanwhile) that no
+    agent is coming back."""
     deadline = time.monotonic() + grace
-    released = False
+    released = -math.inf
     while True:
         left = alive()
         if not left or time.monotonic() >= deadline:
             return left
-        if not released and all(_keeper_directory(pid) for pid in left):
+        if time.monotonic() - released >= 1 and all(_keeper_directory(pid) for pid in left):
             release_idle_keepers(left)
-            released = True
+            released = time.monotonic()
         time.sleep(0.2)
 
 
