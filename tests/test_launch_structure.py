@@ -62,7 +62,7 @@ def test_the_keeper_answers_a_round_in_one_write_and_starts_processes_without_po
     keeper = subprocess.Popen([sys.executable, "-c", _COUNTING_KEEPER, str(tmp_path)], env=subprocess_env(),
                               stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while True:
             sock = socket.socket(socket.AF_UNIX)
             try:
@@ -72,7 +72,7 @@ def test_the_keeper_answers_a_round_in_one_write_and_starts_processes_without_po
                 sock.close()
                 assert time.monotonic() < deadline, "the keeper did not open its socket"
                 time.sleep(0.01)
-        sock.settimeout(30)
+        sock.settimeout(scaled(30))
         lines = sock.makefile("rb")
         sock.sendall(b'{"op":"hello"}\n')
         assert json.loads(lines.readline())["op"] == "jobs"

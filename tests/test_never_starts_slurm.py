@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 import pytest
 
@@ -26,18 +25,16 @@ require_cluster()
 
 def test_submit_wait_reports_a_job_that_asks_for_more_time_than_its_partition_allows():
     name = f"pa-h16-never-{os.getpid()}"
-    start = time.monotonic()
     try:
+        # (a wait to the end of its --timeout would outlast the run's own deadline)
         run = subprocess.run(
-            console_argv("-q", "-c", f"submit --wait --timeout 120 -q debug jobName={name} timeLimit=3:00:00 /bin/true",
+            console_argv("-q", "-c", f"submit --wait --timeout 3600 -q debug jobName={name} timeLimit=3:00:00 /bin/true",
                          "--spawn", *agent_argv("--scheduler", "slurm")),
             stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=scaled(150), env=subprocess_env(),
         )
-        elapsed = time.monotonic() - start
     finally:
         subprocess.run(["scancel", "--name", name], capture_output=True, timeout=scaled(30))
     assert run.returncode == 1, run.stderr
     last = run.stderr.strip().splitlines()[-1]
     assert NEVER_STARTS in last and "(reason Partition" in last, last
     assert "terminate" in last and "Traceback" not in run.stderr
-    assert elapsed < 60, f"took {elapsed:.0f} s"

@@ -23,9 +23,9 @@ from typing import Dict, List, Optional
 import pytest
 import trio
 
-from agent_fixtures import agent_argv, subprocess_env
+from agent_fixtures import agent_argv, stored_jobs, subprocess_env
 from slurm_support import other_user_env
-from wait_support import scaled
+from wait_support import scaled, wait_until
 
 from proxy_agent.client import AgentClient, AgentProcess, CommandFailed, listen_for_agent
 from proxy_agent.client.state import Traffic
@@ -175,6 +175,11 @@ def check_ranks(wire: Wire) -> None:
             )
 
 
+async def round_trip(client: AgentClient) -> None:
+    """A command and its answer: what the agent had to send before it has come."""
+    await client.raw(CommandId.LIST_FILTERS, [], timeout=scaled(30))
+
+
 async def open_ide_session(*agent_args: str, env: Optional[Dict[str, str]] = None,
                            cwd: Optional[str] = None) -> AgentClient:
     """The real agent over stdio, driven by a reference-mode client."""
@@ -305,7 +310,7 @@ async def test_native_dialect_keeps_the_design_documents_protocol():
         start = client.state.open_command(CommandId.START_EVENTS)
         stop = await client.send_command(CommandId.STOP_EVENTS)
         await client.wait_for(lambda: start.done, scaled(30))
-        await trio.sleep(0.3)
+        await round_trip(client)  # answered after anything the agent had for STOP_EVENTS
         assert not stop.done  # native: held until the next START_EVENTS
         await client.start_events()
         assert stop.ok
@@ -313,8 +318,9 @@ async def test_native_dialect_keeps_the_design_documents_protocol():
         assert client.violations == []
 
 
-async def test_tid_reuse_is_refused_and_a_late_answer_never_reaches_the_wire():
-    async with await open_ide_session(*LOCAL) as client:
+async def test_tid_reuse_is_refused_and_a_late_answer_never_reaches_the_wire(tmp_path):
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    async with await open_ide_session(*LOCAL, env=env) as client:
         wire = await ide_handshake(client)
         start = client.state.open_command(CommandId.START_EVENTS)
 
@@ -323,7 +329,8 @@ async def test_tid_reuse_is_refused_and_a_late_answer_never_reaches_the_wire():
         assert isinstance(reused.completion, Error) and reused.completion.code == ErrorCode.TID_IN_USE
         assert start.abandoned and not client.events_started
         sub = await client.submit_nowait("/bin/echo", ["while stopped"])
-        await trio.sleep(0.5)
+        await wait_until(lambda: any(j["client_ref"] == sub and j["ended"] for j in stored_jobs(subprocess_env(**env))),
+                         what="the agent to see the job end")
         assert client.find_job(sub) is None  # held
         await client.start_events()
         job = await client.wait_for(lambda: client.find_job(sub), scaled(30))
@@ -341,7 +348,7 @@ async def test_tid_reuse_is_refused_and_a_late_answer_never_reaches_the_wire():
         assert submit.abandoned
         job = await client.wait_for(lambda: client.find_job("abandoned-h9"), scaled(30))
         await client.wait_job_state(job, "COMPLETED", scaled(30))
-        await trio.sleep(0.3)
+        await round_trip(client)  # a late answer would have come before this one
         on_tid = [f for f in wire.frames if f.tid == submit.tid]
         assert len(on_tid) == 1 and on_tid[0].msg_id == 5  # the ERROR only, no late OK
         await client.quit()
@@ -432,10 +439,11 @@ async def test_launched_as_the_ide_launches_it():
     check_default_dialect(wire, client)
 
 
-async def test_long_lines_and_output_held_while_events_are_stopped():
+async def test_long_lines_and_output_held_while_events_are_stopped(tmp_path):
     """A line over 64 KiB arrives in pieces of at most 64 KiB; output written while events are
     stopped is kept up to its bound, and the lines given up are counted exactly."""
-    async with await open_ide_session(*LOCAL) as client:
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    async with await open_ide_session(*LOCAL, env=env) as client:
         wire = await ide_handshake(client)
         long = await client.submit("/bin/sh", ["-c", "head -c 100000 /dev/zero | tr '\\0' x; echo; echo end"])
         await client.wait_job_state(long, "COMPLETED", scaled(30))
@@ -444,7 +452,8 @@ async def test_long_lines_and_output_held_while_events_are_stopped():
         await client.stop_events()
         total = 300_000  # about 2 MB of lines: more than is kept for a process
         sub = await client.submit_nowait("seq", [str(total)])
-        await trio.sleep(2.0)
+        await wait_until(lambda: any(j["client_ref"] == sub and j["ended"] for j in stored_jobs(subprocess_env(**env))),
+                         what="the job to end while events are stopped")
         await client.start_events()
         job = await client.wait_for(lambda: client.find_job(sub), scaled(30))
         # The job ended while events were stopped: its NEW_JOB already says COMPLETED, and

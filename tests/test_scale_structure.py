@@ -466,7 +466,7 @@ def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
                               env=subprocess_env())
     try:
         path = tmp_path / "keeper.sock"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while True:
             sock = socket.socket(socket.AF_UNIX)
             try:
