@@ -168,7 +168,7 @@ async def test_a_failing_part_cancels_the_others_and_the_job_fails(tmp_path):
         async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
             await _start(client)
             job_id = await client.cosubmit(description)
-            await _state(client, job_id, "FAILED", 15)
+            await _state(client, job_id, "FAILED", scaled(30))
             job = client.job(job_id)
             assert "part 1 ('fails')" in job.get("jobStatusMessage", ""), job.attributes
             assert "before the start barrier was released" in job.get("jobStatusMessage", "")
@@ -190,7 +190,7 @@ async def test_one_process_dying_before_the_barrier_fails_the_job_while_its_part
         async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
             await _start(client)
             job_id = await client.cosubmit(description)
-            await _state(client, job_id, "FAILED", 15)
+            await _state(client, job_id, "FAILED", scaled(30))
             assert client.job(job_id).get("jobStatusMessage") == (
                 "process 1 of part 1 ('half') failed before the start barrier was released")
             parts = await _parts(client, job_id, 2)
@@ -207,7 +207,7 @@ async def test_a_part_that_cannot_be_submitted_fails_the_job_and_bad_description
         async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
             await _start(client)
             job_id = await client.cosubmit(description)
-            await _state(client, job_id, "FAILED", 15)
+            await _state(client, job_id, "FAILED", scaled(30))
             message = client.job(job_id).get("jobStatusMessage", "")
             assert "part 1 could not be submitted" in message and "nosuchqueue" in message, message
             parts = await _parts(client, job_id, 1)
@@ -247,7 +247,7 @@ async def test_cancelling_the_multi_part_job_cancels_every_part(tmp_path):
             assert "name the multi-part job" in str(refused.value)
             assert client.job(job_id).get("jobStatus") == "PREPARING"
             await client.terminate(job_id)
-            await _state(client, job_id, "KILLED", 10)
+            await _state(client, job_id, "KILLED", scaled(30))
             await client.wait_for(lambda: all(p.get("jobStatus") == "KILLED" for p in parts), scaled(30),
                                   description="every part cancelled")
             assert not any("PASSED" in client.job_output(p) for p in parts)
@@ -271,7 +271,7 @@ async def test_parts_are_added_and_deleted_until_the_release_and_not_after(tmp_p
             await client.wait_for(lambda: client.job(job_id).get("coallocParts") == "2", scaled(30),
                                   description="the job to have two parts")
             await client.release_barrier(job_id, wait_for_parts=True)
-            await _state(client, job_id, "FINISHED", 20)
+            await _state(client, job_id, "FINISHED", scaled(30))
             # the parts left are indexes 0 and 1 of two; every process passed
             assert await _lines(client, [first], "PASSED", 1) == ["PASSED 0 2 0"]
             await _lines(client, [added], "PASSED", 2)
@@ -371,7 +371,7 @@ async def test_a_no_barrier_part_on_the_simulated_cluster_runs_on_its_own(tmp_pa
             real, simulated = await _parts(client, job_id, 2)
             assert client.element(simulated.get("queueId")).get("backend") == "sim"
             assert simulated.get("coallocJob") == job_id
-            await _state(client, job_id, "FINISHED", 30)
+            await _state(client, job_id, "FINISHED", scaled(30))
             # the simulated part ran nothing and never checked in; the real one passed alone
             assert await _lines(client, [real], "PASSED", 1) == ["PASSED 0 2 0"]
             assert simulated.get("jobStatus") == "FINISHED"

@@ -96,7 +96,7 @@ async def test_three_parts_on_three_schedulers_pass_the_barrier_and_connect_to_e
             job_id = await client.cosubmit(description)
             parts = await _parts(client, job_id, 3)
             try:
-                await _state(client, job_id, "FINISHED", 200)
+                await _state(client, job_id, "FINISHED", scaled(200))
                 lines = await _lines(client, parts, "SEEN", 6)
                 assert len(lines) == 6, [client.job_output(p) for p in parts]
                 assert len({line.split()[2] for line in lines}) == 1
@@ -124,7 +124,7 @@ async def test_a_part_failing_before_the_barrier_leaves_nothing_in_any_scheduler
                 await wait_until(lambda: len(_still_queued(client, parts)) == 2, 60, interval=0.5,
                                  what="the SLURM and Grid Engine parts in their schedulers")
                 fail.touch()
-                await _state(client, job_id, "FAILED", 60)
+                await _state(client, job_id, "FAILED", scaled(60))
                 assert "('fails')" in client.job(job_id).get("jobStatusMessage", "")
                 await wait_until(lambda: not _still_queued(client, parts), 60, interval=0.5,
                                  what="the parts to leave their schedulers after the failure")

@@ -63,7 +63,7 @@ async def test_a_local_and_a_slurm_part_pass_the_barrier_and_find_each_other(tmp
                 # the cluster may be busy with others' jobs: the tests' reservation makes room
                 await client.wait_for(lambda: there.get("jobStatus") not in (None, "QUEUING"), scaled(120),
                                       description=f"SLURM to start the part ({there.get('jobStatusMessage')})")
-                await _state(client, job_id, "FINISHED", 60)
+                await _state(client, job_id, "FINISHED", scaled(60))
                 lines = await _lines(client, [here, there], "SEEN", 4)
                 assert len(lines) == 4, [client.job_output(p) for p in (here, there)]
                 assert len({line.split()[2] for line in lines}) == 1
@@ -96,7 +96,7 @@ async def test_a_failing_local_part_gets_the_slurm_part_cancelled_in_slurm(tmp_p
                 native_ids.append(waits.get("nativeId"))
                 assert native_ids[0] and _in_slurm(native_ids), "the SLURM part is in SLURM"
                 fail.touch()
-                await _state(client, job_id, "FAILED", 30)
+                await _state(client, job_id, "FAILED", scaled(30))
                 assert "part 1 ('fails')" in client.job(job_id).get("jobStatusMessage", "")
                 await wait_until(lambda: not _in_slurm(native_ids), 60, interval=0.5,
                                  what="the SLURM part to leave SLURM after the failure")

@@ -100,14 +100,16 @@ async def test_cell_model(tmp_path):
 
 
 async def test_output_exit_code_and_spool(tmp_path):
-    code = ("import sys, time; print('first', flush=True); time.sleep(3); print('second');"
-            "sys.stderr.write('bad end\\n'); sys.exit(3)")
+    go = tmp_path / "go"  # the job goes on once the test has seen its first line
+    code = (f"import os, sys, time; print('first', flush=True)\nwhile not os.path.exists({str(go)!r}): time.sleep(0.1)\n"
+            "print('second'); sys.stderr.write('bad end\\n'); sys.exit(3)")
     async with cell(tmp_path) as c:
         job_id = await c.submit(PY, ["-c", code], name="pa-sge-out")
         await c.wait_status(job_id, "RUNNING")
         await c.wait_output(job_id, "first")  # while it runs
         assert c.job(job_id).get("jobStatus") == "RUNNING"
         assert spool_files(c.home)
+        go.touch()
         await c.client.wait_job_state(job_id, "COMPLETED", timeout=scaled(40))
         # Everything was delivered before the final state.
         assert c.client.job_output(job_id, "stdout") == "first\nsecond\n"
@@ -237,7 +239,9 @@ async def test_a_new_agent_adopts_the_jobs_of_the_last_one(tmp_path):
     their Grid Engine ids, with their output delivered on from where it stopped."""
     env = subprocess_env(HOME=str(tmp_path), XDG_STATE_HOME=str(tmp_path / "state"))
     argv = agent_argv("--scheduler", "sge", "--sge-poll-interval", "1")
-    code = "import time; print('before', flush=True); time.sleep(6); print('after', flush=True)"
+    go = tmp_path / "go"  # the job goes on once the first agent has gone
+    code = (f"import os, time; print('before', flush=True)\nwhile not os.path.exists({str(go)!r}): time.sleep(0.1)\n"
+            "print('after', flush=True)")
     native = None
     try:
         with trio.fail_after(TEST_TIMEOUT):
@@ -251,6 +255,7 @@ async def test_a_new_agent_adopts_the_jobs_of_the_last_one(tmp_path):
                 await client.wait_for(lambda: "before" in client.job_output(job_id, "stdout"), scaled(40),
                                       description="the first line")
                 await client.quit()
+            go.touch()
             async with await AgentClient.spawn(argv, env=env, cwd=str(tmp_path)) as client:
                 await client.init()
                 await client.model_def()

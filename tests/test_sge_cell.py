@@ -89,7 +89,7 @@ def accounting(job_id: str, records: int = 1) -> List[NativeJob]:
         result = run(sge.accounting_argv(job_id))
         found = sge_parse.parse_qacct(result.stdout) if result.returncode == 0 else []
         return found if len(found) >= records else None
-    return wait_for(f"accounting of {job_id}", check, limit=20)
+    return wait_for(f"accounting of {job_id}", check)
 
 
 @pytest.fixture(autouse=True)
@@ -218,8 +218,11 @@ def test_constraint_runs_and_missing_gpu_waits():
     gpu = submit(JobSpec("/bin/true", name="cell_gpu", gpus=1, stdout_path="/dev/null", stderr_path="/dev/null"))
     wait_gone(fast)
     assert accounting(fast)[0].exit_code == 0
-    # No host offers a GPU: after several scheduling rounds it still waits.
-    time.sleep(2.5)
+    # No host offers a GPU: after several scheduling rounds it still waits.  Each job
+    # submitted after it and run to its end took a round that passed it over.
+    for round_ in range(3):
+        wait_gone(submit(JobSpec("/bin/true", name=f"cell_round{round_}", stdout_path="/dev/null",
+                                 stderr_path="/dev/null")))
     assert mine(gpu)[gpu].native_state == "qw"
 
 

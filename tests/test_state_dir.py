@@ -15,7 +15,7 @@ from proxy_agent.schedulers.keeper import JOURNAL, read_journal
 
 from adoption_support import spawn_agent, start
 from agent_fixtures import subprocess_env
-from wait_support import scaled
+from wait_support import scaled, wait_until
 
 
 def _run(*args: str, timeout: float = scaled(30)) -> subprocess.CompletedProcess:
@@ -92,7 +92,14 @@ async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
             await client.wait_job_state(failing, "COMPLETED", scaled(30))
             slow = await client.submit("/bin/sleep", ["60"], jobName="slow")
             await client.wait_job_state(slow, "RUNNING", scaled(30))
-            await trio.sleep(1.2)  # states reach the store within a second
+
+            def stored_states():
+                listed = _run("jobs", "--state-dir", state, "--json").stdout.splitlines()
+                return {json.loads(line)["name"]: json.loads(line)["state"] for line in listed}
+
+            # states reach the store within a second, on a machine that is not busy
+            await wait_until(lambda: stored_states() == {"quick": "FINISHED", "failing": "FAILED", "slow": "RUNNING"},
+                             interval=0.2, what="the jobs' states in the store")
 
             table = _run("jobs", "--state-dir", state)
             assert table.returncode == 0, table.stderr
@@ -148,8 +155,7 @@ async def test_by_default_a_clients_departure_ends_its_local_jobs_and_the_next_a
             pid = int(first.job_process(running, 0).get("processPID"))
             sub = running.get("jobSubId")
             await first.stream.send_stream.aclose()  # the client goes away
-            while first.ended is None:
-                await trio.sleep(0.02)
+            await wait_until(lambda: first.ended is not None, what="the agent to end")
         assert first.process.returncode == 0
         assert not _alive(pid), "the job's process outlived the agent"
         async with await spawn_agent(state) as second:
