@@ -570,21 +570,24 @@ async def test_internal_error_in_a_command_is_an_error_event_and_the_session_goe
 
 
 class _DyingBackend(LocalBackend):
-    """Starts fine, then its background work dies."""
+    """Starts fine, then its background work dies (when the test sets ``die``)."""
 
     name = "dying"
+    die: trio.Event
 
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED):
         async with trio.open_nursery() as nursery:
             await nursery.start(super().run)
             task_status.started()
-            await trio.sleep(0.2)
+            await self.die.wait()
             raise OSError("lost contact with the controller")
 
 
 async def test_scheduler_dying_after_start_is_told_and_the_session_goes_on():
+    _DyingBackend.die = trio.Event()
     async with in_process_session(_DyingBackend, SimBackend) as (session, client):
         await start(client)
+        _DyingBackend.die.set()  # once the client has events started
         await client.wait_for(lambda: client.messages, timeout=scaled(30))
         message = client.messages[0]
         assert message.level == "ERROR" and "lost contact with the controller" in message.text

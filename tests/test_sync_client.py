@@ -44,14 +44,12 @@ def test_submit_wait_output_from_plain_code():
 
 def test_cancel_and_timeouts():
     with spawn() as agent:
-        job = agent.submit("/bin/sleep", ["60"])
+        job = agent.submit("/bin/sleep", ["600"])
         job.wait(timeout=scaled(30), state="RUNNING")
         with pytest.raises(WaitTimeout):
             job.wait(timeout=0.3)
-        started = time.monotonic()
         job.cancel()
-        job.wait(timeout=scaled(30))
-        assert time.monotonic() - started < 15
+        job.wait(timeout=scaled(30))  # (the job would sleep 600 s)
         assert job.status in ("KILLED", "CANCELED")
         with pytest.raises(CommandFailed, match="no job with id 999999"):
             agent.job(job.id)._agent._run(lambda: agent._client_now().terminate("999999"))
