@@ -63,6 +63,8 @@ def skip_reason() -> Optional[str]:
         return f"the cell lacks queues {', '.join(missing_queues)} (scripts/sge-up makes all.q and short.q)"
     if run(["qconf", "-sp", "smp"]).returncode != 0:
         return "the cell lacks the parallel environment smp (scripts/sge-up makes it)"
+    if not other_user_exists():
+        return f"there is no local user {OTHER_USER} for other users' jobs (scripts/sge-up makes one)"
     if run(["qconf", "-srqs", ROOM]).returncode != 0:
         return f"the cell lacks the resource quota set {ROOM}, the tests' room on a busy cell; run scripts/sge-up"
     return None

@@ -274,8 +274,6 @@ async def test_a_new_agent_adopts_the_jobs_of_the_last_one(tmp_path):
 
 
 async def test_other_users_jobs_only_with_all_users(tmp_path):
-    if not sge_support.other_user_exists():
-        pytest.skip(f"the cell has no user {sge_support.OTHER_USER} (scripts/sge-up makes one)")
     script = "#!/bin/sh\nsleep 120\n"
     argv = ["runuser", "-u", sge_support.OTHER_USER, "--", "qsub", "-terse", "-h", "-N", "pa-sge-other",
             "-o", "/dev/null", "-e", "/dev/null", "-S", "/bin/sh"]

@@ -238,7 +238,6 @@ def test_array_tasks(tmp_path: Path):
         assert (record.job_id, record.exit_code) == (f"{number}.{task}", task)
 
 
-@pytest.mark.skipif(not sge_support.other_user_exists(), reason=f"no local user {sge_support.OTHER_USER}")
 def test_other_users_jobs():
     number = submit(JobSpec("/bin/true", name="cell_other", hold=True, stdout_path="/dev/null",
                             stderr_path="/dev/null"), user=sge_support.OTHER_USER)

@@ -1,9 +1,9 @@
 """The SLURM scheduler against a real cluster: end to end (a client, the agent, SLURM), and
 in-process for what a client cannot provoke (forgotten jobs, an unreachable controller).
 
-Needs the one-node cluster of ``scripts/slurm-up`` and root (see ``slurm_support``): skipped
-with the reason otherwise, except in CI, where a missing cluster fails the module.
-Every test is bounded (60 s) and cancels the SLURM jobs it started.
+Needs the one-node cluster of ``scripts/slurm-up`` and root, and runs when
+PROXY_AGENT_TEST_CLUSTERS asks for it (see ``slurm_support``, ``cluster_support``).
+Every test is bounded (60 s, scaled) and cancels the SLURM jobs it started.
 """
 
 from __future__ import annotations
