@@ -87,12 +87,12 @@ def test_script_file_with_comments_and_several_jobs(tmp_path):
     script = tmp_path / "commands.txt"
     script.write_text(
         textwrap.dedent(
-            """\
+            f"""\
             # two jobs, one with three processes
             submit --sub-id first -n 3 -d /tmp /bin/sh -c 'echo "$PROXY_AGENT_PROCESS_INDEX in $(pwd)"' --wait
-            submit --sub-id second /bin/sleep 30
-            wait second RUNNING -t 10; terminate second
-            wait second -t 10
+            submit --sub-id second /bin/sleep 600
+            wait second RUNNING -t {scaled(60):g}; terminate second
+            wait second -t {scaled(60):g}
             show second
             output first
             jobs

@@ -123,7 +123,7 @@ async def test_requests_made_while_one_is_written_go_in_one_write():
         for key in range(20):
             nursery.start_soon(link.send, {"op": "spawn", "key": key})
     received = b""
-    b.settimeout(10)
+    b.settimeout(scaled(30))
     while received.count(b"\n") < 20:
         received += b.recv(1 << 16)
     assert sorted(json.loads(line)["key"] for line in received.splitlines()) == list(range(20))

@@ -35,7 +35,7 @@ def test_submit_wait_output_from_plain_code():
         assert job.sub_id and agent.job(job.sub_id).id == job.id
         assert [j.id for j in agent.jobs()] == [job.id]
         failed = agent.submit("/bin/sh", ["-c", "exit 4"])
-        failed.wait(30)
+        failed.wait(scaled(30))
         assert failed.exit_codes == [4] and failed.status == "FAILED"
     assert not agent.alive
     with pytest.raises(ConnectError, match="closed"):
@@ -71,7 +71,7 @@ def test_inside_a_running_asyncio_program():
             status = await asyncio.to_thread(job.wait, 30)  # the loop keeps running meanwhile
             assert len(ticks) - before >= 5
             quick = agent.submit("/bin/echo", ["direct"])
-            quick.wait(30)  # blocking the loop briefly does not deadlock: the session has its own thread
+            quick.wait(scaled(30))  # blocking the loop briefly does not deadlock: the session has its own thread
             assert quick.stdout == "direct\n"
             output = job.stdout
         task.cancel()
@@ -86,14 +86,14 @@ def test_from_several_threads_at_once():
 
         def one(index: int) -> None:
             job = agent.submit("/bin/echo", [f"thread {index}"])
-            job.wait(30)
+            job.wait(scaled(30))
             results[index] = job.stdout
 
         threads = [threading.Thread(target=one, args=(i,)) for i in range(4)]
         for thread in threads:
             thread.start()
         for thread in threads:
-            thread.join(60)
+            thread.join(scaled(60))
         assert results == {i: f"thread {i}\n" for i in range(4)}
 
 
@@ -110,7 +110,7 @@ def test_calling_from_the_sessions_own_thread_is_refused():
                     caught.append(str(exc))
 
         agent._sync(lambda: client.add_listener(listener))
-        agent.submit("/bin/true").wait(30)
+        agent.submit("/bin/true").wait(scaled(30))
         assert caught and "own thread" in caught[0]
 
 
