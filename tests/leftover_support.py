@@ -10,7 +10,10 @@ from what others run on the same machine and clusters at the same time:
   inherits (and SLURM passes on to a job's processes);
 * SLURM jobs: by their WCKey (``SBATCH_WCKEY``, which sbatch reads from the environment);
 * Grid Engine jobs: by the submitter's ``PATH`` that Grid Engine records with each job
-  (``sge_o_path``), which starts with ``<area>/bin``.
+  (``sge_o_path``), which starts with ``<area>/bin``;
+* processes over ssh (which passes no environment on): the ssh tests hold the test accounts
+  while they run and check them themselves (``ssh_support.accounts_of_our_own``), then
+  :func:`note` what they found.
 
 At the end of the run, processes still running, jobs still in a scheduler and an area that
 cannot be removed are *leftovers*: they are listed, the run fails, and they are removed.
