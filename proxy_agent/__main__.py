@@ -4,6 +4,16 @@ from __future__ import annotations
 
 import gc
 
+if __name__ == "__main__":  # python -m proxy_agent: a signal during the imports ends it quietly
+
+    def _stopped_while_loading(signum, frame):  # nothing exists yet: nothing to clean up
+        raise SystemExit(0)
+
+    import signal as _signal
+
+    for _signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(_signum, _stopped_while_loading)
+
 # Start-up makes tens of thousands of objects that live as long as the agent; the collector
 # would walk them again and again (full collections included) while they are made.  It waits
 # until the imports are done, and then leaves them out of its walks.
@@ -24,7 +34,8 @@ from .schedulers.base import BACKENDS, backend_class
 from .server import ServerLimits, Sessions, serve_listeners, serve_stream
 from .service.coalloc.manager import CoallocManager, RuntimeSettings
 from .service.service import JobService
-from .service.store import JobStore, StateDirInUse, StateLock, StoreError, default_state_dir, open_store
+from .service.store import (JobStore, StateDirInUse, StateLock, StoreError, StoreUnwritable, default_state_dir,
+                            open_store)
 from .transport import (
     connect_tcp,
     load_or_create_token,
@@ -138,8 +149,9 @@ def _add_options(parser: Any, backends: Optional[Sequence[str]]) -> None:
                          help="the Unix socket the processes of multi-part jobs on this host reach the agent at "
                          "(default: runtime.sock in the state directory)")
     runtime.add_argument("--runtime-tcp", metavar="HOST[:PORT]|auto|none", default="auto",
-                         help="where processes on other hosts reach the agent; auto: every interface, any port, "
-                         "when a batch scheduler runs")
+                         help="where processes on other hosts reach the agent; auto: the addresses this host's name "
+                         "(or --runtime-advertise) resolves to, any port, when a batch scheduler runs; 0.0.0.0 or :PORT "
+                         "for every interface")
     runtime.add_argument("--runtime-advertise", metavar="NAME",
                          help="the host name compute nodes reach the agent by (default: this host's name)")
     for name in BACKENDS:
@@ -381,7 +393,7 @@ def runtime_settings(args: argparse.Namespace, names: Sequence[str], state: "Sta
     tcp_port = 0
     if tcp == "auto":
         if any(name not in ("local", "sim") for name in names):
-            tcp_host = "0.0.0.0"
+            tcp_host = "auto"  # the addresses compute nodes reach this host by (see RuntimeServer)
     elif tcp != "none":
         host, sep, port = tcp.rpartition(":")
         if not sep:
@@ -421,13 +433,17 @@ class StateDir:
         self.usable = True
         try:
             self.store = open_store(self.directory)
+        except StoreUnwritable as exc:
+            self.problem = (f"the job store cannot be used now ({exc.message}); it is left as it is for the next "
+                            "agent, and jobs submitted to this one will not survive a restart")
+            return
         except StoreError as exc:
             self.problem = f"the job store cannot be used ({exc.message}); jobs will not survive a restart"
             return
         damaged = getattr(self.store, "damaged_copy", None)
         if damaged:
-            self.problem = (f"the job store was damaged and has been kept as {damaged}; a new one was started, and "
-                            "the jobs the old one held are not followed")
+            self.problem = (f"the job store could not be read ({self.store.damage}); it was kept as {damaged}, a new "
+                            "one was started, and the jobs the old one held are not followed")
 
     def advertise(self, unix: Optional[str]) -> None:
         about = {"pid": os.getpid()}
@@ -488,6 +504,7 @@ async def _open_transport(args: argparse.Namespace, config: PtpConfig):
             listener = await open_unix_listener(args.unix)
         except OSError as exc:
             raise OSError(f"cannot listen on {args.unix}: {_reason(exc)}") from None
+        _START.made(args.unix)
         print(f"proxy-agent listening on {args.unix}", file=sys.stderr, flush=True)
         return "unix", [listener], config
     return "stdio", open_stdio(), config
@@ -495,6 +512,77 @@ async def _open_transport(args: argparse.Namespace, config: PtpConfig):
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or str(exc)
+
+
+class _StartSignals:
+    """SIGTERM, SIGINT and SIGHUP at any moment of start-up end the agent cleanly (exit status
+    0, its socket files removed), before it can say goodbye to clients the usual way
+    (:func:`_watch_signals`, which takes over once it runs).  Before trio runs, a signal
+    stops the start-up where it is (:class:`_Stopped`); once it runs, it cancels the agent."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
+        self.raising = False
+        self._cancel = None
+        self._token = None
+        #: socket files the agent made: path -> inode (only those are removed)
+        self._made: Dict[str, int] = {}
+
+    def install(self) -> Dict[int, Any]:
+        """Take the signals; what handled them before (see :meth:`restore`)."""
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+        self.raising = True
+        return {signum: signal.signal(signum, self._handle) for signum in self.SIGNALS}
+
+    @staticmethod
+    def restore(previous: Dict[int, Any]) -> None:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        if self._cancel is not None:
+            self._token.run_sync_soon(self._cancel)  # type: ignore[union-attr]
+        elif self.raising:
+            raise _Stopped(signum)
+
+    def made(self, path: str) -> None:
+        try:
+            self._made[path] = os.stat(path).st_ino
+        except OSError:
+            pass
+
+    async def run(self, args: argparse.Namespace, service: JobService, state: "StateDir") -> int:
+        """:func:`amain`, cancelled by a signal until it watches for them itself; its socket
+        files removed however it ends."""
+        with trio.CancelScope() as scope:
+            self._token, self._cancel = trio.lowlevel.current_trio_token(), scope.cancel
+            if self.received is not None:
+                scope.cancel()
+            try:
+                return await amain(args, service, state)
+            finally:
+                self._cancel = None
+                for path, inode in self._made.items():
+                    try:
+                        if os.stat(path).st_ino == inode:
+                            os.unlink(path)
+                    except OSError:
+                        pass
+        log.info("stopped by %s while starting", signal.Signals(self.received or signal.SIGTERM).name)
+        return 0
+
+
+class _Stopped(BaseException):
+    """A signal arrived while the agent was starting, before trio ran."""
+
+
+_START = _StartSignals()
 
 
 async def amain(args: argparse.Namespace, service: JobService, state: "StateDir") -> int:
@@ -510,6 +598,7 @@ async def amain(args: argparse.Namespace, service: JobService, state: "StateDir"
         path = os.path.join(state.directory, "agent.sock")
         try:
             local_listener = await open_unix_listener(path)
+            _START.made(path)
             state.advertise(path)
         except OSError as exc:
             log.warning("cannot listen on %s: %s", path, exc)
@@ -552,6 +641,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         from .joblist import main as joblist_main
 
         return joblist_main(argv)
+    previous = _START.install()
+    try:
+        return _main(argv)
+    except _Stopped:
+        return 0
+    finally:
+        _START.restore(previous)
+
+
+def _main(argv: List[str]) -> int:
     args = parse_arguments(argv)
     try:
         names = _scheduler_names(args.scheduler)
@@ -576,8 +675,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"proxy-agent: {exc}", file=sys.stderr)
         return 2
     args.env_token = os.environ.pop(TOKEN_VARIABLE, None)
+    _START.raising = False  # from here a signal is recorded, and cancels the agent once trio runs
     try:
-        return trio.run(amain, args, service, state)
+        return trio.run(_START.run, args, service, state)
     except KeyboardInterrupt:
         return 0
     except (OSError, ValueError) as exc:  # set-up failures not caught above

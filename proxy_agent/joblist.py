@@ -13,10 +13,11 @@ import datetime as _dt
 import json
 import os
 import shutil
+import sqlite3
 import sys
 from typing import List, NoReturn, Optional
 
-from .service.store import JobStore, StoreError, default_state_dir
+from .service.store import JobStore, StoreError, StoreUnwritable, default_state_dir
 
 __all__ = ["main"]
 
@@ -47,11 +48,18 @@ def _time(value: Optional[float]) -> str:
     return _dt.datetime.fromtimestamp(value).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def _open(directory: str) -> JobStore:
+def _open(directory: str, writing: bool = False) -> JobStore:
+    """The store of ``directory``, as it is (a damaged one is a StoreError saying so, never
+    moved or followed); one that cannot be written now is read as it is, unless ``writing``."""
     path = os.path.join(directory, JobStore.FILE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise StoreError(f"no job store in {directory} (no agent has kept jobs there)")
-    return JobStore(path)
+    try:
+        return JobStore(path)
+    except StoreUnwritable as exc:
+        if writing:
+            raise
+        return JobStore.reading_only(path, exc.message)
 
 
 def _visible(text: str) -> str:
@@ -101,7 +109,7 @@ def _forget(args: argparse.Namespace) -> int:
             print(f"proxy-agent forget: {args.ended_before!r} is not a date like 2026-01-31 or 2026-01-31T12:00",
                   file=sys.stderr)
             return 2
-    store = _open(args.state_dir)
+    store = _open(args.state_dir, writing=True)
     try:
         backends = {job.key: job.backend for job in store.jobs()}
         forgotten, refused = store.forget(keys)
@@ -142,4 +150,7 @@ def main(argv: List[str]) -> int:
         return _list(args) if command == "jobs" else _forget(args)
     except StoreError as exc:
         print(f"proxy-agent {command}: {exc.message}", file=sys.stderr)
+        return 2
+    except sqlite3.Error as exc:  # found damaged while reading
+        print(f"proxy-agent {command}: the job store in {args.state_dir} cannot be read: {exc}", file=sys.stderr)
         return 2

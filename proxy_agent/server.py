@@ -22,6 +22,7 @@ import attrs
 import trio
 
 from .frontends.ptp import PtpConfig, PtpSession, keep_snapshot_planned, refuse_busy
+from .frontends.ptp.session import CLOSE_BOUND
 from .service.service import JobService
 
 log = logging.getLogger("proxy_agent.server")
@@ -35,8 +36,9 @@ class Sessions:
     def __init__(self) -> None:
         self.live: "set[PtpSession]" = set()
 
-    async def farewell(self, text: str, bound: float = 1.5) -> None:
-        """Tell every client the agent is stopping, and let that be written (bounded)."""
+    async def farewell(self, text: str, bound: float = CLOSE_BOUND + 0.5) -> None:
+        """Tell every client the agent is stopping, and let that be written (bounded: each
+        session ends its stream with whole frames and SHUTDOWN within CLOSE_BOUND)."""
         sessions = list(self.live)
         for session in sessions:
             session.farewell(text)

@@ -38,29 +38,38 @@ def _completed_in(args, first: int) -> set:
 
 
 def _keeper_cpu(agent_pid: int) -> float:
-    """CPU seconds of the keeper the agent started (its child; not counting the jobs)."""
+    """CPU seconds of the keeper the agent started: its custodian (the agent's child) and the
+    keeper under it (not counting the jobs)."""
     ticks = os.sysconf("SC_CLK_TCK")
     used = 0
-    try:
-        tasks = os.listdir(f"/proc/{agent_pid}/task")
-    except OSError:
-        return 0.0
-    for task in tasks:
+    pending = [agent_pid]
+    seen = set()
+    while pending:
+        parent = pending.pop()
         try:
-            with open(f"/proc/{agent_pid}/task/{task}/children") as children:
-                pids = children.read().split()
+            tasks = os.listdir(f"/proc/{parent}/task")
         except OSError:
             continue
-        for pid in pids:
+        for task in tasks:
             try:
-                with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                    if b"proxy_agent.schedulers.keeper" not in cmdline.read():
-                        continue
-                with open(f"/proc/{pid}/stat") as stat:
-                    fields = stat.read().rsplit(")", 1)[1].split()
+                with open(f"/proc/{parent}/task/{task}/children") as children:
+                    pids = children.read().split()
             except OSError:
                 continue
-            used += int(fields[11]) + int(fields[12])
+            for pid in pids:
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                        if b"proxy_agent.schedulers.keeper" not in cmdline.read():
+                            continue
+                    with open(f"/proc/{pid}/stat") as stat:
+                        fields = stat.read().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                used += int(fields[11]) + int(fields[12])
+                pending.append(int(pid))  # the keeper under the custodian
     return used / ticks
 
 

@@ -344,7 +344,9 @@ def test_the_runtime_listens_where_the_options_say(tmp_path):
 
     assert settings().unix_path == str(tmp_path / "runtime.sock")
     assert settings().tcp_host is None  # only local processes: no TCP
-    assert settings(names=("local", "slurm")).tcp_host == "0.0.0.0"
+    # with a batch scheduler: where compute nodes reach this host (see RuntimeServer)
+    assert settings(names=("local", "slurm")).tcp_host == "auto"
+    assert settings("--runtime-tcp", "0.0.0.0", names=("local", "slurm")).tcp_host == "0.0.0.0"
     assert settings("--runtime-tcp", "none", names=("slurm",)).tcp_host is None
     chosen = settings("--runtime-tcp", "127.0.0.1:4711", "--runtime-advertise", "login1", "--runtime-socket", "x.sock")
     assert (chosen.tcp_host, chosen.tcp_port, chosen.advertise_host) == ("127.0.0.1", 4711, "login1")

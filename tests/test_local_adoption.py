@@ -1,5 +1,5 @@
 """Stored local jobs the keeper cannot describe: one whose end was recorded keeps it, one the
-keeper never heard of is reported lost, saying why."""
+keeper never heard of is reported FAILED, saying why."""
 
 from __future__ import annotations
 
@@ -33,10 +33,11 @@ async def test_stored_local_jobs_unknown_to_the_keeper(tmp_path):
         assert model.attr(5, K.CLIENT_REF) == "s5"
         (process,) = model.processes(5)
         assert model.attr(process, K.EXIT_CODE) == "0"
-        assert model.attr(6, K.STATE) == "DELETED" and model.attr(6, K.NATIVE_STATE) == "LOST"
+        assert model.attr(6, K.STATE) == "FAILED" and model.attr(6, K.NATIVE_STATE) == "LOST"
         assert "the keeper has no record of the job" in model.attr(6, K.MESSAGE)
+        assert "it never ran" in model.attr(6, K.MESSAGE)  # it was not yet answered when the agent ended
         nursery.cancel_scope.cancel()
     reopened = open_store(state)
     record = reopened.job(6)
     reopened.close()
-    assert record.state == "DELETED" and record.ended is not None
+    assert record.state == "FAILED" and record.ended is not None

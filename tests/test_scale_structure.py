@@ -459,6 +459,7 @@ def test_the_collector_waits_for_the_start_up_imports_and_then_leaves_them_alone
 def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
     import json
     import os
+    import signal
     import socket
     import time
 
@@ -510,7 +511,7 @@ def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
         try:
             keeper.wait(timeout=scaled(30))
         except subprocess.TimeoutExpired:
-            keeper.kill()
+            os.killpg(keeper.pid, signal.SIGKILL)  # the custodian and its keeper
             keeper.wait()
 
 

@@ -17,7 +17,7 @@ TABLES = {"local": local.STATE_TABLE, "sim": sim.STATE_TABLE, "slurm": slurm.STA
 #: What each simple backend produces (its module documentation names them).
 PRODUCED = {
     "local": {"PENDING": "QUEUING", "RUNNING": "RUNNING", "STOPPED": "SUSPENDED", "EXITED": "FINISHED",
-              "FAILED": "FAILED", "NOT_STARTED": "FAILED", "TERMINATED": "KILLED", "LOST": "DELETED"},
+              "FAILED": "FAILED", "NOT_STARTED": "FAILED", "TERMINATED": "KILLED", "LOST": "FAILED"},
     "sim": {"PD": "QUEUING", "H": "HOLD", "R": "RUNNING", "S": "SUSPENDED", "CD": "FINISHED", "F": "FAILED",
             "CA": "KILLED"},
 }

@@ -17,6 +17,7 @@ import struct
 from typing import Any, Dict, Optional, Tuple
 
 __all__ = [
+    "AUTH_FRAME",
     "ENV_CONTACT",
     "ENV_MULTIJOB",
     "ENV_PART",
@@ -51,6 +52,10 @@ PROTOCOL_VERSION = 1
 #: aggregate the agent holds (16 MiB) once base64-encoded, with room to spare.
 MAX_FRAME = 24 * 1024 * 1024
 _LENGTH = struct.Struct(">I")
+#: The largest first request on a connection that has not yet shown its job's secret; a
+#: larger one is preceded by an ``auth`` request (the envelope alone), which has no reply
+#: unless it is refused.
+AUTH_FRAME = 64 * 1024
 
 # The environment the agent gives every process of a multi-part job.
 ENV_CONTACT = "PROXY_AGENT_RUNTIME"  # unix:///path or tcp://host:port

@@ -180,7 +180,9 @@ async def open_keeper(directory: str) -> KeeperLink:
         log.info("started a keeper for %s (pid %d)", directory, process.pid)
         with trio.move_on_after(_START_TIMEOUT):
             while stream is None:
-                if process.returncode is not None or process.poll() is not None:
+                # A keeper that found another one serving the directory leaves at once, with
+                # status 0; that one (its custodian starting a new keeper, say) answers soon.
+                if process.poll() is not None and process.returncode != 0:
                     break
                 await trio.sleep(0.005)
                 stream = await _connect(path)
@@ -192,4 +194,18 @@ async def open_keeper(directory: str) -> KeeperLink:
             except OSError:
                 pass
             raise KeeperError(f"the keeper for {directory} did not start" + (f": {tail}" if tail else ""))
+        if process.poll() is None and _custodian_of(directory) not in (None, process.pid):
+            # it found another keeper serving (the one that answered) and is leaving: reaped
+            with trio.move_on_after(2):
+                await process.wait()
     return KeeperLink(stream, directory)
+
+
+def _custodian_of(directory: str) -> Optional[int]:
+    """The pid of the custodian serving ``directory``, as its lock file says."""
+    try:
+        with open(os.path.join(directory, "keeper.lock"), "rb") as lock:
+            pid = json.loads(lock.read() or b"{}").get("custodian")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return pid if isinstance(pid, int) else None

@@ -7,7 +7,11 @@ in its environment.
 
 The processes are not the agent's children: the keeper of the state directory
 (:mod:`.keeper`, a small standard-library program in a session of its own) starts them,
-copies their output into files, records how they end, and goes on when the agent dies.  The
+copies their output into files, records how they end, and goes on when the agent dies.  A
+submission is answered once the keeper has recorded the job in its journal, synced to the
+disk, before it starts it: an accepted job is never lost.  A keeper that dies is replaced by its
+custodian (:mod:`.custodian`), and the agent reconnects to the new keeper at once and goes on
+with every job it took back.  The
 agent reads the output files (:class:`_File`) as the keeper says they grow, and tells the
 keeper how far it has read: the keeper holds a process's output back, as a terminal does,
 when the agent falls behind.  A new agent on the same state directory finds the keeper's jobs
@@ -25,8 +29,9 @@ How a job runs:
   :data:`STATE_TABLE`: a job is PENDING (QUEUING) until its processes are started, RUNNING,
   STOPPED (SUSPENDED) while suspended, and ends EXITED (FINISHED: every process exited 0),
   FAILED (a process exited non-zero or was killed by a signal), NOT_STARTED (FAILED: the
-  program could not be executed) or TERMINATED (KILLED: ended on request), or LOST (DELETED:
-  the keeper running it ended before it did).
+  program could not be executed) or TERMINATED (KILLED: ended on request), or LOST (FAILED:
+  its end is not known, the message says why: the agent ended before the keeper recorded the
+  job, or the keeper running it ended and it could not be taken back).
 
 Terminate sends SIGTERM to the group and SIGKILL after ``kill_grace`` seconds.  Suspend stops
 the group (SIGSTOP) and resume continues it (SIGCONT).  When the agent ends, the jobs end with
@@ -78,7 +83,7 @@ STATE_TABLE = StateTable(
         "FAILED": JobState.FAILED,
         "NOT_STARTED": JobState.FAILED,
         "TERMINATED": JobState.KILLED,
-        "LOST": JobState.DELETED,
+        "LOST": JobState.FAILED,
     },
 )
 _PENDING = state_attrs(STATE_TABLE, "PENDING")
@@ -92,6 +97,10 @@ _READ_CHUNK = 1 << 20
 _STOP_WAIT = 1.0
 #: How long ending the jobs may take when the agent ends.
 _SHUTDOWN_BOUND = 1.5
+#: How long a request waits for a keeper that died to be replaced.
+_REPLACE_WAIT = 15.0
+#: At most one notice a minute that the disk has no room for output.
+_DROP_NOTICE_EVERY = 60.0
 
 
 @attrs.frozen
@@ -105,7 +114,7 @@ class LocalOptions:
 class _File:
     """One process's output file, read as the keeper writes it."""
 
-    __slots__ = ("path", "fd", "offset", "splitter", "size")
+    __slots__ = ("path", "fd", "offset", "splitter", "size", "dropped", "gaps")
 
     def __init__(self, path: str, offset: int = 0) -> None:
         self.path = path
@@ -115,6 +124,10 @@ class _File:
         self.splitter = LineSplitter()
         #: what the keeper last said its size is
         self.size = offset
+        #: output the disk had no room for, as the keeper last told: [bytes, lines]
+        self.dropped = [0, 0]
+        #: where in the file output was dropped, not yet told to the client: [offset, bytes, lines]
+        self.gaps: List[List[int]] = []
 
     @property
     def consumed(self) -> int:
@@ -145,7 +158,8 @@ class _Job:
     """A local job this agent follows (dropped once it has ended and its output is read)."""
 
     __slots__ = ("key", "process_keys", "files", "canceled", "suspended", "started", "pids", "codes",
-                 "reported", "done", "finished", "start_error", "spawned")
+                 "reported", "done", "finished", "start_error", "recorded", "spawn_line", "refused", "error", "lost",
+                 "waiting")
 
     def __init__(self, key: int, process_keys: List[int], directory: str) -> None:
         self.key = key
@@ -167,8 +181,19 @@ class _Job:
         #: set once the job's end is in the model
         self.finished = trio.Event()
         self.start_error: Optional[str] = None
-        #: set when the keeper answered the spawn request
-        self.spawned = trio.Event()
+        #: set when the keeper has recorded the job in its journal (or refused it)
+        self.recorded = trio.Event()
+        #: the spawn request, until the keeper recorded it (sent again to a keeper that
+        #: replaced one that died before it recorded the job)
+        self.spawn_line: Optional[bytes] = None
+        #: why the keeper refused the job (it did not record it: nothing of it ran)
+        self.refused: Optional[str] = None
+        #: why the job ended as it did, when not by itself (the keeper says)
+        self.error: Optional[str] = None
+        #: rank -> why its exit status is not known
+        self.lost: Dict[int, str] = {}
+        #: while its submission is not answered: the keeper's news of it, held (None after)
+        self.waiting: Optional[List[dict]] = None
 
 
 class _Launch:
@@ -218,6 +243,10 @@ class LocalBackend(Backend):
         #: run()'s loop is reading the keeper's messages (nobody else may read them then)
         self._serving = False
         self._served = trio.Event()
+        #: set when a keeper that died has been replaced (requests made meanwhile wait for it)
+        self._keeper_back = trio.Event()
+        #: when clients were last told that the disk has no room for output
+        self._drops_told_at: Optional[float] = None
         try:
             self._default_cwd = os.getcwd()
         except OSError:
@@ -278,20 +307,9 @@ class LocalBackend(Backend):
             self._directory = tempfile.mkdtemp(prefix="proxy-agent-local-")
             self._temporary = True
         try:
-            self._keeper = await open_keeper(self._directory)
-            await self._keeper.send({"op": "hello"})
-            reply = await self._keeper.receive()
-            # Notices the keeper sent between the connection and its answer (output of running
-            # jobs) are heard once the jobs are adopted: the keeper sends no second notice
-            # for a file until the agent has read it.
-            early = []
-            while reply is not None and reply.get("op") != "jobs":
-                early.append(reply)
-                reply = await self._keeper.receive()
+            self._keeper, reply, early = await self._connect_keeper()
         except (KeeperError, OSError, ValueError) as exc:
             raise RuntimeError(f"cannot run local jobs: {exc}") from None
-        if reply is None or reply.get("op") != "jobs":
-            raise RuntimeError("cannot run local jobs: the keeper did not answer")
         self._keeper_jobs = {int(job["key"]): job for job in reply.get("jobs", [])}
         if self.machine_id is None:
             self._populate()
@@ -301,37 +319,171 @@ class LocalBackend(Backend):
                 task_status.started()
                 for message in early:
                     self._notice(message)
-                self._serving = True
-                try:
-                    await self._keeper.serve(self._notices)
-                finally:
-                    self._serving = False
-                    self._served.set()
-                if not self._closing:
-                    raise RuntimeError("the keeper of the local jobs stopped")
+                while True:
+                    self._serving = True
+                    try:
+                        await self._keeper.serve(self._notices)
+                    finally:
+                        self._serving = False
+                    if self._closing:
+                        break
+                    # The keeper died: its custodian starts another one, which takes the
+                    # running jobs back; the agent goes on with it.
+                    await self._replace_keeper()
+                self._served.set()
         finally:
             self._closing = True
+            self._served.set()
             with trio.CancelScope(shield=True):
                 await self._shutdown()
+
+    async def _connect_keeper(self) -> Tuple[KeeperLink, dict, List[dict]]:
+        """Connect to the keeper (starting one if none answers) and ask for its jobs: the
+        link, its answer, and the notices it sent before that answer."""
+        assert self._directory is not None
+        keeper = await open_keeper(self._directory)
+        try:
+            await keeper.send({"op": "hello"})
+            reply = await keeper.receive()
+            # Notices the keeper sent between the connection and its answer (output of running
+            # jobs) are heard once the jobs are adopted: the keeper sends no second notice
+            # for a file until the agent has read it.
+            early = []
+            while reply is not None and reply.get("op") != "jobs":
+                early.append(reply)
+                reply = await keeper.receive()
+            if reply is None:
+                raise KeeperError("the keeper did not answer")
+        except BaseException:
+            await keeper.aclose()
+            raise
+        return keeper, reply, early
+
+    async def _replace_keeper(self) -> None:
+        """Reconnect to the keeper that replaced one that died, and go on with every job
+        where the new keeper has it (retrying, and saying so, while none answers)."""
+        old, self._keeper = self._keeper, None
+        if old is not None:
+            await old.aclose()
+        log.warning("the keeper of the local jobs ended; reconnecting to the one that replaces it")
+        started = trio.current_time()
+        delay = 0.02
+        told = False
+        while not self._closing:
+            try:
+                keeper, reply, early = await self._connect_keeper()
+            except (KeeperError, OSError, ValueError) as exc:
+                if not told and trio.current_time() - started > 2.0:
+                    told = True
+                    self.context.notify("ERROR", f"the keeper of the local jobs ended and could not be replaced yet "
+                                                 f"({exc}); retrying, and local requests wait meanwhile")
+                await trio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            self._keeper = keeper
+            self._resync(reply)
+            back, self._keeper_back = self._keeper_back, trio.Event()
+            back.set()
+            for message in early:
+                self._notice(message)
+            log.warning("reconnected to the keeper of the local jobs after %.2f s", trio.current_time() - started)
+            if told:
+                self.context.notify("INFO", "the keeper of the local jobs was replaced; its jobs go on")
+            return
+
+    def _resync(self, reply: dict) -> None:
+        """Bring every job the agent follows in line with what a new keeper says of it."""
+        known = {int(job["key"]): job for job in reply.get("jobs", [])}
+        for record in list(self._jobs.values()):
+            info = known.get(record.key)
+            if info is None:
+                if record.spawn_line is not None and not record.recorded.is_set():
+                    # never recorded by the keeper that died, so never started: ask again
+                    self._spawn_soon(self._resend, record)
+                    continue
+                record.error = "the keeper running the job ended, and the one that replaced it has no record of it"
+                record.done = True
+                self._settle(record)
+                continue
+            record.recorded.set()  # the keeper has it
+            if not record.started and info.get("pids"):
+                self._notices([{"op": "spawned", "key": record.key, "pids": info["pids"]}])
+            for rank, why in (info.get("lost_codes") or {}).items():
+                record.lost[int(rank)] = why
+            for rank, code in enumerate(info.get("codes", [])):
+                if code is not None and 0 <= rank < len(record.codes):
+                    record.codes[rank] = code
+            self._take_dropped(record, info.get("dropped") or {})
+            for name, size in (info.get("sizes") or {}).items():
+                rank_text, _, stream = name.partition(".")
+                file = record.files.get((int(rank_text), stream))
+                if file is not None and int(size) > file.size:
+                    file.size = int(size)
+                    self._mark(record.key, int(rank_text), stream)
+            for (rank, stream), file in record.files.items():
+                if file.offset:  # the new keeper learns how far each file has been read
+                    self._spawn_soon(self._keeper_read, record.key, rank, stream, file.offset)
+            if info.get("done"):
+                record.done = True
+                record.error = record.error or info.get("error")
+            self._settle(record)
+
+    async def _resend(self, record: _Job) -> None:
+        if self._keeper is not None and record.spawn_line is not None and not record.recorded.is_set():
+            try:
+                await self._keeper.send_line(record.spawn_line)
+            except KeeperError:
+                pass  # that keeper died too: the next one is asked again
+
+    async def _keeper_now(self) -> KeeperLink:
+        """The keeper, waiting (bounded) while one that died is being replaced."""
+        if (self._keeper is None or self._keeper.closed) and not self._closing:
+            with trio.move_on_after(_REPLACE_WAIT):
+                await self._keeper_back.wait()
+        if self._keeper is None or self._keeper.closed:
+            raise JobError("the keeper of the local jobs ended and has not been replaced yet", ErrorKind.UNAVAILABLE)
+        return self._keeper
 
     async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> int:
         if self._closing:
             raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
-        if self._keeper is None or self.queue_id is None:
+        if self.queue_id is None:
             raise SubmitError("the local scheduler is not running", ErrorKind.UNAVAILABLE)
         if queue != self.queue_id:
             raise SubmitError(f"the local scheduler has one queue, {QUEUE_NAME}", ErrorKind.NO_SUCH_QUEUE)
         launch = self._prepare(spec)
+        try:
+            keeper = await self._keeper_now()
+        except JobError as exc:
+            raise SubmitError(exc.message, ErrorKind.UNAVAILABLE) from None
         job_id = self._add_job(spec, launch.name, launch.path, launch.cwd, launch.num_procs, _PENDING, key)
         record = self._jobs[job_id]
+        record.waiting = []
+        record.spawn_line = self._spawn_request(job_id, launch)
         try:
-            await self._keeper.send_line(self._spawn_request(job_id, launch))
-        except KeeperError as exc:
-            record.start_error = str(exc)
-            record.done = True
-            self._finish(record)
-            return job_id
+            await keeper.send_line(record.spawn_line)
+        except KeeperError:
+            pass  # the keeper died: the one that replaces it is asked (see _resync)
+        # Answered once the keeper has recorded the job (or refused it): an accepted job is
+        # never lost, whatever ends after this.
+        await record.recorded.wait()
+        record.spawn_line = None
+        if record.refused is not None:
+            self._withdraw(record)
+            raise SubmitError(record.refused, ErrorKind.UNAVAILABLE)
+        self._answered(record)
         return job_id
+
+    def _withdraw(self, record: _Job) -> None:
+        """A job the keeper refused (it recorded nothing, started nothing) leaves the model."""
+        self._jobs.pop(record.key, None)
+        for file in record.files.values():
+            file.close()
+        record.finished.set()
+        try:
+            self.model.remove(record.key)
+        except UnknownElement:
+            pass
 
     def _spawn_request(self, job_id: int, launch: _Launch) -> bytes:
         """The keeper's request to start a job, as one JSON line: ``{"op": "spawn", "key",
@@ -407,13 +559,15 @@ class LocalBackend(Backend):
             self.model.update_many(live, attrs_)
 
     async def _signal(self, record: _Job, action: str) -> None:
-        if self._keeper is None:
-            raise JobError("the local scheduler is not running", ErrorKind.UNAVAILABLE)
+        request = {"op": "signal", "key": record.key, "action": action, "grace": self.options.kill_grace}
         try:
-            await self._keeper.send({"op": "signal", "key": record.key, "action": action,
-                                     "grace": self.options.kill_grace})
-        except KeeperError as exc:
-            raise JobError(str(exc), ErrorKind.UNAVAILABLE) from None
+            await (await self._keeper_now()).send(request)
+        except KeeperError:
+            # the keeper died just now: the one replacing it takes the request
+            try:
+                await (await self._keeper_now()).send(request)
+            except KeeperError as exc:
+                raise JobError(str(exc), ErrorKind.UNAVAILABLE) from None
 
     async def _wait_stopped(self, record: _Job) -> None:
         """Until every process of the job has stopped or exited (at most a second)."""
@@ -464,9 +618,12 @@ class LocalBackend(Backend):
             if info is None or info.get("lost"):
                 self._add_job(spec, spec.display_name, path, cwd, count, state_attrs(STATE_TABLE, "LOST"), record.key)
                 job = self._jobs.pop(record.key)
-                if info is None:
-                    why = ("the keeper has no record of the job: the agent ended before it handed the job over, "
-                           "or the job's files were removed")
+                if info is None and record.state == "SUBMITTING":
+                    # recorded in the store, not yet by the keeper: it was never answered OK
+                    why = ("the keeper has no record of the job: the agent ended before the keeper recorded it, "
+                           "so it never ran")
+                elif info is None:
+                    why = "the keeper has no record of the job: its files were removed"
                 else:
                     why = "the job ended with the keeper that ran it; its end was not recorded"
                 self.model.update(job.key, {K.MESSAGE: why})
@@ -478,7 +635,7 @@ class LocalBackend(Backend):
             job = self._jobs[record.key]
             job.started = True
             job.pids = pids
-            job.spawned.set()
+            job.recorded.set()
             if record.native_state == "TERMINATED" or record.state == JobState.KILLED.value:
                 job.canceled = True
             delivered = record.delivered_offsets
@@ -492,6 +649,12 @@ class LocalBackend(Backend):
             with self.model.batch():
                 for index, pid in enumerate(pids):
                     self.model.update(job.process_keys[index], {K.PID: str(pid)})
+            self._take_dropped(job, info.get("dropped") or {})
+            for file in job.files.values():  # what lies before the delivered output was told already
+                file.gaps = [gap for gap in file.gaps if gap[0] >= file.offset]
+            for rank, why in (info.get("lost_codes") or {}).items():
+                job.lost[int(rank)] = why
+            job.error = info.get("error")
             codes = info.get("codes", [])
             if info.get("done"):
                 job.done = True
@@ -515,6 +678,7 @@ class LocalBackend(Backend):
         round go first, in a change of their own (every process's differs; their RUNNING,
         the same for all, then goes in one range)."""
         model = self.model
+        messages = self._withhold(messages)
         with model.batch():
             for message in messages:
                 if message.get("op") == "spawned":
@@ -534,6 +698,36 @@ class LocalBackend(Backend):
                 for message in change:
                     self._notice(message)
 
+    def _withhold(self, messages: List[dict]) -> List[dict]:
+        """The news of jobs whose submission has not been answered yet waits until it has
+        been (see :meth:`submit`): a client first hears of a job as the keeper recorded it,
+        then of its start and end, as when the answer came before the keeper's."""
+        kept = None
+        for index, message in enumerate(messages):
+            key = message.get("key")
+            record = self._jobs.get(key) if isinstance(key, int) else None
+            if record is not None and record.waiting is not None and message.get("op") != "recorded" \
+                    and not (message.get("op") == "failed" and message.get("refused")):
+                if kept is None:
+                    kept = messages[:index]
+                record.waiting.append(message)
+                record.recorded.set()  # news of it: the keeper has it (a keeper from before
+                #                        "recorded" existed says "spawned" first)
+            elif kept is not None:
+                kept.append(message)
+        return messages if kept is None else kept
+
+    def _answered(self, record: _Job) -> None:
+        """A submission has been answered: its job's news that waited goes to the model, once
+        the client has been told of the job."""
+        waiting, record.waiting = record.waiting, None
+        if waiting:
+            async def hear() -> None:
+                await trio.lowlevel.checkpoint()
+                self._notices(waiting)
+
+            self._spawn_soon(hear)
+
     def _set_pids(self, message: dict) -> None:
         key = message.get("key")
         record = self._jobs.get(key) if isinstance(key, int) else None
@@ -547,10 +741,15 @@ class LocalBackend(Backend):
         op = message.get("op")
         key = message.get("key")
         record = self._jobs.get(key) if isinstance(key, int) else None
-        if op == "spawned" and record is not None:
+        if op == "recorded":
+            for key in message.get("keys", ()):
+                recorded = self._jobs.get(key) if isinstance(key, int) else None
+                if recorded is not None:
+                    recorded.recorded.set()
+        elif op == "spawned" and record is not None:
             record.pids = [int(p) for p in message.get("pids", [])]
             record.started = True
-            record.spawned.set()
+            record.recorded.set()
             model = self.model
             with model.batch():
                 for index, pid in enumerate(record.pids):
@@ -562,8 +761,12 @@ class LocalBackend(Backend):
             if record.canceled:  # terminated while its processes were being started
                 self._spawn_soon(self._signal, record, "terminate")
         elif op == "failed" and record is not None:
+            if message.get("refused") and not record.recorded.is_set():
+                record.refused = message.get("error") or "the keeper could not record the job"
+                record.recorded.set()
+                return
             record.start_error = message.get("error") or "the processes could not be started"
-            record.spawned.set()
+            record.recorded.set()
             if not message.get("started"):
                 record.done = True
                 self._settle(record)
@@ -576,13 +779,43 @@ class LocalBackend(Backend):
         elif op == "exit" and record is not None:
             rank = int(message["rank"])
             if 0 <= rank < len(record.codes):
-                record.codes[rank] = int(message["code"])
-                self._settle(record)
+                if message.get("code") is None:
+                    record.lost[rank] = message.get("lost") or "its exit status is not known"
+                    self._settle(record)
+                else:
+                    record.codes[rank] = int(message["code"])
+                    self._settle(record)
         elif op == "done" and record is not None:
             record.done = True
+            if message.get("error"):
+                record.error = message["error"]
             self._settle(record)
+        elif op == "dropped" and record is not None:
+            self._take_dropped(record, {f"{message['rank']}.{message['stream']}":
+                                        [message.get("bytes", 0), message.get("lines", 0), message.get("at", 0)]})
         elif op == "error":
             log.warning("the keeper refused a request: %s", message.get("error"))
+
+    def _take_dropped(self, record: _Job, dropped: Dict[str, list]) -> None:
+        """The keeper's totals of output the disk had no room for: what is new is told to the
+        client where it happened in the stream (see :meth:`_read`), and to every client once
+        in a while."""
+        grew = False
+        for name, (size, lines, at) in dropped.items():
+            rank_text, _, stream = name.partition(".")
+            file = record.files.get((int(rank_text), stream))
+            if file is None or size <= file.dropped[0]:
+                continue
+            file.gaps.append([int(at), int(size) - file.dropped[0], int(lines) - file.dropped[1]])
+            file.dropped = [int(size), int(lines)]
+            grew = True
+            self._mark(record.key, int(rank_text), stream)
+        now = trio.current_time()
+        if grew and (self._drops_told_at is None or now - self._drops_told_at >= _DROP_NOTICE_EVERY):
+            self._drops_told_at = now
+            self.context.notify("WARNING", f"the disk of {self._directory} has no room for the output of local jobs: "
+                                           "what does not fit is dropped (each process's output says how much), the "
+                                           "jobs run on, and new local jobs are refused until there is room")
 
     def _spawn_soon(self, function, *args) -> None:
         # The coroutine is made only inside the task, so that a request dropped because the
@@ -632,15 +865,26 @@ class LocalBackend(Backend):
         process = record.process_keys[rank]
         model = self.model
         while True:
-            data = file.read(limit)
+            if file.gaps:
+                self._tell_gap(file, process, stream)
+            step = limit
+            if file.gaps and file.gaps[0][0] > file.offset:
+                step = min(limit, file.gaps[0][0] - file.offset)  # up to the gap, then the note
+            data = file.read(step)
             if data is None:
+                if file.gaps and final:
+                    self._tell_gap(file, process, stream, anyway=True)
                 return
             if data:
                 text = file.splitter.feed_text(data)
                 if text is not None and process in model:
                     model.output(process, stream, text, file.consumed)
-            if not data or len(data) < limit or not final:
+            if file.gaps and file.gaps[0][0] <= file.offset:
+                continue
+            if not data or len(data) < step or not final:
                 break
+        if file.gaps and final:
+            self._tell_gap(file, process, stream, anyway=True)
         if final:
             text = file.splitter.flush_text()
             if text is not None and process in model:
@@ -649,6 +893,19 @@ class LocalBackend(Backend):
             self._mark(record.key, rank, stream)
         if self._keeper is not None and not self._keeper.closed and not self._closing:
             self._spawn_soon(self._keeper_read, record.key, rank, stream, file.offset)
+
+    def _tell_gap(self, file: _File, process: int, stream: str, anyway: bool = False) -> None:
+        """Where output was dropped for want of disk space, say so, in order: the lines
+        before the gap, then a note on the process's stderr."""
+        while file.gaps and (anyway or file.gaps[0][0] <= file.offset):
+            _at, size, lines = file.gaps.pop(0)
+            if process not in self.model:
+                continue
+            before = file.splitter.flush_text()
+            if before is not None:
+                self.model.output(process, stream, before, file.offset)
+            self.model.output(process, "stderr", f"[proxy-agent: {lines} lines ({size} bytes) of {stream} were dropped "
+                                                  f"here: the disk of {self._directory} had no room for them]")
 
     async def _keeper_read(self, key: int, rank: int, stream: str, offset: int) -> None:
         if self._keeper is not None and not self._keeper.closed:
@@ -663,7 +920,7 @@ class LocalBackend(Backend):
         # While the agent ends, output stays in the files for the next agent to deliver.
         read = not self._closing
         for rank, code in enumerate(record.codes):
-            if code is None or record.reported[rank]:
+            if (code is None and rank not in record.lost) or record.reported[rank]:
                 continue
             if read:
                 for stream in ("stdout", "stderr"):
@@ -684,6 +941,9 @@ class LocalBackend(Backend):
         record.reported[rank] = True
         code = record.codes[rank]
         process = record.process_keys[rank]
+        if code is None and rank in record.lost:
+            self.model.update(process, state_attrs(STATE_TABLE, "LOST"))
+            return
         if code is None:  # never started
             native = "TERMINATED" if record.canceled else "NOT_STARTED"
             self.model.update(process, state_attrs(STATE_TABLE, native))
@@ -712,8 +972,12 @@ class LocalBackend(Backend):
     def _complete_job(self, record: _Job) -> None:
         if record.key not in self.model:
             return
-        if record.canceled:
+        if record.canceled and record.error is None:
             attrs_ = state_attrs(STATE_TABLE, "TERMINATED")
+        elif record.error is not None:
+            # the keeper says why the job ended so (a keeper that died while starting it...)
+            attrs_ = state_attrs(STATE_TABLE, "LOST")
+            attrs_[K.MESSAGE] = record.error
         elif record.start_error is not None:
             attrs_ = state_attrs(STATE_TABLE, "NOT_STARTED")
             attrs_[K.MESSAGE] = record.start_error
@@ -874,6 +1138,10 @@ class LocalBackend(Backend):
             for record in list(self._jobs.values()):
                 for file in record.files.values():
                     file.close()
+                # a submission still waiting is answered: the store has it, and the next
+                # agent finds it running, or reports that it never ran
+                record.recorded.set()
+            self._keeper_back.set()
             if self._temporary and self._directory is not None and keeper is not None and keeper.closed:
                 shutil.rmtree(self._directory, ignore_errors=True)
             self._closed.set()

@@ -28,6 +28,7 @@ __all__ = ["MARKER", "OrphanReaper"]
 #: Environment variable every job process gets: ``INSTANCE/JOB`` of the agent that started it.
 MARKER = "PROXY_AGENT_JOB_MARK"
 _PR_SET_CHILD_SUBREAPER = 36
+_PR_SET_NAME = 15
 #: An unknown child that stays a zombie this long was not started by anyone who reaps it.
 _ZOMBIE_GRACE = 2.0
 
@@ -72,9 +73,10 @@ def _marker(pid: int) -> Optional[str]:
 class OrphanReaper:
     """Adopts the orphans of this process's jobs and ends them with their jobs."""
 
-    def __init__(self) -> None:
-        #: tells this agent's jobs from any other agent's
-        self.instance = f"{os.getpid()}-{secrets.token_hex(4)}"
+    def __init__(self, instance: Optional[str] = None) -> None:
+        #: tells this agent's jobs from any other agent's (a keeper's custodian gives its own,
+        #: the same for every keeper it starts)
+        self.instance = instance or f"{os.getpid()}-{secrets.token_hex(4)}"
         self.enabled = _set_subreaper()
         #: adopted orphans still alive: pid -> job
         self.adopted: Dict[int, str] = {}
@@ -139,6 +141,15 @@ def _kill(pid: int) -> None:
             target()
         except (ProcessLookupError, PermissionError, OSError):
             continue
+
+
+def set_name(name: str) -> None:
+    """The process's name as ``ps`` and ``/proc/PID/comm`` show it (at most 15 bytes)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
 
 
 def _set_subreaper() -> bool:

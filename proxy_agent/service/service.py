@@ -29,7 +29,7 @@ from .brokering import Brokering, Placement
 from .coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
 from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement
-from .store import JobStore, StoredJob
+from .store import JobStore, StoredJob, StoreUnwritable
 from .jobs import JobState
 
 log = logging.getLogger("proxy_agent.service")
@@ -102,20 +102,6 @@ class JobService:
 
     def __init__(self, model: Optional[ServiceModel] = None, store: Optional[JobStore] = None) -> None:
         self.model = model if model is not None else ServiceModel()
-        #: the job store (None: jobs do not outlive the agent)
-        self.store = store
-        #: keys of the jobs the store holds
-        self.stored: Set[int] = set()
-        self._stored_records: List[StoredJob] = []
-        if store is not None:
-            try:
-                self._stored_records = store.jobs()
-                self.model.reserve_keys(store.max_key())
-            except sqlite3.Error as exc:
-                self._store_failed(exc)
-        self._recorder = _StoreRecorder(self)
-        if store is not None:
-            self.model.observe(self._recorder)
         self.backends: List[Backend] = []
         self._by_name: Dict[str, Backend] = {}
         #: backends that could not start: name -> why
@@ -130,6 +116,25 @@ class JobService:
         self.brokering = Brokering(self.model)
         #: multi-part jobs (a :class:`~.coalloc.manager.CoallocManager` attaches itself here)
         self.coalloc = None
+        #: the job store (None: jobs do not outlive the agent)
+        self.store = store
+        #: keys of the jobs the store holds
+        self.stored: Set[int] = set()
+        self._stored_records: List[StoredJob] = []
+        #: the standing notice saying the store cannot be written now
+        self._unwritable_notice: Optional[Tuple[str, str]] = None
+        if store is not None:
+            try:
+                self._stored_records = store.jobs()
+                self.model.reserve_keys(store.max_key())
+            except sqlite3.Error as exc:
+                self._store_failed(exc)
+        self._recorder = _StoreRecorder(self)
+        if self.store is not None:
+            self.model.observe(self._recorder)
+            self.store.on_change = self._store_writable_changed
+            if self.store.unwritable is not None:
+                self._store_writable_changed(self.store.unwritable)
 
     # ------------------------------------------------------------------ set-up
 
@@ -295,7 +300,28 @@ class JobService:
     def _store_failed(self, exc: BaseException) -> None:
         log.error("the job store failed: %s", exc)
         self.store = None
+        self._store_writable_changed(None)
         self.tell_every_client("WARNING", f"the job store failed ({exc}); jobs will not survive a restart of the agent")
+
+    def _store_writable_changed(self, why: Optional[str]) -> None:
+        """The store cannot be written now (``why``), or can again (None): every client is
+        told, and a client that comes later hears only how things stand then."""
+        notice = self._unwritable_notice
+        if why is None:
+            if notice is None:
+                return
+            self._unwritable_notice = None
+            if notice in self.standing:
+                self.standing.remove(notice)
+            if self.store is not None:
+                self.notify("INFO", "the job store can be written again; what the agent owed it is written, and new "
+                                    "jobs are accepted")
+            return
+        if notice is not None:
+            return
+        self._unwritable_notice = ("WARNING", f"{why}; new jobs are refused until it can be written, and what the "
+                                              "agent owes it is kept and written then (retrying)")
+        self.tell_every_client(*self._unwritable_notice)
 
     def delivered(self, offsets: Dict[Tuple[int, str], int]) -> Optional[Dict[int, Dict[str, int]]]:
         """Output is about to reach a client: (process key, stream) -> where it ends in the
@@ -483,9 +509,12 @@ class JobService:
         try:
             if store is not None:
                 await trio.lowlevel.checkpoint()  # the submissions that came with it are noted
-                if self.store is store and store.submission_noted(key):
+                if self.store is store:
                     try:
-                        store.write_submissions()
+                        store.commit_submission(key)
+                    except StoreUnwritable as exc:
+                        # no job is accepted that the store has not recorded
+                        raise SubmitError(f"the job is refused: {exc.message}", ErrorKind.UNAVAILABLE) from None
                     except sqlite3.Error as exc:
                         self._store_failed(exc)
                 if self.store is not store:  # the store failed: the job goes on without it

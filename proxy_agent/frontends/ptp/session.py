@@ -19,7 +19,7 @@ import hmac
 import logging
 import os
 from collections import deque
-from typing import Deque, Iterator, Optional, Union
+from typing import Deque, Iterator, Optional, Tuple, Union
 
 import attrs
 import trio
@@ -60,6 +60,14 @@ _READ_SIZE = 1 << 16
 _COMMANDS_PER_STEP = 32
 #: Longest a job request may take once started (a scheduler command has its own timeout).
 _REQUEST_BOUND = 120.0
+#: When a session ends (QUIT, or the agent stopping), what is queued for the client is
+#: written for this long; then the frame being written is finished and only the closing
+#: frames (SHUTDOWN, with what completes the open commands) follow, so that the stream
+#: always ends with whole frames and a SHUTDOWN, however slowly the client reads...
+CLOSE_SOFT = 2.0
+#: ...within this long in all, unless the client takes nothing at all; the connection is
+#: then closed wherever the writing stands.
+CLOSE_BOUND = 5.0
 
 _LEVELS = {"ERROR": MessageLevel.ERROR, "WARNING": MessageLevel.WARNING, "INFO": MessageLevel.INFO}
 
@@ -96,6 +104,12 @@ class PtpSession:
         # While above zero, model changes wait (a submission's OK goes out before its NEW_JOB).
         self._hold = 0
         self._closing = False
+        #: when the session began to end (the bounds above count from it)
+        self._closing_since: Optional[float] = None
+        #: the frames that end the stream (SHUTDOWN...), written after everything else
+        self._final = bytearray()
+        #: the rest of an early write: its bytes and how much of them went (the writer goes on)
+        self._resume: Optional[Tuple[bytes, int]] = None
         self._writer_done = trio.Event()
         self._nursery: Optional[trio.Nursery] = None
         self._remove_listener = None
@@ -108,10 +122,10 @@ class PtpSession:
 
     # ------------------------------------------------------------------ output
 
-    def emit(self, event: Event, transaction: Optional[Transaction] = None) -> bool:
+    def emit(self, event: Event, transaction: Optional[Transaction] = None, final: bool = False) -> bool:
         """Check, encode (in the session's dialect) and queue one event; ``transaction`` is
-        the command it answers.  Returns False if it may not be sent (its command was
-        abandoned or already completed)."""
+        the command it answers; ``final``: one of the frames that end the stream.  Returns
+        False if it may not be sent (its command was abandoned or already completed)."""
         try:
             data = self.session.write(event, transaction)
         except ProtocolViolation as exc:
@@ -122,7 +136,10 @@ class PtpSession:
             return False
         if log.isEnabledFor(logging.DEBUG):
             log.debug("sending %s", event)
-        self._out += data
+        if final:
+            self._final += data
+        else:
+            self._out += data
         self._poke()
         return True
 
@@ -133,6 +150,7 @@ class PtpSession:
         view = self.view
         return (
             self._hold == 0
+            and not self._closing
             and not self.quit_requested
             and view is not None
             and self._snapshot_started
@@ -173,54 +191,126 @@ class PtpSession:
         return data
 
     async def _writer(self) -> None:
-        stream = self.stream
         while True:
-            if not self._ahead and not self._out and not self._has_model_work():
+            if not self._resume and not self._ahead and not self._out and not self._has_model_work() \
+                    and not (self._closing and self._final):
+                if self._closing:
+                    break
                 await self._wake.wait()
                 self._wake = trio.Event()
-            if self._ahead:
+                continue
+            sent = 0
+            delivered = None
+            final = False
+            if self._resume is not None:
+                data, sent = self._resume
+                self._resume = None
+            elif self._ahead:
                 data = self._take_ahead()
-                delivered = None
-            else:
+            elif self._out or self._has_model_work():
                 if self._has_model_work() and len(self._out) < _WRITE_HIGH_WATER:
                     self._emit_model()
                 data = bytes(self._out)
                 self._out.clear()
                 delivered = self.view.take_delivered() if data and self.view is not None else None
-            if data:
-                # Recorded before the bytes go out and taken back if they do not: an agent
-                # killed once the client has read them never sends them again.
-                undo = self.service.delivered(delivered) if delivered else None
-                self._sending_since = trio.current_time()
-                try:
-                    try:
-                        # ...written at once, before any other task runs: the time in which a
-                        # killed agent would lose them is that of one system call
-                        sent = write_now(stream, data) if undo else 0
-                        if sent < len(data):
-                            await stream.send_all(data[sent:] if sent else data)
-                    except BaseException:
-                        if undo:
-                            self.service.undeliver(undo)
-                        raise
-                    self._sending_since = None
-                    if self._stalled:
-                        self._stalled = False
-                        log.info("%s reads again", self.peer)
-                        if self.view is not None and self.session.events_flowing:
-                            self.view.set_reading(True)
-                except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    # The client is gone: this session ends, nothing else does.
-                    log.info("%s went away while writing: %s", self.peer, exc)
-                    self._gone = True
-                    if self._nursery is not None:
-                        self._nursery.cancel_scope.cancel()
-                    return
-            else:
+            else:  # closing, nothing else left: the frames that end the stream
+                data = bytes(self._final)
+                self._final.clear()
+                final = True
+            if not data:
                 await trio.lowlevel.checkpoint()
-            if self._closing and not self._out and not self._ahead:
-                self._writer_done.set()
+                continue
+            # Recorded before the bytes go out and taken back if they do not: an agent
+            # killed once the client has read them never sends them again.
+            undo = self.service.delivered(delivered) if delivered else None
+            self._sending_since = trio.current_time()
+            try:
+                try:
+                    whole = await self._write(data, sent, first_at_once=bool(undo), cut=not final)
+                except BaseException:
+                    if undo:
+                        self.service.undeliver(undo)
+                    raise
+                if not whole:  # cut at a frame's end: the session is ending and time is up
+                    if undo:
+                        self.service.undeliver(undo)
+                    await self._finish_cut()
+                    break
+                self._sending_since = None
+                if self._stalled:
+                    self._stalled = False
+                    log.info("%s reads again", self.peer)
+                    if self.view is not None and self.session.events_flowing:
+                        self.view.set_reading(True)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                # The client is gone: this session ends, nothing else does.
+                log.info("%s went away while writing: %s", self.peer, exc)
+                self._gone = True
+                if self._nursery is not None:
+                    self._nursery.cancel_scope.cancel()
                 return
+        self._writer_done.set()
+
+    async def _write(self, data: bytes, sent: int = 0, first_at_once: bool = False, cut: bool = True) -> bool:
+        """Write ``data`` (which begins with a frame) from ``sent`` on.  The first write
+        happens before any other task runs when ``first_at_once`` (see ``delivered``).
+        False if the session is ending and its time ran out (``cut``: it may be): what was
+        written then ends at a frame's end (the rest is not written)."""
+        stream = self.stream
+        view = memoryview(data)
+        if first_at_once:
+            # ...written at once, before any other task runs: the time in which a killed
+            # agent would lose them is that of one system call
+            sent += write_now(stream, view[sent:])
+        waits = hasattr(stream, "wait_send_all_might_not_block")
+        target = len(data)
+        while sent < target:
+            if cut and self._closing_since is not None and target == len(data) and self._past(CLOSE_SOFT):
+                target = _frame_end(data, sent)  # finish the frame being written, no more
+                if sent >= target:
+                    break
+            written = write_now(stream, view[sent:target])
+            if written:
+                sent += written
+                continue
+            if not waits:
+                await stream.send_all(view[sent:target])
+                sent = target
+                break
+            if self._closing_since is None:
+                await stream.wait_send_all_might_not_block()
+            else:
+                with trio.move_on_after(max(0.0, self._closing_since + CLOSE_BOUND - trio.current_time())):
+                    await stream.wait_send_all_might_not_block()
+                if self._past(CLOSE_BOUND):
+                    log.warning("%s took nothing for %g s; closing the connection", self.peer, CLOSE_BOUND)
+                    raise trio.ClosedResourceError("the client does not read")
+            written = write_now(stream, view[sent:target])
+            if written:
+                sent += written
+            elif sent < target:
+                await stream.send_all(view[sent:target])  # says why it cannot, or waits
+                sent = target
+        return target == len(data)
+
+    def _past(self, bound: float) -> bool:
+        return self._closing_since is not None and trio.current_time() - self._closing_since >= bound
+
+    async def _finish_cut(self) -> None:
+        """The session's time to end ran out: what is still queued is dropped (output not
+        delivered stays undelivered), and the frames that end the stream are written."""
+        dropped = len(self._out) + sum(len(item) for item in self._ahead if item.__class__ is bytes)
+        self._out.clear()
+        self._ahead.clear()
+        self._resume = None
+        if self.view is not None:
+            self.view.take_delivered()  # dropped with the output they were for
+        log.warning("%s reads too slowly to take what was queued (%d bytes dropped) before the session ends; "
+                    "ending the stream with SHUTDOWN", self.peer, dropped)
+        final = bytes(self._final)
+        self._final.clear()
+        if final:
+            await self._write(final, cut=False)
 
     # ------------------------------------------------------------------ main loop
 
@@ -232,10 +322,10 @@ class PtpSession:
                 nursery.start_soon(self._writer)
                 nursery.start_soon(self._watch_stall)
                 await self._reader()
-                # Let the writer finish writing what is queued (SHUTDOWN after QUIT), bounded.
-                self._closing = True
-                self._poke()
-                with trio.move_on_after(2):
+                # Let the writer finish writing what is queued (SHUTDOWN after QUIT), bounded:
+                # the writer cuts at a frame's end when time runs short.
+                self._begin_closing()
+                with trio.move_on_after(CLOSE_BOUND + 0.5):
                     await self._writer_done.wait()
                 nursery.cancel_scope.cancel()
         finally:
@@ -267,10 +357,16 @@ class PtpSession:
         if tid is not None:
             from ...protocol.messages import Message, Shutdown  # loaded when first needed
 
-            self.emit(Message(tid, MessageLevel.WARNING, ErrorCode.SHUTTING_DOWN, text))
-            self.emit(Shutdown(tid))
+            self.emit(Message(tid, MessageLevel.WARNING, ErrorCode.SHUTTING_DOWN, text), final=True)
+            self.emit(Shutdown(tid), final=True)
         self.quit_requested = True
+        self._begin_closing()
+
+    def _begin_closing(self) -> None:
+        """The session ends: the writer writes what is queued, within the bounds above."""
         self._closing = True
+        if self._closing_since is None:
+            self._closing_since = trio.current_time()
         self._poke()
 
     async def written(self) -> None:
@@ -321,8 +417,10 @@ class PtpSession:
                 received = session.receive(item)
                 if received.log:
                     log.warning("%s", received.log)
+                # QUIT's replies end the stream: written after whatever else is queued
+                quitting = received.command is not None and received.command.command_id is CommandId.QUIT
                 for reply in received.replies:
-                    self.emit(reply)
+                    self.emit(reply, final=quitting)
                 if received.close:
                     return
                 if received.command is not None:
@@ -469,7 +567,7 @@ class PtpSession:
         data = b"".join([*queued, chunk])  # type: ignore[list-item]
         sent = write_now(self.stream, data)
         if sent < len(data):
-            self._ahead.append(data[sent:] if sent else data)
+            self._resume = (data, sent)  # the writer goes on from there (the frames stay whole)
         self._poke()
         return sent == len(data)
 
@@ -666,6 +764,24 @@ async def refuse_busy(stream: trio.abc.Stream, peer: str, max_frame_size: int = 
     log.info("refused %s: busy", peer)
     with trio.move_on_after(1):
         await stream.aclose()
+
+
+def _frame_end(data: bytes, upto: int) -> int:
+    """Where the frame that byte ``upto`` of ``data`` belongs to ends (``data`` begins with
+    a frame; a frame's first 8 bytes are its length in hex, not counting them); ``upto``
+    itself when it is a frame's start."""
+    position = 0
+    while position < len(data):
+        if upto <= position:
+            return position
+        try:
+            end = position + 8 + int(data[position:position + 8], 16)
+        except ValueError:
+            return len(data)  # not frames after all: no cut but the end
+        if end >= upto:
+            return min(end, len(data))
+        position = end
+    return len(data)
 
 
 def write_now(stream: trio.abc.Stream, data: bytes) -> int:

@@ -19,6 +19,16 @@ change with :meth:`~RuntimeServer.wait_changed`.
 Nothing a client sends can stop the server: malformed frames, wrong secrets, huge
 lengths, stalls and dropped connections end that one connection, and a request that fails
 inside is answered with an ``internal`` error.
+
+Before a connection has shown a job's secret it costs little and cannot keep anyone out:
+its first request may be at most :data:`AUTH_FRAME` bytes (checked on the length, before
+anything of the body is kept; a larger request is preceded by a small ``auth`` frame, which
+the runtime library sends), and must arrive within ``auth_timeout`` seconds; a connection
+that has shown nothing after :data:`AUTH_GRACE` seconds counts as idle or slow, and each
+peer address may have only ``slow_per_peer`` of those (more are closed); at most
+``max_unauthenticated`` TCP connections wait to authenticate at once (the oldest is closed
+to make room).  TCP and the Unix socket are counted apart, so that nothing on the network
+can keep the job's local processes out.
 """
 
 from __future__ import annotations
@@ -26,6 +36,7 @@ from __future__ import annotations
 import hmac
 import logging
 import math
+from collections import OrderedDict
 import os
 import re
 import secrets
@@ -48,12 +59,32 @@ from .state import (
     Verdict,
 )
 
-__all__ = ["RuntimeServer", "UnknownJob"]
+__all__ = ["AUTH_FRAME", "RuntimeServer", "UnknownJob", "auto_addresses"]
 
 log = logging.getLogger(__name__)
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
 _T = TypeVar("_T")
+
+#: The largest first request of a connection that has not shown a secret yet.
+AUTH_FRAME = wire.AUTH_FRAME
+#: Seconds after which a connection that has shown no secret counts as idle or slow.
+AUTH_GRACE = 1.0
+
+
+class _Connection:
+    """One client connection, for the limits on those that have not authenticated."""
+
+    __slots__ = ("transport", "peer", "scope", "job", "slow")
+
+    def __init__(self, transport: str, peer: str) -> None:
+        self.transport = transport
+        self.peer = peer
+        self.scope = trio.CancelScope()
+        #: the job whose secret it has shown (None: not yet)
+        self.job: Optional[_Job] = None
+        #: counted among its peer's idle or slow connections
+        self.slow = False
 
 
 class UnknownJob(Refused):
@@ -112,11 +143,14 @@ class RuntimeServer:
 
     ``unix_path``: listen on a Unix socket there (its directory should be private: the
     socket is made owner-only and peers of other users are refused).  ``tcp_host``: listen
-    on TCP there too (``"0.0.0.0"`` for every interface; port ``tcp_port``, 0 for any),
-    advertised to compute nodes as ``advertise_host`` (default: this host's name when
-    listening on every interface).  ``frame_timeout`` bounds how long a started frame may
-    take to arrive, ``idle_timeout`` how long a connection may sit without a request;
-    ``max_connections`` bounds connections at once.
+    on TCP there too: ``"auto"`` for the addresses compute nodes reach this host by (those
+    its name, ``advertise_host`` or the host's own, resolves to), a host or address, or
+    ``"0.0.0.0"`` / ``"::"`` for every interface; port ``tcp_port``, 0 for any; advertised to
+    compute nodes as ``advertise_host`` (default: this host's name when listening on every
+    interface or on ``auto``).  ``frame_timeout`` bounds how long a started frame may take
+    to arrive, ``idle_timeout`` how long an authenticated connection may sit without a
+    request; ``max_connections`` bounds connections at once, on TCP and on the Unix socket
+    each; the limits before authentication are in the module documentation.
     """
 
     def __init__(
@@ -131,6 +165,9 @@ class RuntimeServer:
         idle_timeout: float = 600.0,
         send_timeout: float = 30.0,
         max_connections: int = 512,
+        auth_timeout: float = 10.0,
+        slow_per_peer: int = 8,
+        max_unauthenticated: int = 256,
         limits: Limits = Limits(),
     ) -> None:
         if unix_path is None and tcp_host is None:
@@ -146,11 +183,21 @@ class RuntimeServer:
         self.idle_timeout = idle_timeout
         self.send_timeout = send_timeout
         self.max_connections = max_connections
+        self.auth_timeout = auth_timeout
+        self.slow_per_peer = slow_per_peer
+        self.max_unauthenticated = max_unauthenticated
         self.limits = limits
         self.unix_contact: Optional[str] = None
         self.tcp_contact: Optional[str] = None
+        #: the addresses the TCP listeners are bound to
+        self.tcp_addresses: List[str] = []
         self._jobs: Dict[str, _Job] = {}
-        self._connections = 0
+        #: connections at once, by transport ("unix", "tcp")
+        self._connections: Dict[str, int] = {"unix": 0, "tcp": 0}
+        #: TCP connections that have not authenticated yet, oldest first
+        self._unauthenticated: "OrderedDict[_Connection, None]" = OrderedDict()
+        #: peer address -> its idle or slow connections
+        self._slow: Dict[str, int] = {}
         #: connections refused or ended for breaking the protocol (for tests and logs)
         self.violations = 0
         self._started = trio.Event()
@@ -164,14 +211,16 @@ class RuntimeServer:
             if self.unix_path is not None:
                 listeners.append(await self._unix_listener(self.unix_path))
                 self.unix_contact = wire.format_contact("unix", self.unix_path)
+            unix_count = len(listeners)
             if self.tcp_host is not None:
-                tcp = await trio.open_tcp_listeners(self.tcp_port, host=self.tcp_host or None)
+                tcp = await self._tcp_listeners()
                 listeners.extend(tcp)
                 port = tcp[0].socket.getsockname()[1]
+                self.tcp_addresses = [listener.socket.getsockname()[0] for listener in tcp]
                 self.tcp_contact = wire.format_contact("tcp", (self._advertised_host(), port))
             async with trio.open_nursery() as nursery:
-                for listener in listeners:
-                    nursery.start_soon(self._accept_loop, listener, nursery)
+                for index, listener in enumerate(listeners):
+                    nursery.start_soon(self._accept_loop, listener, nursery, "unix" if index < unix_count else "tcp")
                 self._started.set()
                 task_status.started(self)
         finally:
@@ -187,9 +236,40 @@ class RuntimeServer:
     def _advertised_host(self) -> str:
         if self.advertise_host:
             return self.advertise_host
-        if self.tcp_host in ("", "0.0.0.0", "::"):
+        if self.tcp_host in ("", "0.0.0.0", "::", "auto"):
             return socket.getfqdn()
         return str(self.tcp_host)
+
+    async def _tcp_listeners(self) -> List[trio.SocketListener]:
+        """The TCP listeners: on every interface only when asked; for ``auto``, on each
+        address of this host that its advertised name resolves to (what compute nodes
+        connect to), on one port."""
+        if self.tcp_host != "auto":
+            return await trio.open_tcp_listeners(self.tcp_port, host=self.tcp_host or None)
+        name = self._advertised_host()
+        addresses = await auto_addresses(name)
+        if not addresses:
+            raise OSError(f"--runtime-tcp auto: the name {name!r} resolves to no address of this host, so compute "
+                          "nodes could not reach the agent by it; give --runtime-advertise NAME, or --runtime-tcp "
+                          "HOST[:PORT] (0.0.0.0 for every interface)")
+        listeners: List[trio.SocketListener] = []
+        port = self.tcp_port
+        try:
+            for address in addresses:
+                try:
+                    bound = await trio.open_tcp_listeners(port, host=address)
+                except OSError as error:
+                    if not listeners:
+                        raise
+                    log.warning("runtime server: cannot also listen on %s port %d: %s", address, port, error)
+                    continue
+                listeners.extend(bound)
+                port = bound[0].socket.getsockname()[1]  # the others take the same port
+        except BaseException:
+            for listener in listeners:
+                await listener.aclose()
+            raise
+        return listeners
 
     async def _unix_listener(self, path: str) -> trio.SocketListener:
         try:
@@ -210,7 +290,7 @@ class RuntimeServer:
             raise
         return trio.SocketListener(sock)
 
-    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery) -> None:
+    async def _accept_loop(self, listener: trio.SocketListener, nursery: trio.Nursery, transport: str) -> None:
         while True:
             try:
                 stream = await listener.accept()
@@ -219,30 +299,82 @@ class RuntimeServer:
                 log.warning("runtime server: accept failed: %s", error)
                 await trio.sleep(0.1)
                 continue
-            if self._connections >= self.max_connections:
+            if self._connections[transport] >= self.max_connections:
                 self.violations += 1
-                log.warning("runtime server: %d connections already; refusing one more", self._connections)
+                log.warning("runtime server: %d %s connections already; refusing one more",
+                            self._connections[transport], transport)
                 await trio.aclose_forcefully(stream)
                 continue
-            self._connections += 1
-            nursery.start_soon(self._serve_connection, stream)
+            self._connections[transport] += 1
+            nursery.start_soon(self._serve_connection, stream, transport)
 
     # ------------------------------------------------------------------ one connection
 
-    async def _serve_connection(self, stream: trio.SocketStream) -> None:
+    async def _serve_connection(self, stream: trio.SocketStream, transport: str = "unix") -> None:
+        connection = _Connection(transport, _peer_address(stream) if transport == "tcp" else "")
         try:
             if stream.socket.family == socket.AF_UNIX and not self._same_user(stream.socket):
                 self.violations += 1
                 log.warning("runtime server: refused a Unix-socket peer of another user")
                 return
-            await self._converse(stream)
+            with connection.scope:
+                if transport == "tcp":
+                    self._admit(connection)
+                async with trio.open_nursery() as nursery:
+                    if transport == "tcp":
+                        nursery.start_soon(self._watch_slow, connection)
+                    await self._converse(stream, connection)
+                    nursery.cancel_scope.cancel()
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             pass
         except Exception:  # noqa: BLE001 - one connection must never take the server down
             log.exception("runtime server: a connection failed")
         finally:
-            self._connections -= 1
+            self._unauthenticated.pop(connection, None)
+            self._no_longer_slow(connection)
+            self._connections[transport] -= 1
             await trio.aclose_forcefully(stream)
+
+    def _admit(self, connection: _Connection) -> None:
+        """A new TCP connection waits to authenticate; the oldest waiting is closed when too
+        many do (so connections that never authenticate cannot keep anyone out)."""
+        while len(self._unauthenticated) >= self.max_unauthenticated:
+            oldest, _ = self._unauthenticated.popitem(last=False)
+            self.violations += 1
+            log.info("runtime server: %d connections waiting to authenticate; closing the oldest (from %s)",
+                     self.max_unauthenticated, oldest.peer)
+            oldest.scope.cancel()
+        self._unauthenticated[connection] = None
+
+    async def _watch_slow(self, connection: _Connection) -> None:
+        """A connection that has shown no secret within AUTH_GRACE is idle or slow: its peer
+        may keep a handful of those, no more."""
+        await trio.sleep(AUTH_GRACE)
+        if connection.job is not None:
+            return
+        count = self._slow.get(connection.peer, 0)
+        if count >= self.slow_per_peer:
+            self.violations += 1
+            log.info("runtime server: %s has %d idle or slow connections already; closing one more",
+                     connection.peer, count)
+            connection.scope.cancel()
+            return
+        self._slow[connection.peer] = count + 1
+        connection.slow = True
+
+    def _authenticated(self, connection: _Connection, job: _Job) -> None:
+        connection.job = job
+        self._unauthenticated.pop(connection, None)
+        self._no_longer_slow(connection)
+
+    def _no_longer_slow(self, connection: _Connection) -> None:
+        if connection.slow:
+            connection.slow = False
+            left = self._slow.get(connection.peer, 1) - 1
+            if left > 0:
+                self._slow[connection.peer] = left
+            else:
+                self._slow.pop(connection.peer, None)
 
     @staticmethod
     def _same_user(sock: Any) -> bool:
@@ -256,18 +388,39 @@ class RuntimeServer:
         _pid, uid, _gid = struct.unpack("3i", raw)
         return uid == os.geteuid()
 
-    async def _converse(self, stream: trio.SocketStream) -> None:
-        decoder = wire.FrameDecoder(self.max_frame)
+    async def _converse(self, stream: trio.SocketStream, connection: Optional[_Connection] = None) -> None:
+        connection = connection or _Connection("unix", "")
+        # Until the connection has shown a secret, a request may be small only: its length is
+        # checked before any of it is kept.
+        decoder = wire.FrameDecoder(min(self.max_frame, AUTH_FRAME))
         while True:
             try:
-                request = await self._read_request(stream, decoder)
+                request = await self._read_request(stream, decoder, connection)
             except wire.WireError as error:
                 self.violations += 1
-                await self._send(stream, wire.error_reply(None, "protocol", str(error)))
+                message = str(error)
+                if connection.job is None and decoder.max_frame < self.max_frame:
+                    message += (f"; before a connection has shown its job's secret, a request may be at most "
+                                f"{decoder.max_frame} bytes (send an 'auth' request first)")
+                await self._send(stream, wire.error_reply(None, "protocol", message))
                 return
             if request is None:
                 return
-            reply = await self._answer(stream, decoder, request)
+            if request.get("op") == "auth":
+                # shows the secret before a large request; answered only when it is wrong
+                try:
+                    _op, job, _part, _rank = self._envelope(request, connection)
+                except (_ProtocolViolation, _Unauthorized) as error:
+                    self.violations += 1
+                    kind = "protocol" if isinstance(error, _ProtocolViolation) else "unauthorized"
+                    await self._send(stream, wire.error_reply(request.get("id"), kind, str(error)))
+                    return
+                self._authenticated(connection, job)
+                decoder.max_frame = self.max_frame
+                continue
+            reply = await self._answer(stream, decoder, request, connection)
+            if connection.job is not None:
+                decoder.max_frame = self.max_frame
             if reply is None:
                 return  # the client went away (or spoke out of turn) while it waited
             if not await self._send(stream, reply):
@@ -275,9 +428,12 @@ class RuntimeServer:
             if not reply["ok"] and reply["error"]["kind"] in ("protocol", "unauthorized"):
                 return
 
-    async def _read_request(self, stream: trio.SocketStream, decoder: wire.FrameDecoder) -> Optional[Dict[str, Any]]:
-        """The next request; ``None`` at a clean end or when the client idles or stalls."""
-        with trio.move_on_after(self.idle_timeout) as scope:
+    async def _read_request(self, stream: trio.SocketStream, decoder: wire.FrameDecoder,
+                            connection: Optional[_Connection] = None) -> Optional[Dict[str, Any]]:
+        """The next request; ``None`` at a clean end or when the client idles or stalls (a
+        connection that has not authenticated has ``auth_timeout`` for its first request)."""
+        waiting = self.idle_timeout if connection is None or connection.job is not None else self.auth_timeout
+        with trio.move_on_after(waiting) as scope:
             frame_deadline_set = False
             while True:
                 message = decoder.next()
@@ -314,13 +470,16 @@ class RuntimeServer:
     # ------------------------------------------------------------------ one request
 
     async def _answer(
-        self, stream: trio.SocketStream, decoder: wire.FrameDecoder, request: Dict[str, Any]
+        self, stream: trio.SocketStream, decoder: wire.FrameDecoder, request: Dict[str, Any],
+        connection: Optional[_Connection] = None,
     ) -> Optional[Dict[str, Any]]:
         request_id = request.get("id")
         if isinstance(request_id, bool) or not isinstance(request_id, (int, str, type(None))):
             request_id = None
         try:
-            op, job, part, rank = self._envelope(request)
+            op, job, part, rank = self._envelope(request, connection)
+            if connection is not None and connection.job is None:
+                self._authenticated(connection, job)
         except _ProtocolViolation as error:
             self.violations += 1
             return wire.error_reply(request_id, "protocol", str(error))
@@ -344,11 +503,11 @@ class RuntimeServer:
             self._note(job)
         return wire.ok_reply(request_id, **results)
 
-    def _envelope(self, request: Dict[str, Any]) -> Tuple[str, _Job, int, int]:
+    def _envelope(self, request: Dict[str, Any], connection: Optional[_Connection] = None) -> Tuple[str, _Job, int, int]:
         if request.get("v") != wire.PROTOCOL_VERSION:
             raise _ProtocolViolation(f"this agent speaks runtime protocol version {wire.PROTOCOL_VERSION}")
         op = request.get("op")
-        if not isinstance(op, str) or op not in self._handlers:
+        if not isinstance(op, str) or (op not in self._handlers and op != "auth"):
             raise _ProtocolViolation(f"unknown operation {op!r}"[:200])
         job_id, secret = request.get("job"), request.get("secret")
         if not isinstance(job_id, str) or not isinstance(secret, str):
@@ -358,6 +517,8 @@ class RuntimeServer:
         expected = job.secret if job is not None else "x" * 64
         if not hmac.compare_digest(expected.encode(), secret.encode("utf-8", "replace")) or job is None:
             raise _Unauthorized("the job's secret does not match (or there is no such job)")
+        if connection is not None and connection.job is not None and connection.job is not job:
+            raise _Unauthorized("a connection serves the job whose secret it showed first, no other")
         part, rank = request.get("part"), request.get("rank")
         for key, value in (("part", part), ("rank", rank)):
             if isinstance(value, bool) or not isinstance(value, int):
@@ -645,3 +806,33 @@ class RuntimeServer:
             while job.state.version == version and not job.forgotten:
                 await job.changed.wait()
         return job.state.version
+
+
+def _peer_address(stream: trio.SocketStream) -> str:
+    try:
+        return str(stream.socket.getpeername()[0])
+    except (OSError, IndexError, TypeError):
+        return "?"
+
+
+async def auto_addresses(name: str) -> List[str]:
+    """The addresses of this host that ``name`` resolves to: where compute nodes told to
+    connect to ``name`` arrive (those this host can listen on)."""
+    try:
+        found = await trio.socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return []
+    addresses: List[str] = []
+    for family, _type, _proto, _name, address in found:
+        host = address[0]
+        if host in addresses:
+            continue
+        probe = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            probe.bind((host, 0))
+        except OSError:
+            continue  # not an address of this host
+        finally:
+            probe.close()
+        addresses.append(host)
+    return addresses

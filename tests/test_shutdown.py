@@ -1,0 +1,200 @@
+"""How the agent ends: always with whole frames and a SHUTDOWN, within a bound, however
+slowly its client reads; and cleanly at any moment of its start-up.
+
+* QUIT, and SIGTERM, while the client reads at 32 or 256 KB/s behind a flood of output: the
+  stream the client reads to its end is whole frames ending with SHUTDOWN (after a MESSAGE
+  saying why, for SIGTERM), and the agent is gone within its documented bound.
+* SIGTERM, SIGINT or SIGHUP at a random moment of start-up (from when the agent's own code
+  runs), or right after it says it is listening: exit status 0, no traceback, no socket file
+  left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+import trio
+
+from agent_fixtures import agent_argv, subprocess_env
+from proxy_agent.frontends.ptp.session import CLOSE_BOUND
+from proxy_agent.protocol.messages import CommandId, EventId
+from proxy_agent.protocol.wire import Decoder, FrameError, encode_frame
+
+
+class SlowClient:
+    """A client on a spawned agent's stdio that reads at the pace it is told."""
+
+    def __init__(self, process: trio.Process) -> None:
+        self.process = process
+        self.decoder = Decoder(max_frame_size=1 << 30)
+        self.frames: list = []
+        self.errors: list = []
+        self.tid = 0
+        self.received = 0
+
+    @classmethod
+    async def spawn(cls, *args: str) -> "SlowClient":
+        process = await trio.lowlevel.open_process(
+            agent_argv(*args), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            env=subprocess_env())
+        return cls(process)
+
+    async def send(self, cid: int, *args: str) -> int:
+        self.tid += 1
+        await self.process.stdin.send_all(encode_frame(cid, self.tid, list(args)))
+        return self.tid
+
+    async def read(self, size: int) -> bool:
+        """Read up to ``size`` bytes; False at the end of the stream."""
+        data = await self.process.stdout.receive_some(size)
+        if not data:
+            self.decoder.feed_eof()
+            self.errors.extend(self.decoder)
+            return False
+        self.received += len(data)
+        self.decoder.feed(data)
+        for item in self.decoder:
+            (self.errors if isinstance(item, FrameError) else self.frames).append(item)
+        return True
+
+    async def read_at(self, rate: int, seconds: float) -> bool:
+        """Read at ``rate`` bytes a second for ``seconds``; False at the end of the stream."""
+        step = max(1024, rate // 20)
+        deadline = trio.current_time() + seconds
+        while trio.current_time() < deadline:
+            if not await self.read(step):
+                return False
+            await trio.sleep(step / rate)
+        return True
+
+
+async def _flooded(client: SlowClient) -> int:
+    """Start a session with four jobs writing as fast as they can; read until the output
+    flows, then stop reading until everything in between is full.  The events TID."""
+    await client.send(CommandId.INIT, "version=2.0", "baseId=1000")
+    await client.send(CommandId.MODEL_DEF)
+    events = await client.send(CommandId.START_EVENTS)
+    for i in range(4):
+        await client.send(CommandId.SUBMIT_JOB, f"jobSubId=flood{i}", "execPath=/usr/bin/yes",
+                          "progArgs=output that the client will not read in time")
+    while client.received < 4 << 20:
+        assert await client.read(1 << 20)
+    await trio.sleep(2.0)  # the pipe and the agent's queue fill up
+    return events
+
+
+@pytest.mark.parametrize("rate", [32_000, 256_000])
+@pytest.mark.parametrize("how", ["QUIT", "SIGTERM"])
+async def test_the_stream_ends_with_whole_frames_and_shutdown_whatever_the_readers_speed(how, rate):
+    client = await SlowClient.spawn()
+    try:
+        with trio.fail_after(120):
+            events = await _flooded(client)
+            ending = trio.current_time()
+            if how == "QUIT":
+                tid = await client.send(CommandId.QUIT)
+            else:
+                client.process.send_signal(signal.SIGTERM)
+                tid = events
+            gone_at = None
+            reading = await client.read_at(rate, CLOSE_BOUND + 3)
+            if client.process.poll() is not None:
+                gone_at = trio.current_time()
+            while reading:  # the rest of what the agent handed over, read at once
+                reading = await client.read(1 << 20)
+            if gone_at is None:
+                await client.process.wait()
+                gone_at = trio.current_time()
+            assert client.process.returncode == 0
+            # the agent ended its side within its bound (and a margin for a loaded machine)
+            assert gone_at - ending < CLOSE_BOUND + 10
+    finally:
+        if client.process.returncode is None:
+            client.process.kill()
+            await client.process.wait()
+    assert client.errors == []  # whole frames, to the very end
+    last = client.frames[-1]
+    assert (last.msg_id, last.tid) == (EventId.SHUTDOWN, tid), last
+    if how == "SIGTERM":
+        message = client.frames[-2]
+        assert message.msg_id == EventId.MESSAGE and "SIGTERM" in " ".join(message.args), message
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Has the process a handler of its own for the signal (its code is running)?"""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except OSError:
+        pass
+    return False
+
+
+def _end_keeper(state: Path) -> None:
+    """A keeper the stopped agent had started, ended (it would leave by itself when idle)."""
+    try:
+        pids = json.loads((state / "local" / "keeper.lock").read_text() or "{}")
+    except (OSError, ValueError):
+        return
+    if pids.get("custodian"):
+        try:
+            os.killpg(pids["custodian"], signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+RUNS = 24
+
+
+async def test_a_signal_at_any_moment_of_start_up_ends_the_agent_cleanly(tmp_path):
+    signals = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+    outcomes = []
+    for run in range(RUNS):
+        signum = signals[run % 3]
+        sock = tmp_path / f"agent-{run}.sock"
+        state = tmp_path / f"state-{run}"
+        process = await trio.lowlevel.open_process(
+            agent_argv("--unix", str(sock), "--state-dir", str(state)), stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env())
+        stderr = b""
+        try:
+            with trio.fail_after(60):
+                if run % 4 == 3:  # right after it says it listens
+                    while b"listening on" not in stderr:
+                        data = await process.stderr.receive_some(4096)
+                        assert data, stderr
+                        stderr += data
+                else:  # anywhere in the start-up (once the agent's code runs), or a little after
+                    # (SIGINT is caught by Python itself from its start: the agent's SIGTERM
+                    # handler says when the agent's own code runs)
+                    while not _catches(process.pid, signal.SIGTERM):
+                        assert process.poll() is None, "the agent ended by itself"
+                        await trio.sleep(0.001)
+                    await trio.sleep(random.uniform(0, 0.25))
+                process.send_signal(signum)
+                while True:
+                    data = await process.stderr.receive_some(4096)
+                    if not data:
+                        break
+                    stderr += data
+                code = await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+            _end_keeper(state)
+        text = stderr.decode(errors="replace")
+        outcomes.append((signal.Signals(signum).name, code, "listening on" in text))
+        assert code == 0, (signal.Signals(signum).name, code, text)
+        assert "Traceback" not in text, text
+        assert not sock.exists() and not (state / "agent.sock").exists(), (run, text)
+    print(outcomes)
+    assert any(listening for _, _, listening in outcomes) and not all(listening for _, _, listening in outcomes)

@@ -1,0 +1,234 @@
+"""A job store that cannot be read, or cannot be written now, never stops the agent.
+
+* Unreadable (damaged, truncated, a newer agent's, a symbolic link, a directory, in a path
+  through a file): the agent serves, says so in one MESSAGE to every client, moves a damaged
+  file aside once (never deleting it, never following a link), and keeps new jobs in a new
+  store.  ``proxy-agent jobs`` on it prints one line.
+* Sound but not writable now (a full disk): kept where it is, not moved aside; the agent
+  adopts its jobs, serves, says so, refuses new jobs (they could not be recorded), retries,
+  and writes what it owes once there is room.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from adoption_support import spawn_agent, start
+from agent_fixtures import subprocess_env
+from disk_support import fill, small_disk
+from proxy_agent.service.jobs import JobSpec
+from proxy_agent.service.store import JobStore, open_store
+
+
+def jobs_command(state: Path, *more: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "proxy_agent", "jobs", "--state-dir", str(state), *more],
+                          capture_output=True, text=True, timeout=60, env=subprocess_env(), stdin=subprocess.DEVNULL)
+
+
+def a_store_with_jobs(state: Path, count: int = 120) -> Path:
+    """A store of ``count`` ended jobs, written by the store itself; its path."""
+    store = open_store(str(state))
+    for key in range(1, count + 1):
+        store.record_submission(key, "local", "local:default", JobSpec("/bin/true", arguments=("x" * 300,)))
+        store.note_state(key, "FINISHED", "EXITED", None, True, "0")
+    store.close()
+    return state / JobStore.FILE
+
+
+def zero_page_2(path: Path) -> None:
+    with open(path, "r+b") as f:
+        f.seek(4096)
+        f.write(b"\0" * 4096)
+
+
+def newer(path: Path) -> None:
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version = 99")
+    db.close()
+
+
+def _damage(kind: str, state: Path, elsewhere: Path) -> dict:
+    """Damage the store of ``state`` in one way; what the checks need to know."""
+    path = a_store_with_jobs(state)
+    if kind == "page 2 zeroed":
+        zero_page_2(path)
+    elif kind == "truncated":
+        os.truncate(path, 0)
+    elif kind == "newer schema":
+        newer(path)
+    elif kind == "symbolic link":
+        target = elsewhere / "somebody-elses.sqlite"
+        target.write_bytes(b"")  # empty: a store opened through the link would be written into it
+        path.unlink()
+        path.symlink_to(target)
+        return {"target": target, "content": target.read_bytes()}
+    elif kind == "directory":
+        path.unlink()
+        path.mkdir()
+        (path / "inside").write_text("kept")
+    else:
+        raise AssertionError(kind)
+    return {}
+
+
+KINDS = ["page 2 zeroed", "truncated", "newer schema", "symbolic link", "directory"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_a_store_that_cannot_be_read_never_stops_the_agent(tmp_path, kind):
+    state = tmp_path / "state"
+    state.mkdir()
+    found = _damage(kind, state, tmp_path)
+    before = jobs_command(state)
+    assert before.returncode == 2, before
+    assert before.stdout == "" and len(before.stderr.strip().splitlines()) == 1, before.stderr
+    assert "Traceback" not in before.stderr and "proxy-agent jobs:" in before.stderr
+    assert not list(state.glob("jobs.sqlite.damaged-*"))  # listing never moves anything
+
+    with trio.fail_after(60):
+        for start_number in (1, 2):  # moved aside once: the second agent finds the new store
+            async with await spawn_agent(str(state)) as client:
+                await start(client)
+                job = await client.submit("/bin/echo", [f"run {start_number}"])
+                await client.wait_job_state(job, "COMPLETED", 30)
+                texts = [m.text for m in client.messages]
+                if start_number == 1:
+                    assert len(texts) == 1, texts
+                    assert "the job store could not be read" in texts[0] and "kept as" in texts[0], texts
+                else:
+                    assert texts == []
+                await client.quit()
+    copies = [p for p in state.glob("jobs.sqlite.damaged-*") if not p.name.endswith(("-wal", "-shm"))]
+    assert len(copies) == 1, copies
+    if kind == "symbolic link":
+        assert copies[0].is_symlink() and found["target"].read_bytes() == found["content"]  # not followed
+    elif kind == "directory":
+        assert (copies[0] / "inside").read_text() == "kept"
+    elif kind == "truncated":
+        assert copies[0].stat().st_size == 0
+    else:
+        assert copies[0].stat().st_size > 4096  # the bytes are all there, for the user to look at
+    listed = jobs_command(state, "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [json.loads(line)["name"] for line in listed.stdout.splitlines()] == ["echo", "echo"]
+
+
+async def test_a_store_in_a_path_through_a_file_never_stops_the_agent(tmp_path):
+    (tmp_path / "file").write_text("")
+    state = tmp_path / "file" / "state"
+    listed = jobs_command(state)
+    assert listed.returncode == 2 and len(listed.stderr.strip().splitlines()) == 1, listed.stderr
+    with trio.fail_after(60):
+        async with await spawn_agent(str(state)) as client:
+            await start(client)
+            job = await client.submit("/bin/echo", ["serving"])
+            await client.wait_job_state(job, "COMPLETED", 30)
+            texts = [m.text for m in client.messages]
+            assert len(texts) == 1 and "jobs will not survive a restart" in texts[0], texts
+            await client.quit()
+
+
+async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_there_is_room(tmp_path):
+    with small_disk(tmp_path / "disk", "8m") as disk:
+        state = disk / "state"
+        filler = None
+        try:
+            with trio.fail_after(120):
+                # three running jobs, kept running by an agent that leaves on purpose
+                async with await spawn_agent(str(state), "--on-disconnect", "keep") as first:
+                    await start(first)
+                    subs = [await first.submit_nowait("/bin/sleep", ["120"], jobName=f"sleeper{i}") for i in range(3)]
+                    for sub in subs:
+                        await first.wait_for(lambda: (first.state.jobs_by_sub.get(sub) is not None and
+                                                      first.state.jobs_by_sub[sub].get("jobState") == "RUNNING"),
+                                             30, description="a running job")
+                    await first.quit()
+                assert not (state / "jobs.sqlite-wal").exists()  # closed cleanly: nothing but the file
+                filler = fill(disk)
+
+                listed = jobs_command(state, "--json")  # the store is read as it is
+                assert listed.returncode == 0, listed.stderr
+                assert sorted(json.loads(line)["state"] for line in listed.stdout.splitlines()) == ["RUNNING"] * 3
+
+                async with await spawn_agent(str(state)) as second:
+                    await start(second)
+                    jobs = {sub: await second.wait_for(lambda: second.state.jobs_by_sub.get(sub), 30,
+                                                       description="an adopted job") for sub in subs}
+                    assert all(job.get("jobState") == "RUNNING" for job in jobs.values())
+                    texts = [m.text for m in second.messages]
+                    assert len(texts) == 1 and "cannot be written now" in texts[0], texts
+                    assert "new jobs are refused" in texts[0]
+                    with pytest.raises(Exception, match="disk is full|no space left"):
+                        await second.submit("/bin/echo", ["not recorded, so not run"])
+                    await second.terminate(jobs[subs[0]])  # a change the store owes
+                    ended = await second.wait_job_state(jobs[subs[0]], "COMPLETED", 30)
+                    assert ended.get("jobStatus") == "KILLED"
+                    assert not list(state.glob("jobs.sqlite.damaged-*"))
+
+                    os.unlink(filler)
+                    filler = None
+                    await second.wait_for(lambda: any("can be written again" in m.text for m in second.messages),
+                                          30, description="the store written again")
+                    job = await second.submit("/bin/echo", ["recorded"])
+                    await second.wait_job_state(job, "COMPLETED", 30)
+                    await trio.sleep(1.2)  # states reach the store within a second
+                    states = {json.loads(line)["name"]: json.loads(line)["state"]
+                              for line in jobs_command(state, "--json").stdout.splitlines()}
+                    assert states == {"sleeper0": "KILLED", "sleeper1": "RUNNING", "sleeper2": "RUNNING",
+                                      "echo": "FINISHED"}, states
+                    for sub in subs[1:]:
+                        await second.terminate(jobs[sub])
+                        await second.wait_job_state(jobs[sub], "COMPLETED", 30)
+                    assert second.violations == []
+                    await second.quit()
+            assert not list(state.glob("jobs.sqlite.damaged-*"))
+        finally:
+            if filler is not None and filler.exists():
+                filler.unlink()
+
+
+async def test_a_read_only_store_is_kept_its_writes_owed_and_written_once_it_can_be(tmp_path):
+    """(An immutable file, which not even root may write: what a read-only store is to a user.)"""
+    from proxy_agent.schedulers.sim import SimBackend
+    from proxy_agent.service.jobs import SubmitError
+    from proxy_agent.service.service import JobService
+
+    path = a_store_with_jobs(tmp_path, 3)
+    if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
+        pytest.skip("this file system cannot make a file immutable (chattr +i)")
+    try:
+        store = open_store(str(tmp_path))
+        assert store.unwritable and "readonly" in store.unwritable
+        assert not list(tmp_path.glob("jobs.sqlite.damaged-*"))
+        service = JobService(store=store)
+        service.add_backend(SimBackend(service.model, None, service.context(state_dir=str(tmp_path))))
+        assert [text for _, text in service.standing] == [
+            f"{store.unwritable}; new jobs are refused until it can be written, and what the agent owes it is kept "
+            "and written then (retrying)"]
+        async with trio.open_nursery() as nursery:
+            await nursery.start(service.run)
+            with trio.fail_after(10):
+                await service.ready.wait()
+            with pytest.raises(SubmitError, match="the job is refused: .*cannot be written now"):
+                await service.submit(JobSpec("/bin/true"))
+            store.note_state(2, "KILLED", "CANCELLED", "gone", True)  # owed
+            service._write_store()
+            assert store.owes
+            subprocess.run(["chattr", "-i", str(path)], check=True)
+            with trio.fail_after(10):
+                while store.unwritable is not None:  # the service retries every half second
+                    await trio.sleep(0.1)
+            assert not store.owes and service.standing == []
+            assert store.job(2).state == "KILLED"
+            await service.submit(JobSpec("/bin/true"))  # accepted again
+            nursery.cancel_scope.cancel()
+    finally:
+        subprocess.run(["chattr", "-i", str(path)], capture_output=True)
