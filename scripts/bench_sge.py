@@ -29,7 +29,7 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
 
-from proxy_agent.schedulers.batch import sge, sge_parse, sge_script  # noqa: E402
+from proxy_agent.schedulers.batch.sge import directives as sge_script, parse as sge_parse, system as sge  # noqa: E402
 from proxy_agent.service.jobs import JobSpec  # noqa: E402
 
 PIDFILES = {

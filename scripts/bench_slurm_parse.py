@@ -26,8 +26,9 @@ import time
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, ROOT)
 
-from proxy_agent.schedulers.slurm import JobTable, native_job  # noqa: E402
-from proxy_agent.schedulers.slurm_parse import parse_squeue_json, parse_squeue_text  # noqa: E402
+from proxy_agent.schedulers.batch.engine import JobTable
+from proxy_agent.schedulers.batch.slurm.system import native_job  # noqa: E402
+from proxy_agent.schedulers.batch.slurm.parse import parse_squeue_json, parse_squeue_text  # noqa: E402
 
 
 def _make_large():

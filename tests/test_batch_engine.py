@@ -4,7 +4,9 @@ checked where each can be made to happen on purpose."""
 
 from __future__ import annotations
 
+import getpass
 import json
+import time
 import os
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -40,6 +42,11 @@ class Scheduler:
         self.times: List[float] = []  # when each call came
         self.submitted: Dict[str, Tuple[str, str]] = {}
         self.next_id = 100
+        #: seconds a submit command takes after the job is listed (0: listed only later)
+        self.listed_while_submitting = 0.0
+        #: CPU seconds a status query costs
+        self.status_cpu = 0.0
+        self.user = getpass.getuser()
 
     async def run(self, argv: Sequence[str], stdin: Optional[bytes], env) -> CommandResult:
         argv = tuple(argv)
@@ -49,6 +56,9 @@ class Scheduler:
         if self.failing and argv[0] != "submit":
             return CommandResult(argv, 1, b"", self.failing.encode())
         if argv[0] == "status":
+            spent = time.process_time() + self.status_cpu
+            while time.process_time() < spent:  # what answering costs
+                pass
             if self.garbage:
                 return CommandResult(argv, 0, b"<<not json", b"")
             data = [attrs.asdict(job) for job in self.listed.values()]
@@ -59,6 +69,10 @@ class Scheduler:
             self.next_id += 1
             job_id = str(self.next_id)
             self.submitted[job_id] = (argv[1], argv[2])
+            if self.listed_while_submitting:
+                # the server has the job (and lists it) before the submit command answers
+                self.listed[job_id] = NativeJob(job_id, user=self.user, queue="q1", native_state="held")
+                await trio.sleep(self.listed_while_submitting)
             return CommandResult(argv, 0, job_id.encode(), b"")
         if argv[0] == "final":
             record = self.finals.get(argv[1])
@@ -150,7 +164,7 @@ async def start(nursery, tmp_path, scheduler: Scheduler, **settings):
 
 def polls_after(scheduler: Scheduler, count: int) -> List[float]:
     """When the status queries after the first ``count`` calls came."""
-    return [at for call, at in zip(scheduler.calls[count:], scheduler.times[count:]) if call == ("status",)]
+    return [at for call, at in zip(scheduler.calls[count:], scheduler.times[count:]) if call[0] == "status"]
 
 
 def spool(tmp_path) -> List[str]:
@@ -212,6 +226,64 @@ async def test_listed_jobs_become_model_changes_and_queue_figures(nursery, tmp_p
     await wait_for(lambda: model.attr(jobs["1"], K.STATE) == "RUNNING")
     assert model.attr(jobs["1"], K.HOSTS) == "n1"
     assert model.attr(q1, K.WAITING) == "1" and model.attr(q1, K.RUNNING) == "2"
+
+
+async def test_a_job_listed_before_its_submit_command_answers_appears_once_as_submitted(nursery, tmp_path):
+    """A listing that shows the job while the submit command still runs does not make it
+    somebody's job first (then taken over as the submitted one): the clients see the
+    submitted job once, with its reference, from the start."""
+    scheduler = Scheduler()
+    scheduler.listed_while_submitting = 0.5  # five polls of 0.1 s run meanwhile
+    harness = await start(nursery, tmp_path, scheduler, fast_poll_interval=0.1, user=scheduler.user)
+    model = harness.model
+
+    class Created(ChangeSink):
+        def __init__(self) -> None:
+            self.jobs: List[Tuple[int, object]] = []
+
+        def created(self, element) -> None:
+            if element.kind is Kind.JOB:
+                self.jobs.append((element.key, model.attr(element.key, K.CLIENT_REF)))
+
+    created = Created()
+    model.subscribe(created)
+    key = await harness.service.submit(JobSpec("prog", client_ref="held-one", hold=True))
+    before = len(scheduler.calls)
+    await wait_until(lambda: len(polls_after(scheduler, before)) >= 3, what="more listings that show it")
+    assert created.jobs == [(key, "held-one")]
+    assert [k for k in model.keys(Kind.JOB)] == [key]
+    assert model.attr(key, K.NATIVE_STATE) == "held" and model.attr(key, K.STATE) == "HOLD"
+
+
+async def test_idle_polls_that_cost_much_are_spaced_to_the_cpu_budget(nursery, tmp_path):
+    """With a CPU budget (the default without a poll interval given), a listing that costs
+    50 ms to poll is polled about once a second at 5 % of a core, not every 0.1 s."""
+    scheduler = Scheduler()
+    scheduler.status_cpu = 0.05
+    backend = FakeBackend(ServiceModel(), BatchOptions(poll_interval=0.1, cpu_budget=0.05), runner=scheduler.run,
+                          spool_dir=str(tmp_path / "spool"))
+    await start_backend(nursery, backend)
+    await wait_until(lambda: len(polls_after(scheduler, 0)) >= 2, what="the first polls, which set the pace")
+    before = len(scheduler.calls)
+    polls = await wait_until(lambda: len(polls_after(scheduler, before)) >= 3 and polls_after(scheduler, before),
+                             what="three more polls")
+    gaps = [later - earlier for earlier, later in zip(polls, polls[1:])]
+    assert all(gap >= 0.5 for gap in gaps), gaps  # about a second apart; every 0.1 s without the budget
+
+
+async def test_hosts_stay_when_the_record_of_the_end_has_none(nursery, tmp_path):
+    """PBS without job history blanks a job's hosts when it ends: what the clients were
+    shown of where the job ran stays."""
+    scheduler = Scheduler()
+    scheduler.listed = {"5": NativeJob("5", queue="q1", native_state="run", hosts=("n1", "n2"))}
+    harness = await start(nursery, tmp_path, scheduler)
+    model = harness.model
+    (key,) = [k for k in model.keys(Kind.JOB) if model.attr(k, K.NATIVE_ID) == "5"]
+    assert model.attr(key, K.HOSTS) == "n1,n2"
+    scheduler.finals["5"] = NativeJob("5", queue="q1", native_state="done", exit_code=0)
+    del scheduler.listed["5"]
+    await harness.wait_ended(key)
+    assert model.attr(key, K.STATE) == "FINISHED" and model.attr(key, K.HOSTS) == "n1,n2"
 
 
 async def test_a_job_gone_without_a_record_is_deleted_or_killed(nursery, tmp_path):

@@ -703,3 +703,33 @@ async def test_a_part_that_cannot_be_submitted_fails_the_job_and_its_waiting_pro
     }
     with pytest.raises(Exception, match="no multi-part job"):
         server.part_ended("mj-unknown", 0)
+
+
+# --------------------------------------------------------------------------- the TCP contact
+
+
+def _loopback(address: str) -> bool:
+    return address.startswith("127.") or address == "::1"
+
+
+async def test_tcp_contact_names_this_host_as_other_hosts_reach_it(nursery):
+    """Listening on every interface, the contact given to processes on other hosts names
+    this host by a name or address that is not loopback (a host whose own name resolves to
+    127.0.0.1 must not send compute nodes to themselves), and the runtime answers there."""
+    from proxy_agent.service.coalloc.server import _interface_addresses
+    if not _interface_addresses():
+        pytest.skip("this machine has no address other than loopback")
+    server = RuntimeServer(tcp_host="0.0.0.0")
+    await nursery.start(server.run)
+    scheme, (host, port) = wire.parse_contact(server.tcp_contact)
+    assert scheme == "tcp" and host != "localhost"
+    addresses = {info[4][0] for info in socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)}
+    assert addresses and not any(_loopback(a) for a in addresses), (host, addresses)
+    client = await RawClient.tcp(server)
+    await client.stream.aclose()
+
+
+async def test_an_advertised_name_wins(nursery):
+    server = RuntimeServer(tcp_host="0.0.0.0", advertise_host="gateway.cluster.example")
+    await nursery.start(server.run)
+    assert wire.parse_contact(server.tcp_contact)[1][0] == "gateway.cluster.example"

@@ -130,3 +130,46 @@ async def test_a_part_failing_before_the_barrier_leaves_nothing_in_any_scheduler
                                  what="the parts to leave their schedulers after the failure")
             finally:
                 _cancel(client, parts)
+
+
+async def test_a_part_waiting_when_an_earlier_part_is_deleted_starts_with_its_new_index(tmp_path):
+    """The indexes renumber when a part is deleted before the release: a part whose job was
+    still waiting in its queue then starts with the index the barrier gives it, in
+    ``GLOBUS_GRAM_SUBJOB_RANK`` and ``PROXY_AGENT_PART_INDEX``."""
+    from test_sge_queue_truth import throwaway_queues
+
+    show = "echo index $GLOBUS_GRAM_SUBJOB_RANK $PROXY_AGENT_PART_INDEX of $PROXY_AGENT_PARTS"
+    native_ids: list = []
+    with throwaway_queues(tmp_path, native_ids, w={"slots": "2"}) as (queue,):
+        sge_support_run(["qmod", "-d", queue])  # its jobs wait until it is enabled
+        # (barrier parts whose processes never check in: the barrier stays closed, and parts
+        # can be deleted, for the whole test)
+        part = {"count": 1, "executable": "/bin/sh", "arguments": ["-c", show], "start_type": "loose-barrier",
+                "environment": ENVIRONMENT}
+        description = json.dumps({"name": "pa-renumber", "parts": [
+            {"queue": "local:default", "label": "first", **part},
+            {"queue": f"sge:{queue}", "label": "deleted", **part},
+            {"queue": f"sge:{queue}", "label": "last", **part}]})
+        with trio.fail_after(scaled(150)):
+            async with await AgentClient.spawn(agent_argv("--scheduler", "local,sge", "--sge-poll-interval", "1"),
+                                               env=subprocess_env(HOME=str(tmp_path)), cwd=str(tmp_path)) as client:
+                await _start(client)
+                await client.wait_for(lambda: any(q.name == queue for q in client.queues.values()), scaled(30),
+                                      description="the queue")
+                job_id = await client.cosubmit(description)
+                first, deleted, last = await _parts(client, job_id, 3)
+                native_ids += [client.job(p).get("nativeId") for p in (deleted, last)]
+                await client.delete_part(deleted)
+                sge_support_run(["qmod", "-e", queue])
+                await client.wait_job_state(last, "COMPLETED", timeout=scaled(90))
+                (line,) = await _lines(client, [last], "index", 1)
+                assert line == "index 1 1 of 3", (client.job_output(last), client.job_output(last, "stderr"))
+                (line,) = await _lines(client, [first], "index", 1)
+                assert line == "index 0 0 of 3"
+                await client.quit()
+
+
+def sge_support_run(argv):
+    import sge_support
+    result = sge_support.run(argv)
+    assert result.returncode == 0, result.stderr

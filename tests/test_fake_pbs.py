@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from proxy_agent.schedulers.batch import pbs_parse as P
-from proxy_agent.schedulers.batch.pbs import PbsSystem
+from proxy_agent.schedulers.batch.pbs import parse as P
+from proxy_agent.schedulers.batch.pbs.system import PbsSystem
 from proxy_agent.service.jobs import JobSpec, JobState
 from wait_support import scaled, wait_until_blocking
 

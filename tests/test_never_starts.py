@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from proxy_agent.schedulers import slurm_parse as sp
-from proxy_agent.schedulers.slurm import job_attributes
-from proxy_agent.schedulers.slurm_parse import SlurmJob
+from proxy_agent.schedulers.batch.slurm import parse as sp
+from proxy_agent.schedulers.batch.slurm.backend import job_attributes
+from proxy_agent.schedulers.batch.slurm.parse import SlurmJob
 from proxy_agent.service.jobs import NEVER_STARTS
 from proxy_agent.service.model import K
 from wait_support import scaled

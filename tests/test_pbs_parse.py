@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy_agent.schedulers.batch import pbs_parse as P
-from proxy_agent.schedulers.batch.pbs import (
+from proxy_agent.schedulers.batch.pbs import parse as P
+from proxy_agent.schedulers.batch.pbs.system import (
     OPENPBS_STATES,
     TORQUE_STATES,
     PbsSystem,

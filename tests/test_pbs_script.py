@@ -17,8 +17,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from proxy_agent.schedulers.batch.pbs import PbsSystem
-from proxy_agent.schedulers.batch.pbs_script import (
+from proxy_agent.schedulers.batch.pbs.system import PbsSystem
+from proxy_agent.schedulers.batch.pbs.directives import (
     NAME_LIMIT,
     PbsUnsupported,
     build_submission,

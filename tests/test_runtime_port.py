@@ -31,7 +31,7 @@ from proxy_agent.client import AgentClient
 from proxy_agent.protocol.messages import CommandId
 from proxy_agent.runtime import Runtime, wire
 from proxy_agent.service.coalloc.description import MultiJobDescription, Part
-from proxy_agent.service.coalloc.server import AUTH_FRAME, RuntimeServer, auto_addresses
+from proxy_agent.service.coalloc.server import AUTH_FRAME, RuntimeServer, auto_addresses, reachable_host
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Unix sockets and /proc")
 
@@ -217,8 +217,9 @@ async def test_auto_listens_where_compute_nodes_connect_and_every_interface_is_a
     assert settings.tcp_host == "auto"
     server = RuntimeServer(unix_path=str(tmp_path / "runtime.sock"), tcp_host=settings.tcp_host)
     await nursery.start(server.run)
-    name = socket.getfqdn()
+    name = reachable_host()
     assert server.tcp_contact.startswith(f"tcp://{name}:")
+    assert name != "localhost" and "127.0.0.1" not in await auto_addresses(name)
     assert server.tcp_addresses == await auto_addresses(name) != []
     assert not {"0.0.0.0", "::"} & set(server.tcp_addresses)
     # every interface, when asked

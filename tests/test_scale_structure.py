@@ -355,7 +355,7 @@ def test_start_up_imports_only_the_backends_it_runs():
     probe = (
         "import sys; from proxy_agent.__main__ import parse_arguments; "
         "args = parse_arguments(sys.argv[1:]); "
-        "print(sorted(m for m in ('proxy_agent.schedulers.slurm', 'proxy_agent.schedulers.batch.slurm_backend', "
+        "print(sorted(m for m in ('proxy_agent.schedulers.batch.slurm', 'proxy_agent.schedulers.batch.slurm.backend', "
         "'proxy_agent.schedulers.sim', 'proxy_agent.schedulers.local') if m in sys.modules), args.scheduler)"
     )
 

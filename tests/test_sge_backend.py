@@ -74,7 +74,7 @@ async def cell(tmp_path) -> AsyncIterator[Cell]:
                 await client.quit()
     finally:
         if session is not None and session.native_ids:
-            sge_support.run(["qdel", *session.native_ids], timeout=scaled(30))
+            sge_support.run(["qdel", *session.native_ids])
 
 
 def spool_files(home: str) -> List[str]:
@@ -270,7 +270,7 @@ async def test_a_new_agent_adopts_the_jobs_of_the_last_one(tmp_path):
                 await client.quit()
     finally:
         if native:
-            sge_support.run(["qdel", native], timeout=scaled(30))
+            sge_support.run(["qdel", native])
 
 
 async def test_other_users_jobs_only_with_all_users(tmp_path):

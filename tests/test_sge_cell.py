@@ -17,8 +17,8 @@ from typing import Callable, Dict, List, Optional
 import pytest
 
 import sge_support
+from proxy_agent.schedulers.batch.sge import directives as sge_script, parse as sge_parse, system as sge
 from wait_support import scaled
-from proxy_agent.schedulers.batch import sge, sge_parse, sge_script
 from proxy_agent.schedulers.batch.records import NativeJob
 from proxy_agent.service.jobs import ErrorKind, JobError, JobSpec, JobState
 

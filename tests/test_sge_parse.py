@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy_agent.schedulers.batch import sge, sge_parse, sge_script
-from proxy_agent.schedulers.batch.sge_parse import SgeParseError
+from proxy_agent.schedulers.batch.sge import directives as sge_script, parse as sge_parse, system as sge
+from proxy_agent.schedulers.batch.sge.parse import SgeParseError
 from proxy_agent.service.jobs import ErrorKind, JobError, JobSpec, JobState, SubmitError
 from wait_support import scaled
 

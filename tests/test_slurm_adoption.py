@@ -6,8 +6,8 @@ from __future__ import annotations
 import attrs
 import trio
 
-from proxy_agent.schedulers import slurm_parse as sp
-from proxy_agent.schedulers.slurm import SlurmBackend, SlurmOptions
+from proxy_agent.schedulers.batch.slurm import parse as sp
+from proxy_agent.schedulers.batch.slurm.backend import SlurmBackend, SlurmOptions
 from proxy_agent.service.jobs import JobSpec
 from proxy_agent.service.model import K, Kind, ServiceModel
 from proxy_agent.service.service import JobService

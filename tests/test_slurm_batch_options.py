@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from proxy_agent.schedulers.batch import slurm_options
-from proxy_agent.schedulers.batch.slurm_backend import SlurmSystem
+from proxy_agent.schedulers.batch.slurm import directives as slurm_options
+from proxy_agent.schedulers.batch.slurm.backend import SlurmSystem
 from proxy_agent.service.jobs import ErrorKind, JobSpec, SubmitError
 from wait_support import scaled
 

@@ -25,26 +25,23 @@ from proxy_agent.protocol.messages import (
     ProcessChange,
     RemoveElements,
 )
-from proxy_agent.schedulers import slurm_parse as sp
+from proxy_agent.schedulers.batch.slurm import parse as sp
 from proxy_agent.schedulers.batch.engine import BatchBackend
 from proxy_agent.schedulers.common import LineSplitter
-from proxy_agent.schedulers.slurm import (
-    CommandResult,
-    JobTable,
+from proxy_agent.schedulers.batch.engine import CommandResult, JobTable
+from proxy_agent.schedulers.batch.slurm.backend import (
     SlurmBackend,
     SlurmOptions,
-    clean_message,
-    expand_output_pattern,
-    first_host,
     job_attributes,
-    native_job,
     node_attributes,
     partition_attributes,
     process_attributes,
 )
-from proxy_agent.schedulers.slurm_parse import SlurmJob
+from proxy_agent.schedulers.batch.slurm.system import clean_message, expand_output_pattern, first_host, native_job, native_word
+from proxy_agent.schedulers.batch.slurm.parse import SlurmJob
 from proxy_agent.service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, SubmitError
 from proxy_agent.service.model import K, Kind, ServiceModel
+from test_state_tables import SLURM_PTP_STATES
 from service_fixtures import Harness, element_refs, start_backend
 from wait_support import wait_until
 
@@ -217,8 +214,9 @@ def test_recorded_listing_maps_every_job():
         attrs_ = job_attributes(record)
         state = JobState(attrs_[K.STATE])
         assert state is not JobState.OTHER
-        assert mapping.PTP_JOB_STATE[state.value] == sp.map_job_state(record.state)[0]
-        assert attrs_[K.NATIVE_STATE] == sp.map_job_state(record.state)[1]
+        name = native_word(record.state)
+        assert mapping.PTP_JOB_STATE[state.value] == SLURM_PTP_STATES[name]
+        assert attrs_[K.NATIVE_STATE] == name
 
 
 @pytest.mark.parametrize("text, first", [

@@ -18,8 +18,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from proxy_agent.schedulers import slurm_parse as sp
-from proxy_agent.schedulers.slurm_parse import (
+from proxy_agent.frontends.ptp import mapping
+from proxy_agent.schedulers.batch.slurm import parse as sp
+from proxy_agent.schedulers.batch.slurm import system as slurm
+from proxy_agent.schedulers.batch.slurm.parse import (
     FIELD_SEP,
     RECORD_SEP,
     SlurmError,
@@ -31,6 +33,11 @@ from proxy_agent.schedulers.slurm_parse import (
 DATA = Path(__file__).parent / "data" / "slurm"
 REAL = DATA / "22.05.8"
 VERSIONS = sorted(p.name for p in DATA.iterdir() if p.is_dir() and p.name[0].isdigit())
+
+
+def job_state(raw: str):
+    """(PTP jobState, SLURM's long state name) of a job in SLURM state ``raw``, as a client sees it."""
+    return (mapping.PTP_JOB_STATE[slurm.STATE_TABLE.map(raw).value], slurm.native_word(raw))
 
 
 def load_make_large():
@@ -114,9 +121,9 @@ def test_every_recorded_file_parses(version, name):
         if isinstance(r, SlurmJob):
             assert r.job_id.isdigit(), r
             assert r.state and r.state == r.state.strip()
-            state, status = sp.map_job_state(r.state)
+            state, status = job_state(r.state)
             assert state in ("STARTING", "RUNNING", "SUSPENDED", "COMPLETED")
-            assert status in sp.JOB_STATE_TABLE, f"unmapped state {r.state!r}"
+            assert status in sp.JOB_STATE_CODES.values(), f"unmapped state {r.state!r}"
             assert ":" in r.exit_code or r.exit_code == ""
         elif isinstance(r, SlurmNode):
             assert r.name and r.state and r.cpus and r.memory_mb
@@ -292,7 +299,7 @@ def test_21_08_json_layout():
     assert jobs["4111"].exit_code == "2:0"
     assert jobs["4112"].exit_code == "0:9"
     assert jobs["4110"].time_used == "1:00"
-    assert sp.map_job_state(jobs["4113"].state) == ("RUNNING", "COMPLETING")
+    assert job_state(jobs["4113"].state) == ("RUNNING", "COMPLETING")
     assert jobs["4103"].account == "" and jobs["4103"].user == "bob"
 
 
@@ -343,13 +350,13 @@ def test_21_08_partitions_and_jobs_text():
 
 def test_21_08_sacct():
     jobs = by_id(sp.parse_sacct_text(read(DATA / "21.08.5" / "sacct.txt")))
-    assert sp.map_job_state(jobs["4112"].state) == ("COMPLETED", "CANCELLED")
+    assert job_state(jobs["4112"].state) == ("COMPLETED", "CANCELLED")
     assert jobs["4112"].exit_code == "0:9"
     assert (jobs["4110"].array_job_id, jobs["4110"].array_task_id) == ("4107", "3")
     assert (jobs["4107"].array_job_id, jobs["4107"].array_task_id) == ("4107", "4-9%2")
     assert jobs["4107"].nodes == ""
     assert jobs["4101"].array_job_id == ""
-    assert sp.map_job_state(jobs["4114"].state)[1] == "OUT_OF_MEMORY"
+    assert job_state(jobs["4114"].state)[1] == "OUT_OF_MEMORY"
 
 
 def test_23_11_json_layouts():
@@ -365,8 +372,8 @@ def test_23_11_json_layouts():
     assert jobs["807"].exit_code == "0:11"
     assert jobs["808"].exit_code == "42:0"
     assert jobs["809"].state == "COMPLETED+COMPLETING"
-    assert sp.map_job_state(jobs["809"].state) == ("RUNNING", "COMPLETING")
-    assert sp.map_job_state(jobs["811"].state) == ("SUSPENDED", "SUSPENDED")
+    assert job_state(jobs["809"].state) == ("RUNNING", "COMPLETING")
+    assert job_state(jobs["811"].state) == ("SUSPENDED", "SUSPENDED")
     assert jobs["803"].account == ""
     assert sp.parse_scontrol_jobs_json(read(d / "scontrol-jobs.json")) == [j]
 
@@ -428,7 +435,7 @@ JOB_CASES = {
     "OOM": ("COMPLETED", "OUT_OF_MEMORY"),
     "running": ("RUNNING", "RUNNING"),
     "COMPLETED+COMPLETING": ("RUNNING", "COMPLETING"),
-    "PENDING+REQUEUED": ("STARTING", "PENDING"),
+    "PENDING+REQUEUED": ("STARTING", "REQUEUED"),
     "": ("STARTING", "UNKNOWN"),
     "SOMETHING_NEW": ("STARTING", "SOMETHING_NEW"),
 }
@@ -436,11 +443,12 @@ JOB_CASES = {
 
 @pytest.mark.parametrize("raw,expected", sorted(JOB_CASES.items()))
 def test_job_state_mapping(raw, expected):
-    assert sp.map_job_state(raw) == expected
+    assert job_state(raw) == expected
 
 
-def test_job_state_table_covers_the_ptp_states():
-    assert set(sp.JOB_STATE_TABLE.values()) == {"STARTING", "RUNNING", "SUSPENDED", "COMPLETED"}
+def test_job_states_cover_the_ptp_states():
+    assert {job_state(name)[0] for name in sp.JOB_STATE_CODES.values()} == {
+        "STARTING", "RUNNING", "SUSPENDED", "COMPLETED"}
 
 
 NODE_CASES = {

@@ -24,7 +24,7 @@ from slurm_support import node_name, require_cluster, scontrol
 
 from proxy_agent.client import AgentClient, CommandFailed
 from proxy_agent.protocol.messages import ErrorCode
-from proxy_agent.schedulers.slurm import SlurmBackend, SlurmOptions
+from proxy_agent.schedulers.batch.slurm.backend import SlurmBackend, SlurmOptions
 from proxy_agent.service.jobs import ErrorKind, JobSpec, SubmitError
 from proxy_agent.service.model import K, Kind, ServiceModel
 from service_fixtures import start_backend

@@ -9,8 +9,9 @@ them is multiplied by one setting, the environment variable::
     PROXY_AGENT_TEST_TIMEOUT_SCALE=3 scripts/test     # a machine three times slower
 
 (default 1).  A deadline only costs time when a test fails, so it is generous: it tells a
-hung wait from a slow one.  The helpers here take deadlines in plain seconds and scale them;
-every other deadline a test writes is written ``scaled(SECONDS)``: in ``trio.fail_after``, a
+hung wait from a slow one.  The functions of the ``*_support`` modules (here, and
+``sge_support.run``, ...) take deadlines in plain seconds and scale them; every other
+deadline a test writes is written ``scaled(SECONDS)``: in ``trio.fail_after``, a
 client's wait (``client.wait_for(..., scaled(30))``), ``subprocess.run(timeout=...)``, an
 agent option that bounds a wait, a test helper's default (a helper passes on what it is given).
 

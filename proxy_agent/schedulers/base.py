@@ -153,9 +153,9 @@ class Backend(abc.ABC):
 BACKENDS: Dict[str, str] = {
     "local": "proxy_agent.schedulers.local:LocalBackend",
     "sim": "proxy_agent.schedulers.sim:SimBackend",
-    "slurm": "proxy_agent.schedulers.batch.slurm_backend:SlurmBackend",
-    "sge": "proxy_agent.schedulers.batch.sge_backend:SgeBackend",
-    "pbs": "proxy_agent.schedulers.batch.pbs_backend:PbsBackend",
+    "slurm": "proxy_agent.schedulers.batch.slurm.backend:SlurmBackend",
+    "sge": "proxy_agent.schedulers.batch.sge.backend:SgeBackend",
+    "pbs": "proxy_agent.schedulers.batch.pbs.backend:PbsBackend",
 }
 
 

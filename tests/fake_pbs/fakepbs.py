@@ -1,7 +1,7 @@
 """A small stand-in for a PBS server and its commands, for end-to-end tests of the PBS
 backend where no PBS can run.
 
-The executables in ``bin/`` (qstat, qsub, qdel, qhold, qrls, qsig, qmove, pbsnodes,
+The executables in ``bin/`` (qstat, qsub, qdel, qhold, qrls, qsig, qmove, qmgr, pbsnodes,
 tracejob, pbsdsh) all land in :func:`main`. They keep the "server" in a state directory and
 print what the real commands print, in the formats of ``tests/data/pbs``:
 
@@ -69,7 +69,7 @@ def server():
     with open(os.path.join(root, "lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         path = os.path.join(root, "state.json")
-        state = {"next": 100, "jobs": {}}
+        state = {"next": 0, "jobs": {}}  # a fresh server numbers its jobs from 0
         if os.path.exists(path):
             with open(path, encoding="utf-8") as f:
                 state = json.load(f)
@@ -104,7 +104,12 @@ def advance(root: str, state: dict) -> None:
     for job in list(state["jobs"].values()):
         if job.get("array"):
             continue
-        if job["state"] in ("Q", "W") and now >= max(job["queued_since"] + wait, job.get("begin") or 0):
+        total = sum(cpus for _name, cpus in NODES)
+        if job["state"] == "Q" and job["procs"] > total:
+            # what the real scheduler says of a job asking for more than every node has
+            job["comment"] = (f"Can Never Run: Insufficient amount of resource: ncpus "
+                              f"(R: {job['procs']} A: {total} T: {total})")
+        elif job["state"] in ("Q", "W") and now >= max(job["queued_since"] + wait, job.get("begin") or 0):
             start(root, job)
         elif job["state"] in ("R", "S", "E"):
             exit_path = os.path.join(root, "jobs", f"{job['seq']}.exit")
@@ -639,6 +644,8 @@ def job_attributes(job: dict) -> dict:
     attributes["Keep_Files"] = job["keep"]
     attributes["Output_Path"] = f"{os.uname().nodename}:{job['stdout']}"
     attributes["Priority"] = 0
+    if job.get("comment"):
+        attributes["comment"] = job["comment"]
     resource_list = {"ncpus": job["procs"], "nodect": 1}
     resource_list.update({k: v for k, v in job["res"].items() if k in ("select", "place", "walltime", "mem")})
     attributes["Resource_List"] = resource_list
@@ -753,6 +760,21 @@ def parse_qstat_options(argv: List[str]):
     return options, operands
 
 
+def qmgr(argv: List[str]) -> None:
+    """``qmgr -c "set queue NAME ATTRIBUTE = VALUE"``: the queue settings the listing shows."""
+    if len(argv) != 2 or argv[0] != "-c":
+        fail("usage: qmgr -c 'set queue NAME ATTRIBUTE = VALUE'")
+    match = re.match(r"\s*s(?:et)?\s+q(?:ueue)?\s+(\S+)\s+(resources_max\.walltime|enabled|started)\s*=\s*(\S+)\s*$",
+                     argv[1])
+    if not match:
+        fail(f"qmgr: Illegal attribute or resource value for {argv[1]!r}", 1)
+    name, attribute, value = match.groups()
+    if name not in QUEUES[FAMILY]:
+        fail(f"qmgr obj={name} svr=default: Unknown queue", 1)
+    with server() as (_root, state):
+        state.setdefault("queue_settings", {}).setdefault(name, {})[attribute] = value
+
+
 def print_queues(options) -> None:
     with server() as (_root, state):
         counts = {q: {"Queued": 0, "Held": 0, "Running": 0} for q in QUEUES[FAMILY]}
@@ -760,7 +782,10 @@ def print_queues(options) -> None:
             bucket = {"Q": "Queued", "H": "Held", "R": "Running", "S": "Running"}.get(job["state"])
             if bucket and job["queue"] in counts and not job.get("array"):
                 counts[job["queue"]][bucket] += 1
+        settings = state.get("queue_settings", {})
     limits = {QUEUES[FAMILY][0]: "24:00:00", QUEUES[FAMILY][1]: "168:00:00"}
+    limits.update({name: s["resources_max.walltime"] for name, s in settings.items() if "resources_max.walltime" in s})
+    enabled = {name: s.get("enabled", "True") for name, s in settings.items()}
     if FAMILY == "openpbs":
         body = {}
         for name in QUEUES["openpbs"]:
@@ -770,7 +795,7 @@ def print_queues(options) -> None:
                 "total_jobs": sum(c.values()),
                 "state_count": f"Transit:0 Queued:{c['Queued']} Held:{c['Held']} Waiting:0 Running:{c['Running']} Exiting:0 Begun:0 ",
                 "resources_max": {"walltime": limits[name]},
-                "enabled": "True",
+                "enabled": enabled.get(name, "True"),
                 "started": "True",
             }
         print_json("Queue", body)
@@ -779,7 +804,8 @@ def print_queues(options) -> None:
         c = counts[name]
         print(f"Queue: {name}\n    queue_type = Execution\n    total_jobs = {sum(c.values())}\n"
               f"    state_count = Transit:0 Queued:{c['Queued']} Held:{c['Held']} Waiting:0 Running:{c['Running']} Exiting:0 Complete:0 \n"
-              f"    resources_max.walltime = {limits[name]}\n    enabled = True\n    started = True\n")
+              f"    resources_max.walltime = {limits[name]}\n    enabled = {enabled.get(name, 'True')}\n"
+              "    started = True\n")
 
 
 def print_server(options) -> None:
@@ -837,7 +863,7 @@ def pbsnodes(argv: List[str]) -> None:
 COMMANDS = {
     "qstat": qstat, "qsub": qsub, "qdel": qdel, "qhold": qhold,
     "qrls": lambda argv: qhold(argv, release=True), "qsig": qsig, "qmove": qmove,
-    "pbsnodes": pbsnodes, "tracejob": tracejob, "pbsdsh": pbsdsh,
+    "pbsnodes": pbsnodes, "tracejob": tracejob, "pbsdsh": pbsdsh, "qmgr": qmgr,
 }
 
 
@@ -847,7 +873,7 @@ def main(command: str, argv: List[str]) -> None:
         return
     if FAMILY not in VERSION:
         fail(f"fake PBS: FAKE_PBS_FAMILY must be openpbs or torque, not {FAMILY!r}")
-    if command not in ("qstat", "pbsdsh") and argv == ["--version"]:
+    if command not in ("qstat", "pbsdsh", "qmgr") and argv == ["--version"]:
         if FAMILY == "openpbs":
             print(f"pbs_version = {VERSION['openpbs']}")
         else:

@@ -5,9 +5,15 @@ parsers of their answers into the neutral records of :mod:`.records`, its state 
 its submission dialect.  :class:`BatchBackend` does the rest, the same way for every system:
 
 * **Polling**: one status query per poll for every job shown (the agent user's, or every
-  user's with ``--all-users``), the queues every ``info_interval`` (a minute, or four polls,
-  and at the next poll when a job names a queue not listed) and the hosts every
-  ``node_interval`` (the same unless the system asks for more).  Queries of one poll run
+  user's with ``--all-users``) and, in the same poll, one listing of the queues (their
+  states, slots and figures, and the limits the listing carries), so what the clients see
+  of a queue is never older than one poll; the hosts every ``node_interval`` (a minute, or
+  four polls, and at the next poll when a job names a queue not listed).
+* **Queue definitions** a second command must read (:meth:`BatchSystem.queue_details`,
+  Grid Engine's ``qconf -sq``) are read again every ``info_interval`` (the
+  ``--SYSTEM-definitions-interval`` option, five minutes by default), for a queue not read
+  yet or whose reading failed at the next poll, and for every queue at the first poll after
+  the scheduler answers again (its daemon may have restarted with other definitions).  Queries of one poll run
   side by side; a big answer is parsed in a worker thread.  A system may ask a listing its
   own way (:meth:`BatchSystem.fetch`: SLURM tries JSON, then text).  After a submission
   or a job command the engine polls every ``fast_poll_interval`` for a while.  A job's
@@ -51,7 +57,9 @@ import logging
 import operator
 import os
 import re
+import resource
 import secrets
+import time
 from collections import deque
 from contextlib import contextmanager
 from typing import (
@@ -209,10 +217,13 @@ class BatchSystem(abc.ABC):
     def parse_queues(self, text: str) -> List[NativeQueue]:
         return []
 
-    async def queue_details(self, queues: List[NativeQueue], run: Run) -> List[NativeQueue]:
-        """Complete new queues' records (limits a second command knows); called when the set
-        of queue names changes."""
-        return queues
+    #: the fields of a queue's record that :meth:`queue_details` fills in
+    detail_fields: ClassVar[Tuple[str, ...]] = ()
+
+    async def queue_details(self, queues: List[NativeQueue], run: Run) -> Dict[str, NativeQueue]:
+        """Queues' records completed with what a second command knows (their limits), by
+        name; a queue left out could not be read (it is asked again at the next poll)."""
+        return {queue.name: queue for queue in queues}
 
     def nodes_argv(self) -> Optional[Sequence[str]]:
         return None
@@ -353,6 +364,11 @@ class JobTable:
         self._records[job_id] = None
         self._expected[job_id] = generation
 
+    def forget(self, job_id: str) -> None:
+        """As if the last listing had not shown the job: the next one reports it new."""
+        self._keys.pop(job_id, None)
+        self._records.pop(job_id, None)
+
     def retire(self, job_id: str) -> None:
         self._keys.pop(job_id, None)
         self._records.pop(job_id, None)
@@ -408,12 +424,23 @@ _MISSING: Any = object()
 
 #: Seconds between two polls unless ``--NAME-poll-interval`` says otherwise.
 DEFAULT_POLL_INTERVAL = 15.0
+#: the share of one core an agent's idle polls take at most when the poll interval is the
+#: default one (a big listing is then polled less often)
+DEFAULT_CPU_BUDGET = 0.008
+#: seconds between two readings of the queues' definitions beyond their listing (at most)
+DEFAULT_DEFINITIONS_INTERVAL = 300.0
 
 
 @attrs.frozen
 class BatchOptions:
     #: seconds between two polls
     poll_interval: float = DEFAULT_POLL_INTERVAL
+    #: seconds between two readings of the queues' definitions beyond their listing
+    definitions_interval: float = DEFAULT_DEFINITIONS_INTERVAL
+    #: the directory of the system's commands (None: found on PATH)
+    commands_dir: Optional[str] = None
+    #: the share of one core idle polling may take (None: no limit; see the engine)
+    cpu_budget: Optional[float] = None
 
 
 @attrs.define(eq=False)
@@ -445,6 +472,12 @@ _SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]")
 _READ_CHUNK = 1 << 18
 _ABANDON = ("abandon_on_cancel" if "abandon_on_cancel" in inspect.signature(trio.to_thread.run_sync).parameters
             else "cancellable")
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process (every thread) and of its children that have ended."""
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + children.ru_utime + children.ru_stime
 
 
 def _text(value: Optional[int]) -> str:
@@ -560,18 +593,25 @@ class BatchBackend(Backend):
         self.command_timeout = command_timeout
         self.fast_poll_interval = min(fast_poll_interval, self.poll_interval)
         self.fast_poll_duration = fast_poll_duration
-        self.info_interval = info_interval if info_interval is not None else max(60.0, 4 * self.poll_interval)
+        #: seconds between two readings of the queues' definitions (BatchSystem.queue_details)
+        self.info_interval = info_interval if info_interval is not None else \
+            float(getattr(self.options, "definitions_interval", DEFAULT_DEFINITIONS_INTERVAL))
         #: seconds between two node queries (at most as often as the jobs are polled)
-        self.node_interval = node_interval if node_interval is not None else self.info_interval
+        self.node_interval = node_interval if node_interval is not None else max(60.0, 4 * self.poll_interval)
         self.time_used_interval = time_used_interval
         self.output_interval = output_interval
         self.output_drain_grace = output_drain_grace
         self.max_backoff = max(max_backoff, self.poll_interval)
+        #: the share of one core idle polling may take (None: no limit): polls that cost more
+        #: are spaced further apart
+        self.cpu_budget: Optional[float] = getattr(self.options, "cpu_budget", None)
         self.spool_dir = spool_dir or os.path.join(os.path.expanduser("~"), ".proxy-agent", self.name)
         #: files in the spool directory older than this that no job follows are removed
         self.spool_max_age = common.SPOOL_MAX_AGE
         self.parse_in_thread_above = parse_in_thread_above
         self.user = user or common.current_user()
+        #: where the system's commands are (None: found on PATH)
+        self.commands_dir: Optional[str] = getattr(self.options, "commands_dir", None)
         self._runner = runner or run_command
         self.version_text = ""
         #: the last failure of a query (None while they work)
@@ -579,6 +619,10 @@ class BatchBackend(Backend):
         self._machine: Optional[int] = None
         self._queues: Dict[str, int] = {}
         self._queue_records: Dict[str, NativeQueue] = {}
+        #: each queue's definitions as last read by BatchSystem.queue_details
+        self._definitions: Dict[str, NativeQueue] = {}
+        #: read every queue's definitions at the next poll
+        self._definitions_due = False
         self._default: Optional[str] = None
         self._queues_stale = False
         #: whether the queues' job figures may have changed since they were last counted
@@ -594,6 +638,10 @@ class BatchBackend(Backend):
         self._reported: Optional[str] = None
         self._wake = trio.Event()
         self._fast_until = 0.0
+        #: submit commands running
+        self._submitting = 0
+        #: the CPU seconds (the agent's and its commands') of the last polls
+        self._poll_costs: Deque[float] = deque(maxlen=3)
         self._nursery: Optional[trio.Nursery] = None
 
     # ------------------------------------------------------------------ to be given
@@ -608,9 +656,32 @@ class BatchBackend(Backend):
     def add_arguments(cls, parser) -> None:
         group = parser.add_argument_group(f"{cls.summary.split(' (')[0]} ({cls.name})")
         group.add_argument(f"--{cls.name}-poll-interval", dest=f"{cls.name}_poll_interval", type=float,
-                           default=DEFAULT_POLL_INTERVAL, metavar="SECONDS",
-                           help="seconds between two polls of the scheduler (default: %(default)s)")
+                           default=None, metavar="SECONDS", help=cls.poll_interval_help())
+        cls.add_definitions_argument(group)
+        cls.add_commands_argument(group)
         cls.add_more_arguments(group)
+
+    @classmethod
+    def add_commands_argument(cls, group) -> None:
+        group.add_argument(f"--{cls.name}-commands", dest=f"{cls.name}_commands", metavar="DIR",
+                           help="the directory of the scheduler's commands (default: found on PATH; for a host "
+                                "where another batch system's commands of the same names come first)")
+
+    #: seconds between two polls unless an option says otherwise
+    default_poll_interval: ClassVar[float] = DEFAULT_POLL_INTERVAL
+
+    @classmethod
+    def poll_interval_help(cls) -> str:
+        return (f"seconds between two polls of the scheduler (default: {cls.default_poll_interval}); without "
+                f"this option, idle polls of a long listing are spaced to take at most "
+                f"{DEFAULT_CPU_BUDGET * 100:g} %% of a core")
+
+    @classmethod
+    def add_definitions_argument(cls, group) -> None:
+        group.add_argument(f"--{cls.name}-definitions-interval", dest=f"{cls.name}_definitions_interval", type=float,
+                           default=DEFAULT_DEFINITIONS_INTERVAL, metavar="SECONDS",
+                           help="seconds between two readings of the queues' definitions (limits) beyond what "
+                                "every poll lists, at most 300 (default: %(default)s)")
 
     @classmethod
     def add_more_arguments(cls, group) -> None:
@@ -618,10 +689,21 @@ class BatchBackend(Backend):
 
     @classmethod
     def options_from_args(cls, args) -> BatchOptions:
-        interval = getattr(args, f"{cls.name}_poll_interval", DEFAULT_POLL_INTERVAL)
+        interval = getattr(args, f"{cls.name}_poll_interval", None)
+        budget = DEFAULT_CPU_BUDGET if interval is None else None
+        if interval is None:
+            interval = cls.default_poll_interval
         if not 0.1 <= interval <= 3600:
             raise ValueError(f"--{cls.name}-poll-interval must be between 0.1 and 3600 seconds, got {interval:g}")
-        return BatchOptions(poll_interval=interval)
+        definitions = getattr(args, f"{cls.name}_definitions_interval", DEFAULT_DEFINITIONS_INTERVAL)
+        if not 0.1 <= definitions <= 300:
+            raise ValueError(f"--{cls.name}-definitions-interval must be between 0.1 and 300 seconds, "
+                             f"got {definitions:g}")
+        commands = getattr(args, f"{cls.name}_commands", None)
+        if commands is not None and not os.path.isdir(commands):
+            raise ValueError(f"--{cls.name}-commands {commands}: no such directory")
+        return BatchOptions(poll_interval=interval, definitions_interval=definitions,
+                            commands_dir=os.path.abspath(commands) if commands else None, cpu_budget=budget)
 
     @classmethod
     def default_options(cls) -> BatchOptions:
@@ -637,6 +719,8 @@ class BatchBackend(Backend):
 
     async def run_cmd(self, argv: Sequence[str], stdin: Optional[bytes] = None, check: bool = True,
                       env: Optional[Mapping[str, str]] = None) -> CommandResult:
+        if self.commands_dir and "/" not in argv[0]:
+            argv = [os.path.join(self.commands_dir, argv[0]), *argv[1:]]
         shown = " ".join(argv[:3])
         try:
             with trio.fail_after(self.command_timeout):
@@ -705,7 +789,13 @@ class BatchBackend(Backend):
             return min(self.poll_interval * 2 ** (self._failures - 1), self.max_backoff)
         if trio.current_time() < self._fast_until:
             return self.fast_poll_interval
-        return self.poll_interval
+        interval = self.poll_interval
+        if self.cpu_budget and self._poll_costs:
+            # Idle polls are spaced so that they take at most cpu_budget of a core: the cheapest
+            # of the last polls' CPU (the agent's and its commands') decides, so that a child
+            # of some other part of the agent, reaped meanwhile, does not.
+            interval = max(interval, min(min(self._poll_costs) / self.cpu_budget, self.max_backoff))
+        return interval
 
     async def _poll_loop(self) -> None:
         next_info = trio.current_time() + self.info_interval
@@ -719,9 +809,11 @@ class BatchBackend(Backend):
                 await self._wake.wait()
             self._wake = trio.Event()
             began = trio.current_time()
-            info = trio.current_time() >= next_info or self._queues_stale
+            cpu = _cpu_seconds()
+            info = trio.current_time() >= next_info or self._definitions_due
+            self._definitions_due = False
+            nodes = self._queues_stale or trio.current_time() >= next_nodes
             self._queues_stale = False
-            nodes = info or trio.current_time() >= next_nodes
             try:
                 errors = await self._poll(info=info, nodes=nodes)
                 if trio.current_time() >= next_time_used:
@@ -731,6 +823,7 @@ class BatchBackend(Backend):
             except Exception as exc:  # noqa: BLE001 - one bad poll must not end the agent
                 log.exception("polling %s failed", self.system.label)
                 errors = [f"internal error while polling: {type(exc).__name__}: {exc}"]
+            self._poll_costs.append(_cpu_seconds() - cpu)
             self._report(errors)
             if info:
                 next_info = trio.current_time() + self.info_interval
@@ -758,13 +851,12 @@ class BatchBackend(Backend):
                     results[what] = answer
 
         async with trio.open_nursery() as nursery:
-            if info:
-                nursery.start_soon(fetch, "queues")
+            nursery.start_soon(fetch, "queues")
             if info or nodes:
                 nursery.start_soon(fetch, "nodes")
             nursery.start_soon(fetch, "jobs")
         if "queues" in results:
-            await self._apply_queues(results["queues"])
+            await self._apply_queues(results["queues"], reread=info)
         if "nodes" in results:
             self._apply_nodes(results["nodes"])
         if "jobs" in results:
@@ -773,7 +865,7 @@ class BatchBackend(Backend):
                     self._figures_stale = True
             except ServiceError as exc:
                 errors["final states"] = exc.message
-            if self._figures_stale or "queues" in results:
+            if self._figures_stale:
                 self._update_figures()
         self._failing = bool(errors)
         self._update_machine()
@@ -791,6 +883,7 @@ class BatchBackend(Backend):
                 self._notify("ERROR", f"{label} query failed (retrying): {text}")
         elif self._failures:
             log.info("%s answers again after %d failed polls", label, self._failures)
+            self._definitions_due = True  # it may have restarted with other definitions
             self._notify("INFO", f"{label} answers again")
             self._failures = 0
             self.last_error = self._reported = None
@@ -822,18 +915,27 @@ class BatchBackend(Backend):
 
     # ------------------------------------------------------------------ queues and nodes
 
-    async def _apply_queues(self, queues: List[NativeQueue]) -> None:
+    async def _apply_queues(self, queues: List[NativeQueue], reread: bool = False) -> None:
         listed = {q.name: q for q in queues if q.name}
-        if set(listed) != set(self._queue_records):
+        definitions = self._definitions
+        for name in [n for n in definitions if n not in listed]:
+            del definitions[name]
+        unread = [q for name, q in listed.items() if reread or name not in definitions]
+        if unread:
             try:
-                queues = await self.system.queue_details(list(listed.values()), self.run_cmd)
-                listed = {q.name: q for q in queues if q.name}
+                definitions.update(await self.system.queue_details(unread, self.run_cmd))
             except (ServiceError, ValueError) as exc:
                 log.info("%s queue details unavailable: %s", self.system.label, exc)
+        fields = self.system.detail_fields
+        if fields:
+            listed = {name: attrs.evolve(q, **{f: getattr(definitions[name], f) for f in fields})
+                      if name in definitions else q for name, q in listed.items()}
         default = next((q.name for q in listed.values() if q.is_default), None) or next(iter(listed), None)
         with self.model.batch():
             for name, queue in listed.items():
                 values = queue_values(queue, name == default)
+                if queue.free_slots is None:
+                    del values[K.FREE_SLOTS]  # counted from the jobs (_update_figures)
                 key = self._queues.get(name)
                 if key is None:
                     values[K.BACKEND] = self.name
@@ -845,6 +947,8 @@ class BatchBackend(Backend):
                 if name not in listed and not self.model.children(key):
                     self.model.remove(key)
                     del self._queues[name]
+        if listed != self._queue_records:
+            self._figures_stale = True  # the scheduler's own figures may have changed
         self._queue_records = listed
         self._default = default
 
@@ -939,7 +1043,16 @@ class BatchBackend(Backend):
     async def _apply_listing(self, jobs: List[NativeJob], generation: int) -> bool:
         """Apply a listing; whether it changed anything."""
         changes = self._table.apply(jobs, generation)
-        fresh = changes.added + changes.changed
+        added = changes.added
+        if self._submitting and added:
+            # A job of this user new to the listing while a submit command runs may be that
+            # submission's: it is left to the next listing, when the submission has named its
+            # job (else it would show as somebody's job, then be taken over as the submitted one).
+            mine = [job for job in added if not job.user or job.user == self.user]
+            for job in mine:
+                self._table.forget(job.job_id)
+            added = [job for job in added if job.user and job.user != self.user]
+        fresh = added + changes.changed
         if fresh:
             try:
                 fresh = await self.system.explain(fresh, self.run_cmd)
@@ -988,6 +1101,10 @@ class BatchBackend(Backend):
             tracked.queue = queue
         values, process = self._job_values(job, tracked)
         values[K.QUEUE] = queue
+        if not job.hosts and state not in (JobState.QUEUING, JobState.HOLD):
+            # A record of a job that ran or ends without its hosts (PBS blanks them at the end
+            # unless it keeps job history) does not say it had none: what was shown stays.
+            del values[K.HOSTS]
         node = self._node_of(job)
         if node is not None:
             tracked.node = process[K.NODE] = node
@@ -1137,12 +1254,15 @@ class BatchBackend(Backend):
             named["stderr"] = stderr
         # Files left by an earlier run under the same names are not this job's output.
         stale = {stream: _signature(os.path.join(base, path)) for stream, path in named.items()}
+        self._submitting += 1
         try:
             # The submit command may pass its environment to the job.
             result = await self.run_cmd(argv, stdin=stdin, check=False, env=dict(os.environ))
         except CommandFailed as exc:
             message = exc.message + ("; the job may or may not have been submitted" if exc.timed_out else "")
             raise SubmitError(message, ErrorKind.UNAVAILABLE) from None
+        finally:
+            self._submitting -= 1
         native_id = self.system.parse_submitted(result)
         follow = {}
         for stream, path in named.items():

@@ -6,6 +6,8 @@ only in an agent that runs multi-part jobs."""
 from __future__ import annotations
 
 import os
+import shlex
+import sys
 import tempfile
 import time
 from typing import TYPE_CHECKING, Dict, Optional, Set, Tuple, Union
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Dict, Optional, Set, Tuple, Union
 import attrs
 import trio
 
+from ...runtime import wire
 from ..jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, SubmitError
 from ..model import K, Kind
 from .manager import (
@@ -36,6 +39,18 @@ __all__ = ["RunningManager"]
 
 #: How long the agent goes on trying to cancel a part its scheduler would not cancel.
 _CANCEL_RETRY = (1.0, 2.0, 4.0)
+
+
+def index_at_start(python: str = sys.executable) -> str:
+    """A prologue line that sets the part's index variables to its index when its job
+    starts, asked of the runtime (with ``proxy-runtime``, else this agent's Python): a part
+    still waiting in its queue when an earlier part is deleted starts with the index the
+    barrier gives it, not the one it had when it was submitted.  Where the runtime cannot be
+    asked, the values given at submission stay."""
+    ask = (f"{{ proxy-runtime --timeout 20 part-index || {shlex.quote(python)} -m proxy_agent.runtime --timeout 20 "
+           "part-index; } 2>/dev/null")
+    return (f"PA_PART_INDEX=$({ask}) && export {wire.ENV_PART_INDEX}=$PA_PART_INDEX "
+            f"{wire.ENV_GRAM_SUBJOB_RANK}=$PA_PART_INDEX; unset PA_PART_INDEX")
 
 
 class _Record:
@@ -283,6 +298,10 @@ class RunningManager(CoallocManager):
                 client_ref=client_ref or (f"{record.client_ref}.{suffix}" if record.client_ref else None),
             )
             spec = attrs.evolve(spec, queue=queue_label)
+            if backend_name != "local":
+                # A batch job may start long after its submission, an earlier part deleted
+                # meanwhile: its index is asked for when it starts.
+                spec = attrs.evolve(spec, prologue=(*spec.prologue, index_at_start()))
             key = await self.service.submit(spec)
         except (ServiceError, CoordinationError, RuntimeError) as exc:
             why = exc.message if isinstance(exc, (ServiceError, CoordinationError)) else str(exc)

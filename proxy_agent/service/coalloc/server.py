@@ -135,6 +135,70 @@ def _bytes_field(request: Dict[str, Any], key: str, what: str) -> bytes:
         raise Refused(str(error)) from None
 
 
+# --------------------------------------------------------------------------- contact
+
+
+def _loopback_only(name: str) -> bool:
+    """Whether ``name`` resolves to loopback addresses only (or not at all)."""
+    try:
+        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError):
+        return True
+    return all(info[4][0].startswith("127.") or info[4][0] == "::1" for info in infos)
+
+
+def _routed_address() -> Optional[str]:
+    """The IPv4 address of the interface the default route leaves by.  Connecting a UDP
+    socket only chooses the route: nothing is sent."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("198.51.100.1", 9))  # a documentation address
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith(("127.", "0.")) else address
+
+
+def _interface_addresses() -> List[str]:
+    """This host's IPv4 interface addresses other than loopback (Linux), in interface order."""
+    try:
+        import fcntl
+        interfaces = socket.if_nameindex()
+    except (ImportError, OSError, AttributeError):
+        return []
+    found = []
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        for _index, name in interfaces:
+            try:
+                answer = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
+            except OSError:
+                continue
+            address = socket.inet_ntoa(answer[20:24])
+            if not address.startswith("127."):
+                found.append(address)
+    return found
+
+
+def reachable_host() -> str:
+    """The name or address other hosts reach this one by: the first of this host's names
+    that resolves to something other than loopback, else the address of the interface the
+    default route leaves by, else the first interface address other than loopback.  (A host
+    whose own name resolves to 127.0.0.1, as many do, would otherwise send its compute
+    nodes to themselves.)  Only a host with no other address at all gets its plain name."""
+    names = [socket.getfqdn(), socket.gethostname()]
+    for name in dict.fromkeys(n for n in names if n and n != "localhost"):
+        if not _loopback_only(name):
+            return name
+    routed = _routed_address()
+    if routed is not None:
+        return routed
+    addresses = _interface_addresses()
+    if addresses:
+        return addresses[0]
+    log.warning("this host has no address other than loopback: other hosts cannot reach the runtime")
+    return socket.gethostname() or "localhost"
+
+
 # --------------------------------------------------------------------------- the server
 
 
@@ -146,9 +210,9 @@ class RuntimeServer:
     on TCP there too: ``"auto"`` for the addresses compute nodes reach this host by (those
     its name, ``advertise_host`` or the host's own, resolves to), a host or address, or
     ``"0.0.0.0"`` / ``"::"`` for every interface; port ``tcp_port``, 0 for any; advertised to
-    compute nodes as ``advertise_host`` (default: this host's name when listening on every
-    interface or on ``auto``).  ``frame_timeout`` bounds how long a started frame may take
-    to arrive, ``idle_timeout`` how long an authenticated connection may sit without a
+    compute nodes as ``advertise_host`` (default, when listening on every interface or on
+    ``auto``: ``reachable_host()``, never loopback).  ``frame_timeout`` bounds how long a
+    started frame may take to arrive, ``idle_timeout`` how long an authenticated connection may sit without a
     request; ``max_connections`` bounds connections at once, on TCP and on the Unix socket
     each; the limits before authentication are in the module documentation.
     """
@@ -237,7 +301,7 @@ class RuntimeServer:
         if self.advertise_host:
             return self.advertise_host
         if self.tcp_host in ("", "0.0.0.0", "::", "auto"):
-            return socket.getfqdn()
+            return reachable_host()
         return str(self.tcp_host)
 
     async def _tcp_listeners(self) -> List[trio.SocketListener]:

@@ -30,7 +30,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..", "..", "..")))
 
-from proxy_agent.schedulers.batch import sge, sge_parse, sge_script  # noqa: E402
+from proxy_agent.schedulers.batch.sge import directives as sge_script, parse as sge_parse, system as sge  # noqa: E402
 from proxy_agent.service.jobs import JobSpec  # noqa: E402
 
 WORK = "/tmp/proxy-agent-sge-capture"

@@ -6,7 +6,7 @@
 Needs a running cluster whose node has at least 2 CPUs and partitions ``debug`` (default)
 and ``long`` (as scripts/slurm-up makes), and root (it drains the node and stops a partition
 for a moment). It submits jobs that end in known states, then jobs that are running, pending
-and held, and saves the output of every query of ``slurm_parse`` in text and, where this
+and held, and saves the output of every query of ``batch.slurm.parse`` in text and, where this
 SLURM has it, JSON, into ``tests/data/slurm/<version>/``. ``roles.json`` there maps each job's
 role to its id and the state it was meant to reach, which the tests check. It takes about
 two minutes (one job has to hit its time limit) and cancels everything it started.
@@ -23,7 +23,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.abspath(os.path.join(HERE, "..", "..", "..")))
 
-from proxy_agent.schedulers import batch, slurm_parse as sp  # noqa: E402
+from proxy_agent.schedulers.batch.slurm import directives  # noqa: E402
+from proxy_agent.schedulers.batch.slurm import parse as sp  # noqa: E402
+from proxy_agent.service.jobs import JobSpec  # noqa: E402
 
 WORK = "/tmp/proxy-agent-capture"
 ODD_NAME = 'spaces | and "quotes" $(x) `y`'
@@ -37,10 +39,10 @@ def run(argv, stdin=None, check=True, timeout=30):
     return p
 
 
-def submit(spec: batch.ScriptSpec, *extra: str) -> str:
-    argv = batch.submit_argv(spec)
+def submit(spec: JobSpec, *extra: str) -> str:
+    argv = directives.submit_argv(spec)
     argv[2:2] = list(extra)  # after "sbatch --parsable"
-    p = run(argv, stdin=batch.render_script(spec))
+    p = run(argv, stdin=directives.job_script(spec))
     return sp.parse_sbatch_parsable(p.stdout)
 
 
@@ -113,15 +115,15 @@ def main() -> int:
 
     w = WORK
     # Jobs that finish before the capture.
-    ok = job("completed", "COMPLETED", batch.ScriptSpec("/bin/echo", ["hello"], working_dir=w, job_name="ok"))
-    bad = job("failed", "FAILED", batch.ScriptSpec("/bin/sh", ["-c", "exit 3"], working_dir=w, job_name="exit3"))
-    sig = job("signaled", "FAILED", batch.ScriptSpec("/bin/sh", ["-c", "kill -9 $$"], working_dir=w, job_name="sigkill"))
+    ok = job("completed", "COMPLETED", JobSpec("/bin/echo", ["hello"], working_dir=w, name="ok"))
+    bad = job("failed", "FAILED", JobSpec("/bin/sh", ["-c", "exit 3"], working_dir=w, name="exit3"))
+    sig = job("signaled", "FAILED", JobSpec("/bin/sh", ["-c", "kill -9 $$"], working_dir=w, name="sigkill"))
     for j in (ok, bad, sig):
         wait_for(j, ("COMPLETED", "FAILED"))
-    tmo = job("timeout", "TIMEOUT", batch.ScriptSpec("/bin/sleep", ["600"], working_dir=w, job_name="too-slow",
-                                                   queue="long", time_limit="1"))
-    runc = job("cancelled_running", "CANCELLED", batch.ScriptSpec("/bin/sleep", ["600"], working_dir=w, job_name="cancel-me"))
-    held = job("cancelled_pending", "CANCELLED", batch.ScriptSpec("/bin/sleep", ["1"], working_dir=w, job_name="never-runs"), "--hold")
+    tmo = job("timeout", "TIMEOUT", JobSpec("/bin/sleep", ["600"], working_dir=w, name="too-slow",
+                                                   queue="long", wall_time=60))
+    runc = job("cancelled_running", "CANCELLED", JobSpec("/bin/sleep", ["600"], working_dir=w, name="cancel-me"))
+    held = job("cancelled_pending", "CANCELLED", JobSpec("/bin/sleep", ["1"], working_dir=w, name="never-runs"), "--hold")
     wait_for(runc, ("RUNNING",))
     run(sp.scancel_argv(runc))
     run(sp.scancel_argv(held))
@@ -129,20 +131,20 @@ def main() -> int:
     wait_for(tmo, ("TIMEOUT",), limit=240)
 
     # Jobs alive during the capture (2 CPUs: two run, the rest wait).
-    r1 = job("running_odd_name", "RUNNING", batch.ScriptSpec("/bin/sleep", ["3000"], working_dir=w, job_name=ODD_NAME))
-    r2 = job("suspended_unicode", "SUSPENDED", batch.ScriptSpec(
-        "/bin/sleep", ["3000"], working_dir=os.path.join(w, "dir with space"), job_name=UNICODE_NAME,
+    r1 = job("running_odd_name", "RUNNING", JobSpec("/bin/sleep", ["3000"], working_dir=w, name=ODD_NAME))
+    r2 = job("suspended_unicode", "SUSPENDED", JobSpec(
+        "/bin/sleep", ["3000"], working_dir=os.path.join(w, "dir with space"), name=UNICODE_NAME,
         queue="long", stdout_path=os.path.join(w, "dir with space", "out-%j.txt")))
     wait_for(r1, ("RUNNING",))
     wait_for(r2, ("RUNNING",))
     run(sp.suspend_job_argv(r2))
-    job("pending_resources", "PENDING", batch.ScriptSpec("/bin/sleep", ["60"], working_dir=w, job_name="waits",
+    job("pending_resources", "PENDING", JobSpec("/bin/sleep", ["60"], working_dir=w, name="waits",
                                                       num_procs=2))
-    moved = job("pending_moved", "PENDING", batch.ScriptSpec("/bin/sleep", ["60"], working_dir=w, job_name="moved-to-long"))
+    moved = job("pending_moved", "PENDING", JobSpec("/bin/sleep", ["60"], working_dir=w, name="moved-to-long"))
     run(sp.move_job_argv(moved, "long"))
-    job("held", "PENDING", batch.ScriptSpec("/bin/true", working_dir=w, job_name="held"), "--hold")
-    job("held_array", "PENDING", batch.ScriptSpec("/bin/true", working_dir=w, job_name="array"), "--hold", "--array=1-3")
-    job("dependency", "PENDING", batch.ScriptSpec("/bin/true", working_dir=w, job_name="after-r1"),
+    job("held", "PENDING", JobSpec("/bin/true", working_dir=w, name="held"), "--hold")
+    job("held_array", "PENDING", JobSpec("/bin/true", working_dir=w, name="array"), "--hold", "--array=1-3")
+    job("dependency", "PENDING", JobSpec("/bin/true", working_dir=w, name="after-r1"),
         f"--dependency=afterok:{r1}")
     time.sleep(2)
     save(outdir, "version.txt", run(sp.version_argv()).stdout)

@@ -1,4 +1,4 @@
-"""Synthesizes large SLURM listings in the formats slurm_parse reads, for tests and benchmarks.
+"""Synthesizes large SLURM listings in the formats batch.slurm.parse reads, for tests and benchmarks.
 
     python tests/data/slurm/make_large.py OUTDIR [--jobs 100000] [--nodes 10000]
 
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 
-from proxy_agent.schedulers.slurm_parse import FIELD_SEP, RECORD_SEP, SQUEUE_FIELDS
+from proxy_agent.schedulers.batch.slurm.parse import FIELD_SEP, RECORD_SEP, SQUEUE_FIELDS
 
 _STATES = ("RUNNING", "PENDING", "PENDING", "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT",
            "COMPLETING", "SUSPENDED", "CONFIGURING")
@@ -73,7 +73,7 @@ def _iso(epoch: int) -> str:
 
 
 def squeue_text(n: int) -> str:
-    """n jobs in the squeue --Format layout of slurm_parse.squeue_argv()."""
+    """n jobs in the squeue --Format layout of batch.slurm.parse.squeue_argv()."""
     assert [a for _f, a in SQUEUE_FIELDS][-1] == "name"
     out = []
     for i in range(n):
@@ -155,7 +155,7 @@ def _node(i: int):
 
 
 def sinfo_nodes_text(n: int) -> str:
-    """n nodes in the sinfo --Node layout of slurm_parse.nodes_argv() (a line per partition)."""
+    """n nodes in the sinfo --Node layout of batch.slurm.parse.nodes_argv() (a line per partition)."""
     out = []
     for i in range(n):
         nd = _node(i)
@@ -229,7 +229,7 @@ def scontrol_jobs_text(n: int) -> str:
 
 
 def sacct_text(n: int) -> str:
-    """n jobs in the sacct layout of slurm_parse.sacct_argv()."""
+    """n jobs in the sacct layout of batch.slurm.parse.sacct_argv()."""
     out = []
     for i in range(n):
         j = _job(i)

@@ -1,7 +1,7 @@
 """PBS as a batch system: commands as argv, which parser reads each, state tables.
 
 One :class:`PbsSystem` per family (OpenPBS / PBS Professional, or Torque), chosen by probing
-(:func:`~.pbs_parse.detect_family` on the output of the probe argv). The batch engine runs
+(:func:`~.parse.detect_family` on the output of the probe argv). The batch engine runs
 the commands named here with a timeout, hands their stdout to the matching ``parse_*``
 method and diffs the records. Pure: nothing here runs a command.
 
@@ -31,11 +31,12 @@ from typing import List, Optional, Tuple
 
 import attrs
 
-from ...service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, StateTable, SubmitError
-from . import pbs_parse as P
-from .pbs_script import PbsSubmission, PbsUnsupported, build_submission
-from .records import NativeJob, NativeNode, NativeQueue
-from .script import BatchScriptError
+from ....service.jobs import NEVER_STARTS, ErrorKind, JobError, JobSpec, JobState, ServiceError, StateTable, \
+    SubmitError
+from . import parse as P
+from .directives import PbsSubmission, PbsUnsupported, build_submission
+from ..records import NativeJob, NativeNode, NativeQueue
+from ..script import BatchScriptError
 
 __all__ = [
     "OPENPBS_STATES",
@@ -111,6 +112,19 @@ def node_state(native: str) -> str:
     return "UP"
 
 
+#: the scheduler's comment on a queued job that no node or queue can ever run as it asks
+_NEVER = re.compile(r"^Can Never Run\b|would never run", re.IGNORECASE)
+
+
+def _never_runs(job: NativeJob) -> NativeJob:
+    """A queued job the scheduler says can never run (``Can Never Run: Insufficient amount
+    of resource: ncpus (R: 4 A: 2 T: 2)``, ``Not Running: Job would never run``) says so
+    first, in the scheduler's words."""
+    if job.native_state == "Q" and _NEVER.search(job.reason):
+        return attrs.evolve(job, reason=NEVER_STARTS + job.reason)
+    return job
+
+
 def queue_state(enabled: bool, started: bool) -> str:
     """A queue takes and starts jobs (NORMAL) only when both enabled and started."""
     return "NORMAL" if enabled and started else "STOPPED"
@@ -164,7 +178,7 @@ class PbsSystem:
         """Jobs of the status listing (only ``user``'s when given). For Torque the arrays,
         which ``-t`` lists only as their elements, get a derived parent record each."""
         if self.openpbs:
-            return P.parse_openpbs_jobs(stdout, user)
+            return [_never_runs(job) for job in P.parse_openpbs_jobs(stdout, user)]
         jobs = P.parse_torque_jobs(stdout, user)
         return jobs + P.array_parents(jobs)
 

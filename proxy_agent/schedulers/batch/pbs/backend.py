@@ -22,11 +22,11 @@ from __future__ import annotations
 import socket
 from typing import List, Optional, Sequence, Tuple
 
-from ...service.jobs import JobSpec, JobState, StateTable
-from . import pbs_parse as P
-from .engine import BatchBackend, BatchSystem, CommandFailed, CommandResult, Run
-from .pbs import PbsSystem, system_for
-from .records import NativeJob, NativeNode, NativeQueue
+from ....service.jobs import JobSpec, JobState, StateTable
+from . import parse as P
+from ..engine import BatchBackend, BatchSystem, CommandFailed, CommandResult, Run
+from .system import PbsSystem, system_for
+from ..records import NativeJob, NativeNode, NativeQueue
 
 __all__ = ["PbsBackend", "PbsBatch"]
 

@@ -1,14 +1,15 @@
 """The Grid Engine backend (``--scheduler sge``): Grid Engine on the batch engine.
 
-Everything Grid Engine-specific is in :mod:`.sge` (commands and state letters),
-:mod:`.sge_parse` (answers) and :mod:`.sge_script` (qsub options and job script); this
+Everything Grid Engine-specific is in :mod:`.system` (commands and state letters),
+:mod:`.parse` (answers) and :mod:`.directives` (qsub options and job script); this
 module tells the engine which to use when:
 
 * the version from ``qstat -help`` (its first line, ``SGE 8.1.9``);
 * jobs from one ``qstat -xml -r`` per poll (``-u '*'`` with ``--all-users``); a job in an
   error state (``Eqw``) gets its error from ``qstat -j``;
-* cluster queues from ``qstat -f -xml`` (slots, states, running jobs) and their wall-time
-  limit from ``qconf -sq`` when the set of queues changes; hosts from ``qhost -q -xml``;
+* cluster queues from ``qstat -f -xml`` (slots, states, running jobs) at every poll, and
+  their wall-time limit from ``qconf -sq`` (see the engine: at the definitions interval,
+  for a new queue, and after the master answers again); hosts from ``qhost -q -xml``;
 * a job that left the listing from ``qacct -j`` (exit status, signal, deleted or failed);
 * submission with ``qsub -terse``, the script on its stdin; ``qdel``, ``qhold``/``qrls``,
   ``qmod -sj``/``-usj`` and ``qalter -q``, each answer read (not only its exit status).
@@ -16,26 +17,81 @@ module tells the engine which to use when:
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+import re
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import attrs
 
-from ...service.attributes import AttrInfo, ValueType
-from ...service.jobs import ErrorKind, JobSpec, JobState, StateTable, SubmitError
-from . import sge, sge_parse, sge_script
-from .engine import BatchBackend, BatchOptions, BatchSystem, CommandResult, Run, one_line
-from .records import NativeJob, NativeQueue
+from ....service.attributes import AttrInfo, ValueType
+from ....service.jobs import NEVER_STARTS, ErrorKind, JobSpec, JobState, StateTable, SubmitError
+from . import directives as sge_script, parse as sge_parse, system as sge
+from ..engine import BatchBackend, BatchOptions, BatchSystem, CommandResult, Parse, Run, one_line
+from ..records import NativeJob, NativeQueue
 
 __all__ = ["SgeBackend", "SgeOptions", "SgeSystem"]
 
 _ACCOUNTING = ("exited", "failed")
+#: a note of the scheduler that a place can never take the job (not that it is busy now)
+_CANNOT_RUN = re.compile(r"cannot run (in queue|in PE|at host|globally)")
+
+
+def never_runs(note: str) -> bool:
+    """Whether the scheduler's notes on a pending job (``;``-separated) say that no queue
+    can ever run it as submitted: each one says a place cannot run it, none that a place is
+    busy, full, disabled or the job over a quota for now."""
+    notes = [n.strip() for n in note.split(";") if n.strip()]
+    return bool(notes) and all(_CANNOT_RUN.search(n) for n in notes)
 
 
 class SgeSystem(BatchSystem):
     label = "Grid Engine"
+    #: seconds after a job is first listed waiting during which the scheduler's notes on it
+    #: are asked for at each poll (until one says it can never run)
+    NOTE_WINDOW = 600.0
+    #: jobs asked about in one poll
+    NOTE_BATCH = 100
 
     def __init__(self, settings: sge_script.SgeSettings = sge_script.DEFAULT_SETTINGS) -> None:
         self.settings = settings
+        #: job number -> when it was first listed waiting without a note
+        self._waiting_since: Dict[str, float] = {}
+        #: job number -> the scheduler's words on why it can never run
+        self._never: Dict[str, str] = {}
+
+    async def fetch(self, what: str, user: Optional[str], run: Run, parse: Parse) -> Any:
+        answer = await super().fetch(what, user, run, parse)
+        if what != "jobs" or answer is None:
+            return answer
+        return await self._with_never_notes(answer, run)
+
+    async def _with_never_notes(self, jobs: List[NativeJob], run: Run) -> List[NativeJob]:
+        """A job waiting (``qw``) that no queue can ever run shows Grid Engine's own words on
+        why (``(-l h_rt=72000) cannot run in queue "short.q" ...``), from the first poll after
+        the scheduler looked at it: ``qstat -j`` for the waiting jobs not yet explained, for
+        :data:`NOTE_WINDOW` seconds after each was first listed."""
+        waiting = {job.job_id.partition(".")[0] for job in jobs if job.native_state == "qw"}
+        for table in (self._waiting_since, self._never):
+            for number in [n for n in table if n not in waiting]:
+                del table[number]
+        now = time.monotonic()
+        ask = [n for n in sorted(waiting) if n not in self._never
+               and now - self._waiting_since.setdefault(n, now) < self.NOTE_WINDOW][:self.NOTE_BATCH]
+        if ask:
+            result = await run(sge.detail_argv(ask), check=False)
+            if result.returncode == 0:
+                try:
+                    details = sge_parse.parse_job_detail(result.out)
+                except sge_parse.SgeParseError:
+                    details = []
+                for detail in details:
+                    if never_runs(detail.reason):
+                        self._never[detail.job_id.partition(".")[0]] = f"{NEVER_STARTS}{detail.reason}"
+        if not self._never:
+            return jobs
+        return [attrs.evolve(job, reason=self._never[job.job_id.partition(".")[0]])
+                if job.native_state == "qw" and job.job_id.partition(".")[0] in self._never else job
+                for job in jobs]
 
     @property
     def state_table(self) -> StateTable:
@@ -53,7 +109,7 @@ class SgeSystem(BatchSystem):
         return sge.status_argv(all_users=user is None, user=user)
 
     def parse_status(self, text: str, user: Optional[str]) -> List[NativeJob]:
-        return sge_parse.parse_jobs(text)
+        return sge_parse.with_arrays(sge_parse.parse_jobs(text))
 
     def queues_argv(self) -> Sequence[str]:
         return sge.queues_argv()
@@ -61,13 +117,15 @@ class SgeSystem(BatchSystem):
     def parse_queues(self, text: str) -> List[NativeQueue]:
         return sge_parse.parse_queues(text)
 
-    async def queue_details(self, queues: List[NativeQueue], run: Run) -> List[NativeQueue]:
-        out = []
+    detail_fields = ("max_time",)
+
+    async def queue_details(self, queues: List[NativeQueue], run: Run) -> Dict[str, NativeQueue]:
+        out = {}
         for queue in queues:
             result = await run(sge.queue_config_argv(queue.name), check=False)
             if result.returncode == 0:
-                queue = attrs.evolve(queue, max_time=sge_parse.queue_max_time(sge_parse.parse_queue_config(result.out)))
-            out.append(queue)
+                out[queue.name] = attrs.evolve(
+                    queue, max_time=sge_parse.queue_max_time(sge_parse.parse_queue_config(result.out)))
         return out
 
     def nodes_argv(self) -> Sequence[str]:
@@ -148,7 +206,8 @@ class SgeBackend(BatchBackend):
         pe = getattr(args, "sge_pe", "smp") or ""
         if not pe.replace("_", "").replace("-", "").replace(".", "").isalnum():
             raise ValueError(f"--sge-pe {pe!r} is not a parallel environment name")
-        return SgeOptions(poll_interval=base.poll_interval, pe=pe)
+        return SgeOptions(poll_interval=base.poll_interval, definitions_interval=base.definitions_interval,
+                          commands_dir=base.commands_dir, cpu_budget=base.cpu_budget, pe=pe)
 
     @classmethod
     def default_options(cls) -> SgeOptions:

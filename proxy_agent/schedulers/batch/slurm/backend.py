@@ -1,7 +1,7 @@
 """The SLURM backend (``--scheduler slurm``): SLURM on the batch engine.
 
-Everything SLURM-specific is in :mod:`proxy_agent.schedulers.slurm_parse` (commands and
-parsers) and :mod:`.slurm` (states, records, attributes); this module tells the engine which
+Everything SLURM-specific is in :mod:`.parse` (commands and
+parsers) and :mod:`.system` (states, records, attributes); this module tells the engine which
 to use when:
 
 * the version from ``sinfo --version``; the cluster's name (the machine's name) and how
@@ -14,8 +14,8 @@ to use when:
 * jobs that left the listing, together: ``scontrol show job`` for the first
   :attr:`SlurmSystem.MAX_SCONTROL_LOOKUPS` (while the controller remembers them), then one
   ``sacct`` for the rest, from the accounting database or the job-completion log;
-* submission with ``sbatch --parsable``, the script (:mod:`.script`) on its stdin, options
-  as argv elements (the batch settings checked by :mod:`.slurm_options`); output file names may hold SLURM's patterns (``%j``...) and are
+* submission with ``sbatch --parsable``, the script (:mod:`..script`) on its stdin, options
+  as argv elements (the batch settings checked by :mod:`.directives`); output file names may hold SLURM's patterns (``%j``...) and are
   followed once the job id expands them; ``scancel``, ``scontrol hold``/``release``/
   ``suspend``/``resume`` and ``scontrol update Partition=``.
 """
@@ -29,14 +29,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import attrs
 
-from ...service.attributes import AttrInfo, ValueType
-from ...service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
-from .. import slurm_parse as sp
-from ..slurm_parse import SlurmJob
-from . import script, slurm, slurm_options
-from .engine import DISPLAY_ATTRIBUTES, BatchBackend, BatchOptions, BatchSystem, CommandFailed, CommandResult, \
-    Parse, Run
-from .records import NativeJob
+from ....service.attributes import AttrInfo, ValueType
+from ....service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
+from . import parse as sp
+from .parse import SlurmJob
+from . import directives as slurm_options, system as slurm
+from ....service.model import K
+from ..engine import DISPLAY_ATTRIBUTES, BatchBackend, BatchOptions, BatchSystem, CommandFailed, CommandResult, \
+    Parse, Run, job_values, node_values, queue_values
+from ..records import NativeJob
 
 __all__ = ["SlurmBackend", "SlurmOptions", "SlurmSystem"]
 
@@ -63,6 +64,8 @@ class SlurmSystem(BatchSystem):
         self._json: Dict[str, bool] = {}
         #: the last listing's records and what they became: an unchanged record is not converted again
         self._converted: Dict[str, Tuple[SlurmJob, NativeJob]] = {}
+        #: each query's last answer and its records: the same answer is not parsed again
+        self._answers: Dict[str, Tuple[bytes, list]] = {}
 
     @property
     def state_table(self) -> StateTable:
@@ -144,20 +147,30 @@ class SlurmSystem(BatchSystem):
                 return lambda text: self._native_jobs(parser(text))
             return lambda text: [convert(r) for r in parser(text)]
 
+        async def parsed(parser: Callable[[str], list], data: bytes) -> list:
+            # An idle cluster answers the same bytes poll after poll (held jobs above all):
+            # they are read once.
+            last = self._answers.get(kind)
+            if last is not None and last[0] == data:
+                return last[1]
+            records = await parse(converted(parser), data)
+            self._answers[kind] = (data, records)
+            return records
+
         if self._json.get(kind):
             try:
                 result = await run(json_argv)
-                return await parse(converted(json_parser), result.stdout)
+                return await parsed(json_parser, result.stdout)
             except (CommandFailed, sp.SlurmError) as exc:
                 json_error = exc
             result = await run(text_argv)  # raises if SLURM itself is failing
-            records = await parse(converted(text_parser), result.stdout)
+            records = await parsed(text_parser, result.stdout)
             log.warning("%s does not work here (%s); using the text format from now on",
                         " ".join(json_argv[:3]), json_error)
             self._json[kind] = False
             return records
         result = await run(text_argv)
-        return await parse(converted(text_parser), result.stdout)
+        return await parsed(text_parser, result.stdout)
 
     def job_state(self, job: NativeJob) -> JobState:
         return slurm.service_state(job.native_state, job.reason)
@@ -212,21 +225,11 @@ class SlurmSystem(BatchSystem):
         if named and named != partition:
             raise SubmitError(f"the queue given is partition {partition!r} but partition is {named!r}; "
                               "give one of them", ErrorKind.BAD_REQUEST)
-        extra = ["--hold"] if spec.hold else []
-        if spec.begin_time:
-            extra.append("--begin=" + spec.begin_time)
-        extra += slurm_options.batch_options(spec)
+        spec = attrs.evolve(spec, queue=partition, working_dir=spec.working_dir or None, nodes=spec.nodes or None,
+                            account=spec.account or None, prologue=slurm_options.check_prologue(spec.prologue))
         try:
-            script_spec = script.ScriptSpec(
-                executable=spec.executable, arguments=spec.arguments, environment=spec.environment,
-                working_dir=spec.working_dir or None, num_procs=spec.num_procs, nodes=spec.nodes or None,
-                cpus_per_task=spec.cpus_per_task, memory=str(spec.memory) if spec.memory else None,
-                time_limit=slurm.slurm_duration(spec.wall_time) if spec.wall_time else None, queue=partition,
-                account=spec.account or None, job_name=spec.display_name, stdout_path=spec.stdout_path,
-                stderr_path=spec.stderr_path, extra_options=extra,
-                prologue=slurm_options.check_prologue(spec.prologue))
-            return script.submit_argv(script_spec), script.render_script(script_spec).encode("utf-8")
-        except (script.BatchScriptError, ValueError) as exc:
+            return slurm_options.submit_argv(spec), slurm_options.job_script(spec).encode("utf-8")
+        except ValueError as exc:
             raise SubmitError(str(exc), ErrorKind.BAD_REQUEST) from None
 
     def parse_submitted(self, result: CommandResult) -> str:
@@ -278,14 +281,15 @@ class SlurmBackend(BatchBackend):
 
     name = "slurm"
     summary = "a SLURM cluster (squeue, sinfo, sbatch, scancel, scontrol, sacct)"
+    default_poll_interval = 5.0
 
     def __init__(self, model, options: Optional[SlurmOptions] = None, context=None, *, prefer_json: bool = True,
                  squeue_json: bool = False, fast_poll_interval: float = 0.5, max_backoff: float = 60.0,
                  partition_interval: Optional[float] = None, **kwargs: Any) -> None:
         self._json_choice = (prefer_json, squeue_json)
         interval = (options or SlurmOptions()).poll_interval
-        kwargs.setdefault("info_interval", partition_interval if partition_interval is not None
-                          else max(30.0, 6 * interval))
+        if partition_interval is not None:
+            kwargs.setdefault("info_interval", partition_interval)
         kwargs.setdefault("node_interval", interval)  # a drained node shows at the next poll
         super().__init__(model, options, context, fast_poll_interval=fast_poll_interval, max_backoff=max_backoff,
                          **kwargs)
@@ -302,12 +306,15 @@ class SlurmBackend(BatchBackend):
     def add_arguments(cls, parser) -> None:
         group = parser.add_argument_group("SLURM (slurm)")
         group.add_argument("--slurm-poll-interval", "--poll-interval", dest="slurm_poll_interval", type=float,
-                           default=5.0, metavar="SECONDS",
-                           help="seconds between two polls of the cluster (default: %(default)s)")
+                           default=None, metavar="SECONDS", help=cls.poll_interval_help())
+        cls.add_definitions_argument(group)
+        cls.add_commands_argument(group)
 
     @classmethod
     def options_from_args(cls, args) -> SlurmOptions:
-        return SlurmOptions(poll_interval=super().options_from_args(args).poll_interval)
+        base = super().options_from_args(args)
+        return SlurmOptions(poll_interval=base.poll_interval, definitions_interval=base.definitions_interval,
+                            commands_dir=base.commands_dir, cpu_budget=base.cpu_budget)
 
     @classmethod
     def default_options(cls) -> SlurmOptions:
@@ -325,3 +332,38 @@ class SlurmBackend(BatchBackend):
             partition = AttrInfo(slurm.PARTITION, ValueType.STRING, "Partition", description, settable=True)
         return [*slurm.DISPLAY_ATTRIBUTES, *(a for a in DISPLAY_ATTRIBUTES if a.name not in mine), partition,
                 *slurm.SUBMIT_ATTRIBUTES]
+
+
+# ---------------------------------------------------------------------- one record at a time
+
+_SYSTEM = SlurmSystem()
+
+
+def job_service_state(job: SlurmJob) -> JobState:
+    """The service state of a job's record (a pending job held by its user or an
+    administrator is HOLD)."""
+    return slurm.service_state(slurm.native_word(job.state), job.reason)
+
+
+def job_attributes(job: SlurmJob) -> Dict[str, str]:
+    """The attributes a listed job shows (every key, ``""`` where SLURM has no value)."""
+    return {K.EXIT_CODE: "", K.SIGNAL: "", **job_values(_SYSTEM, slurm.native_job(job))[0]}
+
+
+def process_attributes(job: SlurmJob, node_id: Optional[int] = None) -> Dict[str, Any]:
+    """The attributes of a job's process 0 that follow from the job's record."""
+    out: Dict[str, Any] = {k: v for k, v in job_values(_SYSTEM, slurm.native_job(job))[1].items() if v != ""}
+    if node_id is not None:
+        out[K.NODE] = node_id
+    return out
+
+
+def node_attributes(node: sp.SlurmNode) -> Dict[str, str]:
+    """A node's attributes (every key; the node number is the caller's)."""
+    return node_values(slurm.native_node(node))
+
+
+def partition_attributes(part: sp.SlurmPartition) -> Dict[str, str]:
+    """A partition's queue attributes (every key)."""
+    queue = slurm.native_queue(part)
+    return queue_values(queue, queue.is_default)

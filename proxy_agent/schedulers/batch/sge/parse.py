@@ -42,7 +42,7 @@ from typing import Dict, Iterable, List, Optional, Tuple, Union
 
 import attrs
 
-from .records import NativeJob, NativeNode, NativeQueue
+from ..records import NativeJob, NativeNode, NativeQueue
 
 __all__ = [
     "SgeParseError",
@@ -294,6 +294,54 @@ def parse_jobs(data: Text) -> List[NativeJob]:
         for job_elem in pending.findall("job_list"):
             add(_job_from_list_entry(job_elem), merge=False)
     return [jobs[job_id] for job_id in order]
+
+
+def _task_list(groups: Iterable[str]) -> str:
+    """Task groups (``1``, ``4-9:1``, ``1,7``) as one comma list, in the order given."""
+    return ",".join(part for group in groups for part in group.split(",") if part)
+
+
+def with_arrays(jobs: List[NativeJob]) -> List[NativeJob]:
+    """A listing with each array job as one record of its own, with its tasks.
+
+    ``qstat`` lists an array's running tasks one each (``7.3``) and its waiting ones in
+    groups that change as tasks start (``7.4-9:1``): the waiting ones are folded into one record
+    ``7`` (the job as submitted) whose ``array_index`` lists the tasks not yet ended and
+    whose state is the array's: running while a task runs, else waiting while one waits
+    (held only when every waiting one is held).  The running tasks stay records of their
+    own, each with ``array_id`` the array's number."""
+    members: Dict[str, List[NativeJob]] = {}
+    for job in jobs:
+        if job.array_id:
+            members.setdefault(job.array_id, []).append(job)
+    if not members:
+        return jobs
+    out: List[NativeJob] = []
+    emitted = set()
+    for job in jobs:
+        if not job.array_id:
+            out.append(job)
+            continue
+        if job.array_id in emitted:
+            continue
+        emitted.add(job.array_id)  # the array's record, in the place of its first member
+        tasks = members[job.array_id]
+        running = [t for t in tasks if t.hosts]  # (a task that waits has no host yet)
+        waiting = [t for t in tasks if not t.hosts]
+        unheld = [t.native_state for t in waiting if "h" not in t.native_state]
+        state = running[0].native_state if running else (unheld[0] if unheld else tasks[0].native_state)
+        hosts: List[str] = []
+        for task in running:
+            hosts.extend(h for h in task.hosts if h not in hosts)
+        first = waiting[0] if waiting else running[0]
+        out.append(attrs.evolve(
+            first, job_id=job.array_id, native_state=state, hosts=tuple(hosts), num_nodes=len(hosts) or None,
+            array_id=job.array_id, array_index=_task_list(t.array_index for t in tasks),
+            start_time=min((t.start_time for t in running if t.start_time), default=""),
+            reason=next((t.reason for t in waiting if t.reason), ""),
+        ))
+        out.extend(running)
+    return out
 
 
 # --------------------------------------------------------------------------- queues and hosts

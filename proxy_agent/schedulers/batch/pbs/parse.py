@@ -49,7 +49,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import attrs
 
-from .records import NativeJob, NativeNode, NativeQueue
+from ..records import NativeJob, NativeNode, NativeQueue
 
 __all__ = [
     "FAMILY_OPENPBS",
@@ -673,12 +673,13 @@ def _openpbs_job(job_id: str, attrs_: Mapping[str, Any]) -> NativeJob:
     )
     array_id = ""
     array_index = ""
-    if _text(attrs_.get("array_id")):
-        array_id = _text(attrs_.get("array_id"))
+    subjob = _SUBJOB_ID.match(job_id)
+    if _text(attrs_.get("array_id")) or subjob:
+        # OpenPBS 23.06 gives a queued subjob no array_id: its id says whose element it is.
+        array_id = _text(attrs_.get("array_id")) or (f"{subjob.group(1)}[]{subjob.group(3)}" if subjob else "")
         array_index = _text(attrs_.get("array_index"))
         if not array_index:
-            match = _SUBJOB_ID.match(job_id)
-            array_index = match.group(2) if match else ""
+            array_index = subjob.group(2) if subjob else ""
     elif _text(attrs_.get("array")).lower() == "true":
         array_id = job_id
         array_index = _text(attrs_.get("array_indices_remaining")) or _text(

@@ -64,7 +64,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import attrs
 
-from ..service.jobs import NEVER_STARTS
+from ....service.jobs import NEVER_STARTS
 
 __all__ = [
     "NEVER_STARTS_REASONS",
@@ -108,10 +108,8 @@ __all__ = [
     "parse_sacct_text",
     "parse_sacct_json",
     "parse_sbatch_parsable",
-    "map_job_state",
     "map_node_state",
     "map_partition_state",
-    "JOB_STATE_TABLE",
     "JOB_STATE_CODES",
     "duration_seconds",
     "format_duration",
@@ -155,7 +153,7 @@ def _bulk(parser: _F) -> _F:
 
 @attrs.frozen
 class SlurmJob:
-    """One job as SLURM reports it. ``state`` is SLURM's raw state (see ``map_job_state``).
+    """One job as SLURM reports it. ``state`` is SLURM's raw state (see ``JOB_STATE_CODES``).
 
     ``job_id`` is the unique numeric id (what scancel/scontrol accept); for an element of a
     job array, ``array_job_id``/``array_task_id`` give ``<base>`` and ``<index>``; a pending
@@ -577,41 +575,8 @@ def format_epoch(seconds: Optional[int]) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# State mapping (PTP job/node/queue states)
+# States: SLURM's job state codes; node and partition states
 # --------------------------------------------------------------------------------------------
-
-STARTING, RUNNING, SUSPENDED, COMPLETED = "STARTING", "RUNNING", "SUSPENDED", "COMPLETED"
-
-#: SLURM job state (long name) -> PTP jobState. jobStatus carries the SLURM name itself.
-JOB_STATE_TABLE: Dict[str, str] = {
-    # queued, or back in the queue
-    "PENDING": STARTING,
-    "CONFIGURING": STARTING,  # nodes booting for it: not yet running the script
-    "REQUEUED": STARTING,
-    "REQUEUE_HOLD": STARTING,
-    "REQUEUE_FED": STARTING,
-    "RESV_DEL_HOLD": STARTING,
-    "SPECIAL_EXIT": STARTING,  # requeued and held after a special exit code
-    # has (or is releasing) resources
-    "RUNNING": RUNNING,
-    "COMPLETING": RUNNING,  # processes still being cleaned up
-    "RESIZING": RUNNING,
-    "SIGNALING": RUNNING,
-    "STAGE_OUT": RUNNING,  # script done, burst buffer still staging out
-    "SUSPENDED": SUSPENDED,
-    "STOPPED": SUSPENDED,  # SIGSTOPped, keeps its resources
-    # terminal
-    "COMPLETED": COMPLETED,
-    "FAILED": COMPLETED,
-    "CANCELLED": COMPLETED,
-    "TIMEOUT": COMPLETED,
-    "NODE_FAIL": COMPLETED,
-    "OUT_OF_MEMORY": COMPLETED,
-    "PREEMPTED": COMPLETED,
-    "BOOT_FAIL": COMPLETED,
-    "DEADLINE": COMPLETED,
-    "REVOKED": COMPLETED,  # federation: the job runs on a sibling cluster
-}
 
 #: squeue's compact codes (%t, StateCompact) -> long names.
 JOB_STATE_CODES: Dict[str, str] = {
@@ -622,31 +587,6 @@ JOB_STATE_CODES: Dict[str, str] = {
     "TO": "TIMEOUT", "NF": "NODE_FAIL", "OOM": "OUT_OF_MEMORY", "PR": "PREEMPTED",
     "BF": "BOOT_FAIL", "DL": "DEADLINE", "RV": "REVOKED",
 }
-
-#: The PTP jobState given to a SLURM state this table does not know: a state we cannot
-#: place is reported as not yet running; jobStatus still shows SLURM's word for it.
-UNKNOWN_JOB_STATE = STARTING
-
-
-@lru_cache(maxsize=256)
-def map_job_state(raw: str) -> Tuple[str, str]:
-    """SLURM job state -> (PTP jobState, jobStatus).
-
-    Accepts long names, compact codes, flag combinations (``COMPLETED+COMPLETING`` from
-    newer JSON, where COMPLETING wins: processes still run) and sacct's ``CANCELLED by 0``.
-    jobStatus is the upper-case SLURM state name.
-    """
-    words = raw.strip().split()
-    if not words:
-        return (UNKNOWN_JOB_STATE, "UNKNOWN")
-    names = []
-    for token in words[0].upper().split("+"):
-        names.append(JOB_STATE_CODES.get(token, token))
-    if "COMPLETING" in names:
-        return (RUNNING, "COMPLETING")
-    base = names[0]
-    return (JOB_STATE_TABLE.get(base, UNKNOWN_JOB_STATE), base)
-
 
 NODE_UP, NODE_DOWN, NODE_ERROR, NODE_UNKNOWN = "UP", "DOWN", "ERROR", "UNKNOWN"
 
@@ -905,7 +845,7 @@ def _job_from_json(j: dict, now: Optional[int]) -> SlurmJob:
         used = ""
     elif base in _RUNNING_LIKE:
         used = format_duration(max(0, now - start)) if now is not None else ""
-    elif end >= start and JOB_STATE_TABLE.get(base) == COMPLETED:
+    elif end >= start and base in _ENDED:
         used = format_duration(end - start)
     else:
         used = ""
@@ -937,6 +877,9 @@ def _job_from_json(j: dict, now: Optional[int]) -> SlurmJob:
 
 
 _RUNNING_LIKE = frozenset(("RUNNING", "SUSPENDED", "COMPLETING", "STOPPED", "SIGNALING", "STAGE_OUT"))
+#: The states of a job that has ended: its run time is end minus start.
+_ENDED = frozenset(("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+                    "BOOT_FAIL", "DEADLINE", "REVOKED"))
 
 
 @_bulk

@@ -1,13 +1,13 @@
 """Grid Engine (Son of Grid Engine 8.1.9 and its relatives) as data: the commands the batch
 engine runs, how to read their answers, and what the job state letters mean.
 
-Pure: argv lists and tables, no I/O.  Parsers are in :mod:`.sge_parse`, the job script and
-``qsub`` command line in :mod:`.sge_script`.
+Pure: argv lists and tables, no I/O.  Parsers are in :mod:`.parse`, the job script and
+``qsub`` command line in :mod:`.directives`.
 
 Job ids
 -------
 A job is ``N``; an array task ``N.T``; a group of pending array tasks ``N.1-9:2`` or
-``N.1,7`` (as :func:`.sge_parse.parse_jobs` names them).  The job commands take every form:
+``N.1,7`` (as :func:`.parse.parse_jobs` names them).  The job commands take every form:
 a comma list of tasks becomes one argv element per task, which ``qdel``, ``qhold``, ``qrls``
 and ``qmod`` all accept.
 
@@ -28,8 +28,8 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 from proxy_agent.service.jobs import ErrorKind, JobError, JobState, StateTable
 
-from .records import NativeJob
-from .sge_parse import QUEUE_INSTANCE_LETTERS, node_state, queue_instance_stopped
+from ..records import NativeJob
+from .parse import QUEUE_INSTANCE_LETTERS, node_state, queue_instance_stopped
 
 __all__ = [
     "SCHEDULER",
@@ -131,7 +131,7 @@ _KILLED_CODES = frozenset({37, 100})
 
 
 def accounting_state(record: NativeJob) -> JobState:
-    """The final state of a job from its accounting record (:func:`.sge_parse.parse_qacct`):
+    """The final state of a job from its accounting record (:func:`.parse.parse_qacct`):
     FINISHED for exit 0, KILLED when deleted or stopped at a limit, FAILED otherwise."""
     if record.native_state == "failed":
         code = record.reason.split(":", 1)[0].strip()

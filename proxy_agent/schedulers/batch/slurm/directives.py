@@ -8,25 +8,38 @@ sbatch sees it.
 
 What each field becomes
 -----------------------
-``account`` --account, ``wall_time`` (seconds) --time and ``memory`` (MB per node) --mem
-are written by :mod:`.script`; ``gpus`` --gpus=N; ``gres``
+``name`` --job-name, ``queue`` --partition, ``account`` --account, ``num_procs`` --ntasks,
+``nodes`` --nodes, ``cpus_per_task`` --cpus-per-task, ``memory`` (MB per node) --mem,
+``wall_time`` (seconds) --time, ``working_dir`` --chdir, ``stdout_path``/``stderr_path``
+--output/--error; ``hold`` --hold; ``begin_time`` --begin; ``gpus`` --gpus=N; ``gres``
 --gres (``name[:type][:count]``, comma separated); ``qos`` --qos; ``constraint``
 --constraint (node features with SLURM's ``& | , [] () *`` operators); ``exclusive``
 --exclusive; ``array`` --array (``1-10:2,15`` and ``%N`` for N tasks at once; every task
 appends to the job's output files, --open-mode=append, so the output of each is kept);
-``prologue`` is written into the script (see :mod:`.script`); ``native_options`` are
+``prologue`` is written into the script (see :mod:`..script`); ``native_options`` are
 further sbatch options, each checked against :data:`SBATCH_OPTIONS`.
+
+The script (:data:`SCRIPT`) starts the program through ``srun --ntasks=N [...] --`` (with
+``exec``, so signals sent to the job reach srun directly).  Even for one task this makes the
+program a job step: SLURM then tracks its processes, delivers signals to them, records
+per-step accounting, and a multi-task job runs N copies as the PTP process model expects.
+``--`` ends srun's options, so an executable named like an option is still run as a program.
+sbatch reads ``#SBATCH`` lines up to the first command: the script's ``:`` line, so no line
+below it (a prologue command, say) can add options.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from ...service.jobs import ErrorKind, JobSpec, SubmitError
-from .script import FORBIDDEN_IN_LINE, line_problem
+from ....service.jobs import JobSpec
+from ..script import FORBIDDEN_IN_LINE, BatchScriptError, ScriptForm, check_spec, line_problem, render_script, \
+    single_line
+from .system import slurm_duration
 
-__all__ = ["SBATCH_OPTIONS", "batch_options", "check_native_options", "check_prologue"]
+__all__ = ["SBATCH_OPTIONS", "SCRIPT", "batch_options", "check_native_options", "check_prologue", "job_script",
+           "sbatch_options", "submit_argv"]
 
 _WORD = re.compile(r"[A-Za-z0-9_.+@-]+\Z")
 _GRES_ITEM = re.compile(r"[A-Za-z][A-Za-z0-9_/.-]*(?::[A-Za-z0-9_.-]+)?(?::[0-9]+[KMGT]?)?\Z")
@@ -35,8 +48,8 @@ _ARRAY_RANGE = r"[0-9]+(?:-[0-9]+(?::[1-9][0-9]*)?)?"
 _ARRAY = re.compile(rf"({_ARRAY_RANGE}(?:,{_ARRAY_RANGE})*)(?:%([1-9][0-9]*))?\Z")
 
 
-def _bad(message: str) -> SubmitError:
-    return SubmitError(message, ErrorKind.BAD_REQUEST)
+def _bad(message: str) -> BatchScriptError:
+    return BatchScriptError(message)
 
 
 def _text(what: str, value: str) -> str:
@@ -80,9 +93,70 @@ def _array(text: str) -> str:
     return spec
 
 
+def _srun(spec: JobSpec) -> List[str]:
+    argv = ["srun", f"--ntasks={spec.num_procs}"]
+    if spec.nodes is not None:
+        argv.append(f"--nodes={spec.nodes}")
+    if spec.cpus_per_task is not None:
+        argv.append(f"--cpus-per-task={spec.cpus_per_task}")
+    argv.append("--")
+    return argv
+
+
+#: SLURM's row of the script table (:mod:`..script`).
+SCRIPT = ScriptForm("slurm", directive="#SBATCH", submit_command="sbatch", after_header=(":",), launcher=_srun)
+SUBMIT_COMMAND = ("sbatch", "--parsable")
+
+
+#: the name an error gives the value of an option
+_FIELD_NAMES = {"job-name": "job_name", "chdir": "working_dir", "output": "stdout_path", "error": "stderr_path",
+                "partition": "queue"}
+
+
+def sbatch_options(spec: JobSpec) -> List[Tuple[str, ...]]:
+    """Every sbatch option of ``spec``, checked, as argv groups of one element each."""
+    check_spec(spec)
+    if spec.memory is not None and spec.memory < 0:
+        raise _bad(f"memory must be at least 1 MB, got {spec.memory}")
+    options: List[Tuple[str, ...]] = []
+    for flag, value in (
+        ("job-name", spec.display_name), ("partition", spec.queue), ("account", spec.account),
+        ("ntasks", spec.num_procs), ("nodes", spec.nodes), ("cpus-per-task", spec.cpus_per_task),
+        ("mem", spec.memory or None), ("time", slurm_duration(spec.wall_time) if spec.wall_time else None),
+        ("chdir", spec.working_dir), ("output", spec.stdout_path), ("error", spec.stderr_path),
+    ):
+        if value is not None:
+            options.append((f"--{flag}={single_line(_FIELD_NAMES.get(flag, flag), str(value))}",))
+    if spec.hold:
+        options.append(("--hold",))
+    if spec.begin_time:
+        options.append(("--begin=" + single_line("begin_time", spec.begin_time),))
+    options += [(option,) for option in batch_options(spec)]
+    return options
+
+
+def submit_argv(spec: JobSpec, script_path: Optional[str] = None, with_options: bool = True) -> List[str]:
+    """``sbatch --parsable`` with the options of ``spec`` (none with ``with_options=False``:
+    then the script carries them as directives) and the script's path; with no path sbatch
+    reads the script from its stdin."""
+    options = sbatch_options(spec)
+    argv = [*SUBMIT_COMMAND, *(element for group in options for element in group)] if with_options \
+        else list(SUBMIT_COMMAND)
+    if script_path is not None:
+        single_line("script path", script_path)
+        argv.append("./" + script_path if script_path.startswith("-") else script_path)
+    return argv
+
+
+def job_script(spec: JobSpec, embed_options: bool = False) -> str:
+    """The job script of ``spec``; with ``embed_options`` its options as ``#SBATCH`` lines too."""
+    options = sbatch_options(spec)  # checked even when they go on the command line
+    return render_script(spec, SCRIPT, options if embed_options else ())
+
+
 def batch_options(spec: JobSpec) -> List[str]:
-    """sbatch options for the batch fields of ``spec`` beyond account, time and memory
-    (:mod:`.script` writes those): GPUs, generic resources, QoS, constraint, exclusive,
+    """sbatch options for the batch settings of ``spec`` beyond those every batch system
+    has (:func:`sbatch_options` writes those): GPUs, generic resources, QoS, constraint, exclusive,
     array and the native options.  SubmitError naming the field whose value SLURM could not take."""
     opts: List[str] = []
     if spec.gpus is not None:

@@ -2,7 +2,7 @@
 engine, its attributes and its file name patterns.
 
 Pure: no I/O.  The commands and the parsers of their answers are in
-:mod:`proxy_agent.schedulers.slurm_parse`; the backend is :mod:`.slurm_backend`.
+:mod:`.parse`; the backend is :mod:`.backend`.
 
 How SLURM's records become the engine's
 ---------------------------------------
@@ -11,7 +11,7 @@ How SLURM's records become the engine's
   held job as PENDING and says so in its reason, so a pending job whose reason is
   ``JobHeldUser`` or ``JobHeldAdmin`` is HOLD (:func:`service_state`);
 * its message is SLURM's reason, explained when it means the job will never start
-  (:func:`~proxy_agent.schedulers.slurm_parse.job_message`);
+  (:func:`.parse.job_message`);
 * its exit status ``CODE:SIGNAL`` becomes the exit code (128 + the signal number when a
   signal ended it, as shells do) and the signal;
 * its host list stays in SLURM's notation (``node[1-4]``): process 0 is on its
@@ -26,12 +26,12 @@ import functools
 import re
 from typing import List, Optional, Tuple
 
-from ...service.attributes import AttrInfo, ValueType
-from ...service.jobs import JobState, StateTable
-from ...service.model import K
-from .. import slurm_parse as sp
-from ..slurm_parse import SlurmJob, SlurmNode, SlurmPartition
-from .records import NativeJob, NativeNode, NativeQueue
+from ....service.attributes import AttrInfo, ValueType
+from ....service.jobs import JobState, StateTable
+from ....service.model import K
+from . import parse as sp
+from .parse import SlurmJob, SlurmNode, SlurmPartition
+from ..records import NativeJob, NativeNode, NativeQueue
 
 __all__ = [
     "DISPLAY_ATTRIBUTES",
