@@ -136,14 +136,34 @@ def _command_line(pid: int) -> str:
     return " ".join(part.decode("utf-8", "replace") for part in raw.split(b"\0") if part)[:300]
 
 
+#: The test clusters' own daemons.  A test that restarts one (a Grid Engine master, say) starts
+#: it with the run's mark; it is the cluster's, shared by everyone, and is never the run's
+#: leftover (nor ended by it).
+CLUSTER_DAEMONS = frozenset({"sge_qmaster", "sge_execd", "sge_shepherd", "slurmctld", "slurmd", "slurmstepd",
+                             "slurmscriptd", "munged", "sshd"})
+
+
+def _owner_and_name(pid: int):
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None, None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    return int(fields.get("Uid", "-1").split()[0]), fields.get("Name", "").strip()
+
+
 def marked_processes(area: RunArea) -> Dict[int, Leftover]:
-    """Live processes (not this one) that carry the run's mark."""
+    """Live processes of this user (not this one, nor a cluster daemon) that carry the run's mark."""
     found = {}
     own = os.getpid()
+    uid = os.getuid()
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == own:
             continue
         pid = int(entry)
+        owner, name = _owner_and_name(pid)
+        if owner != uid or name in CLUSTER_DAEMONS:
+            continue
         env = _environ(pid)
         if env.get(RUN_VARIABLE) != str(area.root):
             continue
@@ -238,7 +258,7 @@ def _run(argv: List[str], env: Optional[dict] = None, timeout: float = 60) -> Op
 
 def slurm_jobs(area: RunArea) -> List[Leftover]:
     """SLURM jobs of the run (its WCKey) that are not over."""
-    if not os.environ.get("SLURM_CONF") or shutil.which("squeue") is None:
+    if not os.path.isfile(os.environ.get("SLURM_CONF", "")) or shutil.which("squeue") is None:
         return []
     result = _run(["squeue", "--noheader", "--states=all", "--format=%i|%T|%u|%j|%w"])
     if result is None or result.returncode != 0:

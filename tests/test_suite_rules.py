@@ -8,6 +8,8 @@ leaves behind), and looks at how that run ends.
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -70,6 +72,25 @@ def test_a_run_that_leaves_a_process_behind_fails_names_it_and_ends_it(tmp_path)
     assert "1 passed" in run.stdout and "left behind by this run" in run.stdout
     assert f"process {pid}: sleep 600 (started by test_inner.py::test_starts_a_process_and_forgets_it)" in run.stdout
     wait_until_blocking(lambda: not _alive(pid), what="the process to be ended")
+
+
+def test_a_cluster_daemon_a_test_restarted_is_the_clusters_not_a_leftover(tmp_path):
+    daemon = tmp_path / "sge_qmaster"  # named like one: what a test restarting the master leaves running
+    shutil.copy("/bin/sleep", daemon)
+    pidfile = tmp_path / "pid"
+    run = run_suite(tmp_path, f"""
+        import subprocess
+
+        def test_restarts_a_daemon():
+            process = subprocess.Popen([{str(daemon)!r}, "600"], start_new_session=True)
+            open({str(pidfile)!r}, "w").write(str(process.pid))
+        """, **{SCALE_VARIABLE: "0.1"})
+    pid = int(pidfile.read_text())
+    try:
+        assert run.returncode == 0 and "left behind" not in run.stdout, run.stdout + run.stderr
+        assert _alive(pid)
+    finally:
+        os.kill(pid, signal.SIGKILL)
 
 
 def test_a_run_keeps_its_files_in_an_area_it_removes(tmp_path):
