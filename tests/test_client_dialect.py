@@ -33,6 +33,7 @@ from proxy_agent.protocol.messages import (
     ProcessChange,
     RemoveProcesses,
     Shutdown,
+    SubmitJobError,
 )
 from proxy_agent.protocol.wire import encode_frame
 
@@ -250,7 +251,8 @@ def test_reference_mode_checks_ranks_against_the_process_count():
     s = Session(reference=True, procs=None)
     assert s.feed(NewElements(s.tid, ElementKind.PROCESS, "5000", [group("0")])) == ["process-rank"]
     # the lenient default-dialect client does not know the IDE's indexing
-    assert Session(procs="1").feed(NewElements(s.tid, ElementKind.PROCESS, "5000", [group("7")])) == []
+    lenient = Session(procs="1")
+    assert lenient.feed(NewElements(lenient.tid, ElementKind.PROCESS, "5000", [group("7")])) == []
 
 
 def test_reference_mode_wants_errors_not_messages_for_refusals():
@@ -384,9 +386,116 @@ def test_the_default_definitions_pass_the_reference_checks():
     assert s.feed(AttrDef(model_def.tid, DEFAULT.attribute_definitions([*STANDARD_ATTRIBUTES, custom])), Ok(model_def.tid)) == []
 
 
-def test_an_error_with_tid_in_use_completes_the_reusing_command():
-    s = Session(reference=True)
+def test_native_an_error_with_tid_in_use_completes_the_reusing_command():
+    s = Session(NATIVE_INIT)
     reused, _ = s.state.send(CommandId.LIST_FILTERS, tid=s.tid)
     assert s.feed(Error(s.tid, ErrorCode.TID_IN_USE, "in use")) == []
     assert reused.done and s.start.abandoned and not s.state.events_started
     assert s.feed(ElementChange(s.tid, ElementKind.JOB, [group("5000", jobState="COMPLETED")])) == ["unknown-tid"]
+
+
+def test_reference_mode_takes_an_error_with_tid_in_use_for_the_oldest_command_and_fails():
+    """The PTP 4.0 client gives every answer to the oldest command on its TID: a refusal of a
+    reused TID fails the command that held it (and puts the IDE's resource manager into ERROR)."""
+    s = Session(reference=True)
+    held, _ = s.state.send(CommandId.SUBMIT_JOB, ["jobSubId=b", "execName=true"], tid=7)
+    reused, _ = s.state.send(CommandId.SUBMIT_JOB, ["jobSubId=d", "execName=true"], tid=7)
+    assert s.feed(Error(7, ErrorCode.TID_IN_USE, "in use")) == ["tid-refused"]
+    assert held.done and isinstance(held.completion, Error) and not reused.done
+    assert not held.abandoned and s.state.open[7] is reused
+
+
+# ----------------------------------------------------------------- TIDs the reference client reuses
+
+
+def test_reference_mode_allocates_tids_as_the_ide_does():
+    """INIT, MODEL_DEF and the first START_EVENTS on TID 0; then a ring of TIDs, whether or not
+    a command still holds one, passing over only a TID that holds the open START_EVENTS."""
+    state = ClientState(reference=True, tid_pool=3)
+    assert [state.send(c)[0].tid for c in (CommandId.INIT, CommandId.MODEL_DEF, CommandId.START_EVENTS)] == [0, 0, 0]
+    tids = [state.send(CommandId.SUBMIT_JOB, [f"jobSubId={n}"])[0].tid for n in range(7)]
+    assert tids == [1, 2, 3, 1, 2, 3, 1]  # none answered: every TID reused while open
+    assert len(state.open_on(1)) == 3 and len(state.open_commands()) == 3 + 7
+    # a later START_EVENTS comes from the ring, and the ring passes over it while it is open
+    restart = ClientState(reference=True, tid_pool=2)
+    for c in (CommandId.INIT, CommandId.MODEL_DEF, CommandId.START_EVENTS):
+        restart.send(c)
+    restart.send(CommandId.STOP_EVENTS)  # TID 1
+    start, _ = restart.send(CommandId.START_EVENTS)
+    assert start.tid == 2
+    assert [restart.send(CommandId.TERMINATE_JOB, ["jobId=1"])[0].tid for _ in range(3)] == [1, 1, 1]
+    # a client not in reference mode never reuses an open TID
+    plain = ClientState()
+    assert len({plain.send(CommandId.SUBMIT_JOB, [f"jobSubId={n}"])[0].tid for n in range(5)}) == 5
+
+
+def test_reference_mode_gives_each_answer_to_the_oldest_command_on_its_tid():
+    s = Session(reference=True)
+    slow, _ = s.state.send(CommandId.SUBMIT_JOB, ["jobSubId=slow", "execName=true"], tid=2)
+    fast, _ = s.state.send(CommandId.SUBMIT_JOB, ["jobSubId=fast", "execName=true"], tid=2)
+    # the agent answers the fast one first: the client takes it for the slow one, then the other
+    assert s.feed(Ok(2)) == []
+    assert slow.ok and not fast.done
+    assert s.feed(Ok(2)) == []
+    assert fast.ok and 2 not in s.state.open
+    # and an answer with nothing left open on the TID is the agent's fault
+    assert s.feed(Ok(2)) == ["unknown-tid"]
+
+
+def test_default_dialect_client_takes_an_answer_for_the_command_it_can_belong_to():
+    """Outside reference mode the client matches answers on a shared TID to the command they
+    fit (the agent names no command), so that its mirror stays right."""
+    s = Session()
+    listed, _ = s.state.send(CommandId.LIST_FILTERS, tid=s.tid)  # on the open START_EVENTS' TID
+    assert s.feed(Ok(s.tid)) == []
+    assert listed.ok and not s.start.done and s.state.events_started
+    assert s.feed(ElementChange(s.tid, ElementKind.JOB, [group("5000", jobState="COMPLETED")])) == []
+    first, _ = s.state.send(CommandId.SUBMIT_JOB, ["jobSubId=a", "execName=true"], tid=9)
+    second, _ = s.state.send(CommandId.SUBMIT_JOB, ["jobSubId=b", "execName=true"], tid=9)
+    assert s.feed(SubmitJobError(9, "b", ErrorCode.SUBMIT_FAILED, "no")) == []
+    assert second.done and not first.done
+    stop = s.state.send(CommandId.STOP_EVENTS, tid=s.tid)[0]
+    assert s.feed(Ok(s.tid), Ok(s.tid)) == []
+    assert s.start.ok and stop.ok and not s.state.events_started
+
+
+# ----------------------------------------------------------------- launches, as the IDE counts them
+
+
+def own_job(s, sub="mine", job="5001", state="STARTING", **attrs):
+    s.state.send(CommandId.SUBMIT_JOB, [f"jobSubId={sub}", "execName=true"], tid=9)
+    s.feed(Ok(9))
+    return s.feed(NewElements(s.tid, ElementKind.JOB, "1002", [group(job, jobSubId=sub, jobState=state, **attrs)]))
+
+
+def change(s, job, state, status):
+    return s.feed(ElementChange(s.tid, ElementKind.JOB, [group(job, jobState=state, jobStatus=status)]))
+
+
+def test_reference_mode_wants_a_launch_told_starting_then_running():
+    s = Session(reference=True)
+    assert own_job(s) == []
+    assert change(s, "5001", "RUNNING", "RUNNING") == []
+    assert change(s, "5001", "COMPLETED", "FINISHED") == []
+    assert s.state.elements["5001"].changed_states == ["RUNNING", "COMPLETED"]
+    # a NEW_JOB that says anything but STARTING for a job the client submitted
+    s = Session(reference=True)
+    assert own_job(s, state="RUNNING", jobStatus="RUNNING") == ["launch-state"]
+    # a job that ran and ended without a JOB_CHANGE saying RUNNING
+    s = Session(reference=True)
+    own_job(s)
+    assert change(s, "5001", "COMPLETED", "FINISHED") == ["launch-hangs"]
+    s = Session(reference=True)
+    own_job(s)
+    assert change(s, "5001", "COMPLETED", "FAILED") == ["launch-hangs"]
+    # one cancelled while it waited never ran: no RUNNING is owed
+    s = Session(reference=True)
+    own_job(s)
+    assert change(s, "5001", "COMPLETED", "KILLED") == []
+    # others' jobs may say anything
+    s = Session(reference=True)
+    assert s.feed(NewElements(s.tid, ElementKind.JOB, "1002", [group("5002", jobState="COMPLETED")])) == []
+    assert change(s, "5000", "COMPLETED", "FINISHED") == []
+    # outside reference mode nobody counts launches
+    s = Session()
+    assert own_job(s, state="COMPLETED", jobStatus="FINISHED") == []

@@ -84,7 +84,6 @@ FACTS_NOTIFIES = (
     b"STATUS_NOTIFY job-1 PENDING queued\r\n"
     b"STATUS_NOTIFY job-1 ACTIVE started\r\n"
     b"STATUS_NOTIFY job-1 DONE exit status 0\r\n"
-    b"STATUS_NOTIFY job-1 DONE destroyed\r\n"
 )
 
 
@@ -118,7 +117,6 @@ def test_facts_exchange_replies_and_notifies_byte_for_byte():
         + notify_status("job-1", InvokeStatus.PENDING, "queued")
         + notify_status("job-1", InvokeStatus.ACTIVE, "started")
         + notify_status("job-1", InvokeStatus.DONE, "exit status 0")
-        + notify_status("job-1", InvokeStatus.DONE, "destroyed")
     )
     assert notifies == FACTS_NOTIFIES
 

@@ -136,6 +136,15 @@ def _final(line: str) -> bool:
     return words[0] == "STATUS_NOTIFY" and words[2] in ("DONE", "FAILED")
 
 
+def finals(notifies: bytes) -> Dict[str, List[str]]:
+    """Every final STATUS_NOTIFY written, by job id (the client counts each against its jobs)."""
+    found: Dict[str, List[str]] = {}
+    for line in notifies.decode().split("\r\n"):
+        if line and _final(line):
+            found.setdefault(line.split(" ")[1], []).append(line)
+    return found
+
+
 @asynccontextmanager
 async def invoke_server(*args: str, env: Optional[Dict[str, str]] = None, cwd: Optional[Path] = None,
                         state_dir: Optional[Path] = None):
@@ -311,9 +320,9 @@ async def test_facts_sheet_exchange_byte_for_byte(tmp_path):
             "STATUS_NOTIFY job-1 ACTIVE started",
             "STATUS_NOTIFY job-1 DONE exit status 0",
         ]
+        # the job has reported its end: the destroy gets S and nothing more
         await client.send(b"JOB_DESTROY job-1\r\n")
         assert await client.reply() == "S"
-        assert await client.notify() == "STATUS_NOTIFY job-1 DONE destroyed"
         await client.send(b"EXIT\r\n")
         assert await client.reply() == "S"
         assert await client.wait() == 0
@@ -393,7 +402,7 @@ async def test_destroy_running_job_cancels_it_and_reports_done(tmp_path):
         assert not alive(pid)
         await client.send(b"JOB_STATUS job-1\r\nJOB_DESTROY job-1\r\nJOB_DESTROY job-7\r\nJOB_STATUS job-7\r\n")
         assert await client.reply() == "S DONE"
-        assert await client.reply() == "F JOB_DESTROY: job-1 is destroyed already"
+        assert await client.reply() == "S"  # destroyed already: nothing more
         assert await client.reply() == "F JOB_DESTROY: no job job-7"
         assert await client.reply() == "F JOB_STATUS: no job job-7"
         await client.send(b"EXIT\r\n")
@@ -427,14 +436,97 @@ async def test_destroy_queued_job(tmp_path):
     assert not second_pid.exists()
 
 
-async def test_failed_job_reports_failed_and_destroy_repeats_it(tmp_path):
+async def test_failed_job_reports_failed_once_and_a_destroy_adds_nothing(tmp_path):
     async with invoke_server() as client:
         job = await client.created_job(1, attributes("/bin/sh", ["-c", "exit 3"], workdir=tmp_path))
         lines = await client.notifies_until(_final)
         assert lines[-1] == f"STATUS_NOTIFY {job} FAILED exit status 3"
-        await client.send(f"JOB_DESTROY {job}\r\n".encode())
+        await client.send(f"JOB_DESTROY {job}\r\nJOB_DESTROY {job}\r\nEXIT\r\n".encode())
+        assert [await client.reply() for _ in range(3)] == ["S", "S", "S"]
+        assert await client.wait() == 0
+        await client.drain()
+    assert finals(client.err) == {job: [f"STATUS_NOTIFY {job} FAILED exit status 3"]}
+
+
+async def test_fifty_jobs_each_destroyed_after_its_done_get_one_final_notify_each(tmp_path):
+    """As the Ninf-G client does with every handle: the call returns (the job's DONE), then
+    the handle's job is destroyed.  Each job gets exactly one DONE, ever, and the server keeps
+    serving (a second DONE would break the client's count and hang its next handle)."""
+    n = 50
+    async with invoke_server() as client:
+        client.timeout = 60
+        await client.send(b"".join(encode_job_create(i, attributes("/bin/true", ["x"], workdir=tmp_path))
+                                   for i in range(1, n + 1)))
+        assert [await client.reply() for _ in range(n)] == ["S"] * n
+        destroyed = set()
+        while len(destroyed) < n:
+            line = await client.notify()
+            assert line is not None
+            if _final(line):
+                job = line.split(" ")[1]
+                assert line == f"STATUS_NOTIFY {job} DONE exit status 0" and job not in destroyed
+                await client.send(f"JOB_DESTROY {job}\r\n".encode())
+                assert await client.reply() == "S"
+                destroyed.add(job)
+        # the next handle's job runs as usual
+        job = await client.created_job(n + 1, attributes("/bin/true", ["x"], workdir=tmp_path))
+        assert (await client.final_status(job)).status is InvokeStatus.DONE
+        await client.send(b"EXIT\r\n")
         assert await client.reply() == "S"
-        assert await client.notify() == f"STATUS_NOTIFY {job} FAILED destroyed"
+        assert await client.wait() == 0
+        await client.drain()
+    found = finals(client.err)
+    assert sorted(found) == sorted(f"job-{i}" for i in range(1, n + 2))
+    assert all(len(lines) == 1 for lines in found.values()), {j: l for j, l in found.items() if len(l) > 1}
+
+
+async def test_destroys_that_race_the_jobs_end_get_one_final_notify_each(tmp_path):
+    """JOB_DESTROY sent around the moment each job ends (some before, some after, some while
+    the end is being reported): whichever comes first, one final notify per job."""
+    n = 30
+    async with invoke_server() as client:
+        client.timeout = 60
+        jobs = []
+        for i in range(1, n + 1):
+            duration = (i % 6) * 0.02
+            jobs.append(await client.created_job(i, attributes("/bin/sh", ["-c", f"sleep {duration}"],
+                                                               workdir=tmp_path)))
+        # destroys spread over the jobs' ends: each one a little later than the one before
+        for index, job in enumerate(jobs):
+            await client.send(f"JOB_DESTROY {job}\r\n".encode())
+            assert await client.reply() == "S"
+            await trio.sleep(0.005 * (index % 7))
+        for job in jobs:
+            final = await client.final_status(job)
+            assert final.status is InvokeStatus.DONE and final.text in ("destroyed", "exit status 0"), final
+        await client.send(b"EXIT\r\n")
+        assert await client.reply() == "S"
+        assert await client.wait() == 0
+        await client.drain()
+    found = finals(client.err)
+    assert sorted(found) == sorted(jobs)
+    assert all(len(lines) == 1 for lines in found.values()), {j: l for j, l in found.items() if len(l) > 1}
+
+
+async def test_the_verbose_log_shows_requests_replies_and_notifies(tmp_path):
+    log = tmp_path / "invoke.log"
+    async with invoke_server("-l", str(log), "-v") as client:
+        await client.send(b"QUERY_FEATURES\r\nJOB_STATUS job-9\r\n")
+        await client.reply()  # SM ... REPLY_END
+        while await client.reply() != "REPLY_END":
+            pass
+        assert await client.reply() == "F JOB_STATUS: no job job-9"
+        job = await client.created_job(1, attributes("/bin/true", ["x"], workdir=tmp_path))
+        await client.final_status(job)
+        await client.send(f"JOB_DESTROY {job}\r\nEXIT\r\n".encode())
+        assert await client.reply() == "S" and await client.reply() == "S"
+        assert await client.wait() == 0
+    text = log.read_text()
+    for expected in ("request: QueryFeatures", "reply: SM", "reply: REPLY_END", "reply: F JOB_STATUS: no job job-9",
+                     "request: JobCreate", "reply: S\n", "notify: CREATE_NOTIFY 1 S job-1",
+                     "notify: STATUS_NOTIFY job-1 DONE exit status 0", "request: JobDestroy", "request: Exit"):
+        assert expected in text, expected
+    assert "\r" not in text
 
 
 # --------------------------------------------------------------------------- the end
@@ -762,6 +854,15 @@ async def scripted_server(jobs: ScriptedJobs):
         yield pipes
         await requests_in.aclose()
     pipes.why = result["why"]
+    # the server has ended, everything it wrote is in the pipe: the rest of it, to its end
+    await notifies_in.aclose()
+    rest = b""
+    while True:
+        data = await notifies_out.receive_some(65536)
+        if not data:
+            break
+        rest += data
+    pipes.rest = rest.decode().split("\r\n")[:-1]
 
 
 async def test_short_job_may_go_from_pending_straight_to_done():
@@ -843,3 +944,93 @@ async def test_exit_cancels_unfinished_jobs_and_waits_for_them():
         jobs.move(101, JobState.KILLED)
         assert await pipes.notify() == "STATUS_NOTIFY job-2 DONE finished"
     assert pipes.why == "EXIT"
+
+
+async def test_a_destroy_after_the_end_was_told_adds_nothing():
+    jobs = ScriptedJobs()
+    async with scripted_server(jobs) as pipes:
+        await pipes.send(encode_job_create(1, attributes("/bin/true", ["x"], workdir=Path("/tmp"))))
+        assert await pipes.reply() == "S"
+        assert await pipes.notify() == "CREATE_NOTIFY 1 S job-1"
+        assert await pipes.notify() == "STATUS_NOTIFY job-1 PENDING queued"
+        jobs.move(100, JobState.FINISHED, "exit status 0")
+        assert await pipes.notify() == "STATUS_NOTIFY job-1 DONE exit status 0"
+        await pipes.send(b"JOB_DESTROY job-1\r\nJOB_DESTROY job-1\r\nEXIT\r\n")
+        assert [await pipes.reply() for _ in range(3)] == ["S", "S", "S"]
+    assert pipes.rest == [] and jobs.cancelled == []
+
+
+async def test_a_destroy_and_the_jobs_end_in_either_order_give_one_final_notify():
+    for end_first in (True, False):
+        jobs = ScriptedJobs()
+        async with scripted_server(jobs) as pipes:
+            await pipes.send(encode_job_create(1, attributes("/bin/true", ["x"], workdir=Path("/tmp"))))
+            assert await pipes.reply() == "S"
+            await pipes.notify()
+            await pipes.notify()
+            jobs.move(100, JobState.RUNNING)
+            assert await pipes.notify() == "STATUS_NOTIFY job-1 ACTIVE started"
+            if end_first:
+                # the end is on its way to the server when the destroy comes
+                jobs.move(100, JobState.FINISHED, "exit status 0")
+                await pipes.send(b"JOB_DESTROY job-1\r\nJOB_DESTROY job-1\r\n")
+            else:
+                await pipes.send(b"JOB_DESTROY job-1\r\nJOB_DESTROY job-1\r\n")
+                assert await pipes.reply() == "S"
+                with trio.fail_after(TIMEOUT):
+                    while jobs.cancelled != [100]:
+                        await trio.sleep(0.01)
+                jobs.move(100, JobState.KILLED, "cancelled")
+                jobs.move(100, JobState.FINISHED, "exit status 0")  # a late report changes nothing
+            final = await pipes.notify()
+            assert final in ("STATUS_NOTIFY job-1 DONE exit status 0", "STATUS_NOTIFY job-1 DONE destroyed")
+            await pipes.send(b"EXIT\r\n")
+        assert pipes.rest == [], (end_first, pipes.rest)
+        assert jobs.cancelled in ([], [100])
+
+
+# --------------------------------------------------------------------------- the documented texts
+
+
+def documented_exchanges() -> List[Tuple[str, str]]:
+    """The ```exchange blocks of docs/invoke-server.md as (direction, line)."""
+    import re
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "invoke-server.md").read_text()
+    lines = []
+    for block in re.finditer(r"^```exchange\n(.*?)^```$", text, re.MULTILINE | re.DOTALL):
+        for line in block.group(1).splitlines():
+            direction, _, content = line.partition(" ")
+            assert direction in (">", "<", "!"), line
+            lines.append((direction, content))
+    return lines
+
+
+async def test_the_documented_exchanges_are_what_the_server_says(tmp_path):
+    """Every error text and notify of docs/invoke-server.md's exchanges, played against the
+    server: requests sent in order, each reply and notify as written there (a short job may
+    also report PENDING and ACTIVE before its end), and nothing else."""
+    exchange = documented_exchanges()
+    assert len(exchange) > 20
+    expected_notifies = []
+    async with invoke_server(cwd=tmp_path) as client:
+        batch = []
+        for direction, line in exchange:
+            if direction == ">":
+                batch.append(line)
+                continue
+            if batch:
+                await client.send("".join(f"{request}\r\n" for request in batch).encode())
+                batch = []
+            if direction == "<":
+                assert await client.reply() == line
+            else:
+                expected_notifies.append(line)
+                assert await client.find_notify(lambda found, line=line: found == line) == line
+        assert not batch
+        assert await client.wait() == 0
+        await client.drain()
+    written = client.err.decode().split("\r\n")[:-1]
+    others = [line for line in written if line not in expected_notifies]
+    assert all(line.split(" ")[2] in ("PENDING", "ACTIVE") for line in others), others
+    assert all(len(lines) == 1 for lines in finals(client.err).values())

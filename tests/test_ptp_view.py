@@ -637,3 +637,305 @@ def test_ids_of_a_group_are_written_as_the_range_set_of_their_runs(keys, base):
     expected = _runs_oracle(ordered, base)
     assert view_module._ids_bytes(ordered, base) == expected
     assert view_module._Ranges(list(ordered)).data(base) == expected
+
+
+# --------------------------------------------------------------------------- the client's own jobs
+
+
+def job_states(events, job_id=None) -> list:
+    """(event, job id, jobState, jobStatus) of every NEW_JOB / JOB_CHANGE group with a state."""
+    found = []
+    for event in events:
+        if isinstance(event, (NewElements, ElementChange)) and event.kind is ElementKind.JOB:
+            for group in event.groups:
+                attrs = dict(group.attributes)
+                for ref in group.id_list():
+                    if "jobState" in attrs and (job_id is None or ref == job_id):
+                        found.append((event.event_id.name, ref, attrs["jobState"], attrs.get("jobStatus")))
+    return found
+
+
+def own_job(model, queue, client, sub="sub-1", state="QUEUING", procs=1):
+    client.view.expect_submission(sub)
+    job, processes = add_job(model, queue, state=state, procs=procs, attrs={K.CLIENT_REF: sub})
+    return job, processes
+
+
+def test_a_job_of_the_clients_own_is_told_every_state_however_short():
+    """Submitted, run and ended between two drains: still NEW_JOB STARTING, then a JOB_CHANGE
+    for RUNNING and one for COMPLETED, in that order, after the processes' news."""
+    model, machine, queue = make_model()
+    client = Client(model)
+    mirror = Mirror().apply(client.snapshot())
+    job, (process,) = own_job(model, queue, client)
+    model.update(job, {K.STATE: "RUNNING"})
+    model.output(process, "stdout", "hello")
+    model.update(process, {K.STATE: "FINISHED", K.EXIT_CODE: "0"})
+    model.update(job, {K.STATE: "FINISHED"})
+    # held back until the submission is answered: nothing else waits
+    other, _ = add_job(model, queue, state="RUNNING")
+    events = client.drain()
+    assert [ref for _, ref, _, _ in job_states(events)] == [str(BASE + other)]
+    client.view.submitted("sub-1", job)
+    events = client.drain()
+    jid = str(BASE + job)
+    assert job_states(events, jid) == [("NEW_JOB", jid, "STARTING", "QUEUING"), ("JOB_CHANGE", jid, "RUNNING", "RUNNING"),
+                                       ("JOB_CHANGE", jid, "COMPLETED", "FINISHED")]
+    new_process = next(i for i, e in enumerate(events) if isinstance(e, NewElements) and e.kind is ElementKind.PROCESS)
+    assert new_process < next(i for i, e in enumerate(events) if isinstance(e, ProcessChange))
+    # RUNNING before the output, COMPLETED after it
+    running = next(i for i, e in enumerate(events) if isinstance(e, ElementChange) and
+                   dict(e.groups[0].attributes).get("jobState") == "RUNNING")
+    output = next(i for i, e in enumerate(events) if isinstance(e, ProcessChange))
+    completed = next(i for i, e in enumerate(events) if isinstance(e, ElementChange) and
+                     dict(e.groups[0].attributes).get("jobState") == "COMPLETED")
+    assert running < output < completed
+    mirror.apply(events)
+    assert mirror.elements[jid][2]["jobState"] == "COMPLETED"
+    assert not client.view._own  # told all: nothing kept
+
+
+def test_a_job_of_anybody_else_is_merged_as_before():
+    model, machine, queue = make_model()
+    client = Client(model)
+    client.snapshot()
+    job, _ = add_job(model, queue, attrs={K.CLIENT_REF: "someone-elses"})
+    model.update(job, {K.STATE: "RUNNING"})
+    model.update(job, {K.STATE: "FINISHED"})
+    jid = str(BASE + job)
+    assert job_states(client.drain(), jid) == [("NEW_JOB", jid, "COMPLETED", "FINISHED")]
+
+
+def test_a_job_first_seen_running_is_told_starting_first():
+    """A scheduler may show a job only once it runs (a poll found it so): its client still gets
+    NEW_JOB STARTING, then RUNNING.  A job of its own that never ran gets no RUNNING."""
+    model, machine, queue = make_model()
+    client = Client(model)
+    client.snapshot()
+    job, _ = own_job(model, queue, client, state="RUNNING")
+    client.view.submitted("sub-1", job)
+    jid = str(BASE + job)
+    assert job_states(client.drain(), jid) == [("NEW_JOB", jid, "STARTING", JobState.ACCEPTED.value),
+                                                ("JOB_CHANGE", jid, "RUNNING", "RUNNING")]
+    cancelled, _ = own_job(model, queue, client, sub="sub-2")
+    model.update(cancelled, {K.STATE: "KILLED"})
+    client.view.submitted("sub-2", cancelled)
+    cid = str(BASE + cancelled)
+    assert job_states(client.drain(), cid) == [("NEW_JOB", cid, "STARTING", "QUEUING"),
+                                                ("JOB_CHANGE", cid, "COMPLETED", "KILLED")]
+
+
+def test_states_of_a_known_job_of_the_clients_own_are_never_merged():
+    model, machine, queue = make_model()
+    client = Client(model)
+    client.snapshot()
+    job, _ = own_job(model, queue, client)
+    client.view.submitted("sub-1", job)
+    client.drain()
+    jid = str(BASE + job)
+    # events stopped (or a slow reader): RUNNING, SUSPENDED, RUNNING and the end all wait
+    for state in ("RUNNING", "SUSPENDED", "RUNNING", "FINISHING", "FINISHED"):
+        model.update(job, {K.STATE: state})
+    assert [s for _, _, s, _ in job_states(client.drain(), jid)] == ["RUNNING", "SUSPENDED", "RUNNING", "COMPLETED"]
+    # a job that ran but was seen only ended gets its RUNNING before the end
+    quick, _ = own_job(model, queue, client, sub="sub-2")
+    client.view.submitted("sub-2", quick)
+    client.drain()
+    model.update(quick, {K.STATE: "FAILED"})
+    qid = str(BASE + quick)
+    assert job_states(client.drain(), qid) == [("JOB_CHANGE", qid, "RUNNING", "RUNNING"),
+                                                ("JOB_CHANGE", qid, "COMPLETED", "FAILED")]
+
+
+def test_a_long_pause_keeps_few_states_of_a_job():
+    """Suspended and resumed many times while the client does not read: the pairs in the
+    middle are merged, the first and last states stay, none is told twice in a row."""
+    model, machine, queue = make_model()
+    client = Client(model)
+    client.snapshot()
+    job, _ = own_job(model, queue, client)
+    client.view.submitted("sub-1", job)
+    client.drain()
+    for _ in range(1000):
+        model.update(job, {K.STATE: "RUNNING"})
+        model.update(job, {K.STATE: "SUSPENDED"})
+    model.update(job, {K.STATE: "FINISHED"})
+    assert len(client.view._own[job].steps) <= view_module._MAX_STEPS
+    states = [s for _, _, s, _ in job_states(client.drain(), str(BASE + job))]
+    assert states[0] == "RUNNING" and states[-1] == "COMPLETED" and len(states) <= view_module._MAX_STEPS
+    assert all(a != b for a, b in zip(states, states[1:]))
+
+
+def test_a_submissions_job_and_its_output_wait_for_its_answer():
+    model, machine, queue = make_model()
+    client = Client(model)
+    mirror = Mirror().apply(client.snapshot())
+    job, (process,) = own_job(model, queue, client)
+    model.output(process, "stdout", "early")
+    assert client.drain() == [] and not client.view.has_pending
+    client.view.submitted("sub-1", job)
+    mirror.apply(client.drain())
+    assert mirror.output[f"{BASE + job}:0"] == [("stdout", "early")]
+    # a refused submission holds nothing back; a job with its jobSubId that is not its job
+    # (another session's, say) goes out as anybody's once the submission is answered
+    client.view.expect_submission("sub-9")
+    stray, _ = add_job(model, queue, attrs={K.CLIENT_REF: "sub-9"})
+    assert client.drain() == []
+    client.view.submitted("sub-9", None)
+    sid = str(BASE + stray)
+    assert job_states(client.drain(), sid) == [("NEW_JOB", sid, "STARTING", "QUEUING")]
+    assert stray not in client.view._own
+
+
+def test_a_job_listed_before_its_submission_answered_is_told_again_as_the_clients_own():
+    """A batch scheduler's poll may list a job before its submit command answered, without
+    its jobSubId: the client is told of it as of anybody's; once the submission is answered
+    the job is told again (removed, new) with its jobSubId, STARTING first."""
+    model, machine, queue = make_model()
+    client = Client(model)
+    client.snapshot()
+    client.view.expect_submission("sub-1")
+    job, _ = add_job(model, queue, state="RUNNING")
+    jid = str(BASE + job)
+    assert job_states(client.drain(), jid) == [("NEW_JOB", jid, "RUNNING", "RUNNING")]
+    model.update(job, {K.CLIENT_REF: "sub-1"})
+    client.view.submitted("sub-1", job)
+    events = client.drain()
+    assert isinstance(events[0], RemoveElements) and list(events[0].ids) == [int(jid)]
+    assert job_states(events, jid) == [("NEW_JOB", jid, "STARTING", JobState.ACCEPTED.value),
+                                       ("JOB_CHANGE", jid, "RUNNING", "RUNNING")]
+    new_job = next(e for e in events if isinstance(e, NewElements) and e.kind is ElementKind.JOB)
+    assert dict(new_job.groups[0].attributes)["jobSubId"] == "sub-1"
+
+
+def test_a_job_whose_jobsubid_comes_later_is_still_held_back():
+    model, machine, queue = make_model()
+    client = Client(model)
+    client.snapshot()
+    client.view.expect_submission("sub-1")
+    with model.batch():
+        job, _ = add_job(model, queue, procs=1)
+        model.update(job, {K.CLIENT_REF: "sub-1"})
+    assert client.drain() == []
+    client.view.submitted("sub-1", job)
+    jid = str(BASE + job)
+    assert job_states(client.drain(), jid) == [("NEW_JOB", jid, "STARTING", "QUEUING")]
+
+
+own_ops = st.lists(
+    st.tuples(st.sampled_from(["submit", "answer", "refuse", "update", "update", "add_job", "add_procs", "remove",
+                               "move", "output", "drain"]),
+              st.integers(0, 50), st.integers(0, len(JobState) - 1)),
+    max_size=80,
+)
+
+
+def _normalised(history: List[str], ran: bool) -> List[str]:
+    """What a client is told of a job of its own that went through ``history`` (PTP states,
+    none twice in a row): STARTING first; RUNNING before its end if it ran."""
+    told = list(history)
+    if told[0] != "STARTING":
+        told.insert(0, "STARTING")
+    if told[-1] == "COMPLETED" and "RUNNING" not in told and ran:
+        told.insert(len(told) - 1, "RUNNING")
+    return told
+
+
+def _subsequence(short: List[str], long: List[str]) -> bool:
+    it = iter(long)
+    return all(item in it for item in short)
+
+
+@settings(max_examples=200, deadline=None)
+@given(own_ops)
+def test_jobs_of_the_clients_own_are_told_every_state_whatever_happens(operations):
+    """Submissions answered or refused in any order, states changed, other jobs added, moved,
+    removed, drains anywhere: a submission's job is told of only once it is answered; every
+    job of the client's own is told NEW_JOB STARTING, then each state it went through in order
+    (RUNNING before its end if it ran); and the client's picture is the model."""
+    model, debug, long_ = make_queues()
+    queues = [debug, long_]
+    client = Client(model)
+    mirror = Mirror().apply(client.snapshot())
+    pending: List[tuple] = []  # (jobSubId, job key) of submissions not answered yet
+    own: dict = {}  # job key -> (PTP states it went through, ran)
+    told: dict = {}  # job id -> jobState values told, in order
+    withheld: set = set()
+    count = 0
+
+    def note(key: int, state: str) -> None:
+        history, ran = own[key]
+        coarse = mapping.PTP_JOB_STATE.get(state, "STARTING")
+        if history[-1] != coarse:
+            history.append(coarse)
+        own[key] = (history, ran or JobState(state).started)
+
+    def drain() -> None:
+        events = client.drain()
+        for event in events:
+            if isinstance(event, (NewElements, ElementChange)) and event.kind is ElementKind.JOB:
+                for group in event.groups:
+                    state = dict(group.attributes).get("jobState")
+                    for ref in group.id_list():
+                        assert int(ref) - BASE not in withheld, "a job told of before its submission's answer"
+                        if state is not None:
+                            told.setdefault(ref, []).append((event.event_id.name, state))
+        mirror.apply(events)
+
+    for op, pick, value in operations:
+        jobs = [k for k in model.keys(Kind.JOB)]
+        if op == "submit":
+            count += 1
+            sub = f"sub-{count}"
+            client.view.expect_submission(sub)
+            state = ["QUEUING", "RUNNING", "HOLD", "FINISHED"][value % 4]
+            job = model.add(Kind.JOB, queues[pick % 2], {K.STATE: state, K.CLIENT_REF: sub})
+            model.add_many(Kind.PROCESS, job, [{K.STATE: state}] * (value % 3))
+            pending.append((sub, job))
+            withheld.add(job)
+            own[job] = ([mapping.PTP_JOB_STATE[state]], JobState(state).started)
+        elif op in ("answer", "refuse") and pending:
+            sub, job = pending.pop(pick % len(pending))
+            withheld.discard(job)
+            if op == "answer" and job in model:
+                client.view.submitted(sub, job)
+            else:
+                client.view.submitted(sub, None)
+                own.pop(job, None)  # anybody's job from now on
+        elif op == "update" and jobs:
+            key = jobs[pick % len(jobs)]
+            state = list(JobState)[value].value
+            model.update(key, {K.STATE: state})
+            if key in own:
+                note(key, state)
+        elif op == "remove" and jobs:
+            key = jobs[pick % len(jobs)]
+            model.remove(key)
+            own.pop(key, None)
+            withheld.discard(key)
+        elif op == "move" and jobs:
+            key = jobs[pick % len(jobs)]
+            if key not in own and key not in withheld:
+                model.move(key, queues[value % 2])
+        elif op == "drain":
+            drain()
+        else:
+            apply_op(model, queues, op, pick, value)
+    for sub, job in pending:
+        withheld.discard(job)
+        client.view.submitted(sub, job if job in model else None)
+    drain()
+    assert_in_step(client, mirror)
+    for key, (history, ran) in own.items():
+        if key not in model:
+            continue
+        events = told[str(BASE + key)]
+        assert events[0] == ("NEW_JOB", "STARTING")
+        assert all(name == "JOB_CHANGE" for name, _ in events[1:])
+        states = [state for _, state in events]
+        states = [s for i, s in enumerate(states) if i == 0 or states[i - 1] != s]
+        expected = _normalised(history, ran)
+        if len(expected) <= view_module._MAX_STEPS:
+            assert states == expected, (history, ran)
+        else:
+            assert states[0] == expected[0] and states[-1] == expected[-1] and _subsequence(states, expected)

@@ -221,9 +221,10 @@ async def two_launches_while_stopped(client: AgentClient, wire: Wire, queue: str
     STOP_EVENTS); both launches are answered while events are stopped, and their jobs come with
     everything held once events start again."""
     start = client.state.open_command(CommandId.START_EVENTS)
+    before = len(wire.frames)
     stop = await client.stop_events()
     assert stop.ok and client.state.open_command(CommandId.STOP_EVENTS) is None
-    answers = [(f.msg_id, f.tid) for f in wire.frames]
+    answers = [(f.msg_id, f.tid) for f in wire.frames[before:]]
     at = answers.index((0, start.tid))
     assert answers[at + 1] == (0, stop.tid)
     with trio.fail_after(scaled(30)):
@@ -234,6 +235,8 @@ async def two_launches_while_stopped(client: AgentClient, wire: Wire, queue: str
         job = await client.wait_for(lambda sub=sub: client.find_job(sub), scaled(30))
         await client.wait_job_state(job, "COMPLETED", scaled(60))
         assert client.job_output(job) == f"held {n}\n"
+        # however much was merged while events were stopped, the launch sees each state
+        assert client.job(job).states == ["STARTING", "RUNNING", "COMPLETED"]
 
 
 # --------------------------------------------------------------------------- local
@@ -318,41 +321,76 @@ async def test_native_dialect_keeps_the_design_documents_protocol():
         assert client.violations == []
 
 
-async def test_tid_reuse_is_refused_and_a_late_answer_never_reaches_the_wire(tmp_path):
-    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
-    async with await open_ide_session(*LOCAL, env=env) as client:
+async def test_a_command_on_a_tid_still_open_is_carried_out():
+    """The IDE's allocator may hand out a TID a command still holds: the agent carries out
+    the new command too and answers it on the same TID, as the reference proxies do; each
+    answer completes the oldest open command on the TID for the IDE, and all get their jobs."""
+    async with await open_ide_session(*LOCAL) as client:
         wire = await ide_handshake(client)
-        start = client.state.open_command(CommandId.START_EVENTS)
+        # two launches on one TID in one write, and a third on it before either is answered
+        first, a = client.state.send(CommandId.SUBMIT_JOB, ["jobSubId=same-tid-1", "execName=echo",
+                                                             "progArgs=one", "jobNumProcs=1"], tid=7)
+        second, b = client.state.send(CommandId.SUBMIT_JOB, ["jobSubId=same-tid-2", "execName=echo",
+                                                              "progArgs=two", "jobNumProcs=1"], tid=7)
+        listed, c = client.state.send(CommandId.LIST_FILTERS, [], tid=7)
+        await client.stream.send_all(a.raw + b.raw + c.raw)
+        await client.wait_for(lambda: first.done and second.done and listed.done, scaled(30))
+        assert first.ok and second.ok and listed.ok
+        on_tid = [f.msg_id for f in wire.frames if f.tid == 7]
+        assert on_tid == [0, 0, 0]  # one OK per command, nothing refused
+        for sub, word in (("same-tid-1", "one"), ("same-tid-2", "two")):
+            job = await client.wait_for(lambda sub=sub: client.find_job(sub), scaled(30))
+            await client.wait_job_state(job, "COMPLETED", scaled(30))
+            assert client.job_output(job) == word + "\n"
+        # the TID is free again; the session goes on as before
+        job = await launch_with_arguments(client, wire, first_queue(client))
+        assert client.job_output(job) == "a b c hi there\n"
+        await client.quit()
+    check_default_dialect(wire, client)
 
-        # a command on the open START_EVENTS' TID: ERROR on that TID, and events stop
-        reused = await client.raw(CommandId.LIST_FILTERS, [], tid=start.tid, timeout=scaled(30))
-        assert isinstance(reused.completion, Error) and reused.completion.code == ErrorCode.TID_IN_USE
-        assert start.abandoned and not client.events_started
-        sub = await client.submit_nowait("/bin/echo", ["while stopped"])
-        await wait_until(lambda: any(j["client_ref"] == sub and j["ended"] for j in stored_jobs(subprocess_env(**env))),
-                         what="the agent to see the job end")
-        assert client.find_job(sub) is None  # held
+
+async def test_a_command_on_the_events_tid_leaves_events_flowing():
+    """Even the open START_EVENTS' TID: the command is answered, and model events keep coming
+    under that TID, which the client holds open until STOP_EVENTS completes the last command
+    on it.  (A client that matches answers to the commands they fit keeps its events on.)"""
+    async with await AgentClient.spawn(agent_argv(*LOCAL), env=subprocess_env(), dialect="default") as client:
+        wire = Wire(client)
+        await client.init(base_id=IDE_BASE)
+        await client.model_def()
         await client.start_events()
-        job = await client.wait_for(lambda: client.find_job(sub), scaled(30))
+        start = client.state.open_command(CommandId.START_EVENTS)
+        listed = await client.raw(CommandId.LIST_FILTERS, [], tid=start.tid, timeout=scaled(30))
+        assert listed.ok and not start.done and client.events_started
+        job = await client.submit("/bin/echo", ["after"])
         await client.wait_job_state(job, "COMPLETED", scaled(30))
-        assert client.job_output(job) == "while stopped\n"
+        assert client.job_output(job) == "after\n"
+        stop = await client.stop_events()
+        assert start.ok and stop.ok
+        await client.quit()
+    assert client.violations == [] and not any(isinstance(e, Error) for e in wire.events)
 
-        # a SUBMIT_JOB and, in the same write, another command on its TID: the second is refused,
-        # the submission goes ahead but its answer is withheld
-        submit, first = client.state.send(CommandId.SUBMIT_JOB, ["jobSubId=abandoned-h9", "execName=echo",
+
+async def test_the_native_dialect_refuses_a_tid_still_open():
+    """The design document's protocol keeps its rule: ERROR TID_IN_USE, and the command that
+    held the TID is abandoned (its late answer never reaches the wire)."""
+    async with await AgentClient.spawn(agent_argv(*LOCAL), env=subprocess_env()) as client:
+        wire = Wire(client)
+        await client.init(base_id=IDE_BASE)
+        await client.model_def()
+        await client.start_events()
+        submit, first = client.state.send(CommandId.SUBMIT_JOB, ["jobSubId=abandoned", "execName=echo",
                                                                   "progArgs=abandoned", "jobNumProcs=1"])
         refusal, second = client.state.send(CommandId.LIST_FILTERS, [], tid=submit.tid)
         await client.stream.send_all(first.raw + second.raw)
         await client.wait_for(lambda: refusal.done, scaled(30))
         assert isinstance(refusal.completion, Error) and refusal.completion.code == ErrorCode.TID_IN_USE
         assert submit.abandoned
-        job = await client.wait_for(lambda: client.find_job("abandoned-h9"), scaled(30))
+        job = await client.wait_for(lambda: client.find_job("abandoned"), scaled(30))
         await client.wait_job_state(job, "COMPLETED", scaled(30))
-        await round_trip(client)  # a late answer would have come before this one
-        on_tid = [f for f in wire.frames if f.tid == submit.tid]
-        assert len(on_tid) == 1 and on_tid[0].msg_id == 5  # the ERROR only, no late OK
         await client.quit()
-    check_default_dialect(wire, client)
+    on_tid = [f for f in wire.frames if f.tid == submit.tid]
+    assert len(on_tid) == 1 and on_tid[0].msg_id == 5  # the ERROR only, no late OK
+    assert client.violations == []
 
 
 def lower_hex_frame(command_id: int, tid: int, args) -> bytes:
@@ -456,9 +494,10 @@ async def test_long_lines_and_output_held_while_events_are_stopped(tmp_path):
                          what="the job to end while events are stopped")
         await client.start_events()
         job = await client.wait_for(lambda: client.find_job(sub), scaled(30))
-        # The job ended while events were stopped: its NEW_JOB already says COMPLETED, and
-        # its output follows in the same burst.
+        # The job ended while events were stopped: it still goes STARTING, RUNNING, COMPLETED
+        # (it is this client's own), and its output follows in the same burst.
         await client.wait_for(lambda: client.job_output(job).endswith(f"\n{total}\n"), scaled(30))
+        assert client.job(job).states == ["STARTING", "RUNNING", "COMPLETED"]
         kept = client.job_output(job).splitlines()
         (note,) = client.job_output(job, "stderr").splitlines()
         dropped = int(note.split()[1])

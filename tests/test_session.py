@@ -314,6 +314,61 @@ def test_tid_reuse_while_open_gets_error_and_abandons_the_open_command(reuse):
     assert session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=c")).command is not None
 
 
+def test_default_dialect_carries_out_a_command_on_an_open_tid():
+    """As the PTP 4.0 client's own proxies do: both commands run, each gets its answer on the
+    TID, in whatever order the agent finishes them; the TID is open until both are answered."""
+    session = session_in(Phase.NORMAL, DEFAULT_INIT_ARGS)
+    first = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
+    second = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=b"))
+    assert second.command is not None and second.replies == []
+    assert not first.transaction.abandoned and session.open_on(9) == [first.transaction, second.transaction]
+    assert session.open_count(9) == 2
+    assert session.write(Ok(9), second.transaction) == Ok(9).encode()
+    assert session.is_open(9) and session.open_on(9) == [first.transaction]
+    assert session.write(SubmitJobError(9, "a", ErrorCode.SUBMIT_FAILED, "no"), first.transaction)
+    assert not session.is_open(9)
+    with pytest.raises(ProtocolViolation, match="already completed"):
+        session.send(Ok(9), second.transaction)
+
+
+def test_default_dialect_a_command_on_the_events_tid_leaves_events_on():
+    session = session_in(Phase.NORMAL, DEFAULT_INIT_ARGS)
+    listed = session.receive(cmd(CommandId.LIST_FILTERS, 3))
+    assert listed.command is not None and listed.replies == []
+    session.send(Ok(3), listed.transaction)
+    assert session.events_flowing and session.events_tid == 3
+    session.send(RemoveAll(3))  # still open for the client: its START_EVENTS is not answered
+    r = session.receive(cmd(CommandId.STOP_EVENTS, 3))
+    assert r.replies == [Ok(3), Ok(3)]
+    assert [owner.command_id for owner in r.owners] == [CommandId.START_EVENTS, CommandId.STOP_EVENTS]
+    for reply, owner in r.answers():
+        session.send(reply, owner)
+    assert not session.is_open(3) and session.phase is Phase.SUSPENDED
+
+
+def test_default_dialect_quit_on_an_open_tid_answers_its_holder_first():
+    session = session_in(Phase.NORMAL, DEFAULT_INIT_ARGS)
+    submit = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
+    r = session.receive(cmd(CommandId.QUIT, 9))
+    assert r.command is not None
+    assert [(type(e), e.tid) for e in r.replies] == [(Ok, 3), (Error, 9), (Shutdown, 9)]
+    for reply, owner in r.answers():
+        session.send(reply, owner)
+    assert session.phase is Phase.SHUTDOWN and session.open == {}
+    assert submit.transaction.abandoned and session.write(Ok(9), submit.transaction) == b""
+
+
+def test_default_dialect_a_malformed_frame_on_an_open_tid_leaves_the_holder_alone():
+    session = session_in(Phase.NORMAL, DEFAULT_INIT_ARGS)
+    submit = session.receive(cmd(CommandId.SUBMIT_JOB, 9, "jobSubId=a"))
+    r = session.receive(FrameError(ErrorKind.BAD_HEADER, "broken", 5, 9))
+    ((error, owner),) = r.answers()
+    assert error.code == ErrorCode.MALFORMED_FRAME and owner is not submit.transaction
+    session.send(error, owner)
+    assert session.open_on(9) == [submit.transaction]
+    assert session.write(Ok(9), submit.transaction) == Ok(9).encode()
+
+
 def test_a_late_answer_is_not_taken_for_the_next_command_on_the_tid():
     session = session_in(Phase.NORMAL)
     first = session.receive(cmd(CommandId.TERMINATE_JOB, 9, "jobId=1"))
@@ -716,7 +771,7 @@ def test_session_accepts_frames_and_commands():
 RECEIVE_TRANSITIONS = {
     (Phase.DISCOVERY, Phase.NORMAL),  # START_EVENTS
     (Phase.SUSPENDED, Phase.NORMAL),  # START_EVENTS
-    (Phase.NORMAL, Phase.SUSPENDED),  # STOP_EVENTS, or the START_EVENTS abandoned by a reused TID
+    (Phase.NORMAL, Phase.SUSPENDED),  # STOP_EVENTS, or (native) the START_EVENTS abandoned by a reused TID
 }
 SEND_TRANSITIONS = {
     (Phase.INITIALIZE, Phase.DISCOVERY),  # OK for INIT (also an abandoned INIT's, withheld)
@@ -742,21 +797,23 @@ class SessionModel(RuleBasedStateMachine):
     and, for each command handed over, later sends anything it likes for it,
     through the command's transaction or by TID alone.  The checks are the
     protocol's promises: nothing goes out under a TID that is not open, no
-    command is completed twice, every refused command is completed by the
-    session's own reply under its TID, nothing goes out for a command
-    abandoned by a reused TID, every command handed over and not abandoned
-    can still be completed, phases only move as documented, STOP_EVENTS is
-    answered as the dialect says, and model events only flow in NORMAL under
-    the START_EVENTS TID.
+    command is completed twice, every TID gets as many completing events as
+    commands were sent under it (the client counts them, oldest first), every
+    refused command is completed by the session's own reply, a command on a
+    TID still open is carried out in the default dialect and refused in the
+    native one (where nothing more goes out for the command it abandons),
+    every command handed over and not abandoned can still be completed,
+    phases only move as documented, STOP_EVENTS is answered as the dialect
+    says, and model events only flow in NORMAL under the START_EVENTS TID.
     """
 
     @initialize(steps=st.integers(0, 4), init=init_args)
     def start(self, steps=0, init=INIT_ARGS):
         self.session = AgentSession()
         self.init_args = init
-        self.open: dict = {}  # tid -> Transaction, as far as this model knows
+        self.open: dict = {}  # tid -> open transactions on it, oldest first, as far as this model knows
         self.handed_over: list = []  # transactions given to the agent, in order
-        self.abandoned: set = set()  # transactions abandoned by a reused TID or by QUIT
+        self.abandoned: set = set()  # transactions abandoned by a reused TID (native) or by QUIT
         self.completions: dict = {}  # transaction -> completing events written for it
         for _ in range(steps):
             self.advance()
@@ -769,15 +826,15 @@ class SessionModel(RuleBasedStateMachine):
         tid = event.tid
         before = session.phase
         model_event = EventId.NEW_JOB <= event.event_id <= EventId.REMOVE_QUEUE
-        holder = self.open.get(tid)
+        holders = self.open.get(tid, [])
         if transaction is not None:
-            allowed = holder is transaction and transaction not in self.abandoned
+            allowed = transaction in holders and transaction not in self.abandoned
         else:
-            allowed = holder is not None
+            allowed = bool(holders)
         allowed = allowed and (not model_event or (before is Phase.NORMAL and session.events_tid == tid))
         if model_event and before is Phase.NORMAL and session.events_tid == tid:
             allowed = True
-        assert set(session.open) == set(self.open)
+        self.open_tids_agree()
         try:
             data = session.write(event, transaction)
         except ProtocolViolation:
@@ -796,7 +853,10 @@ class SessionModel(RuleBasedStateMachine):
         decoded = decode_event(Decoder_one(data))
         assert decoded.tid == tid and decoded.event_id == event.event_id
         if event.completes:
-            done = self.open.pop(tid)
+            done = transaction if transaction is not None else holders[0]
+            holders.remove(done)
+            if not holders:
+                del self.open[tid]
             self.completions.setdefault(done, []).append(event)
             assert len(self.completions[done]) == 1, "completed twice"
             if event.event_id is EventId.SHUTDOWN:
@@ -807,10 +867,11 @@ class SessionModel(RuleBasedStateMachine):
             assert (before, after) in SEND_TRANSITIONS, (before, after, event)
         return True
 
-    def take(self, received, tid, was_open, command_id, args=()):
+    def take(self, received, tid, was_open, reuse, command_id, args=()):
         session = self.session
-        if was_open:
-            held = self.open.pop(tid)
+        quit_ = command_id is CommandId.QUIT and not args and received.command is not None
+        if was_open and not reuse:
+            (held,) = self.open.pop(tid)
             self.abandoned.add(held)
             assert held.abandoned
             if command_id is CommandId.QUIT and not args:
@@ -820,33 +881,42 @@ class SessionModel(RuleBasedStateMachine):
                 assert received.command is None
                 assert [type(e) for e in received.replies] == [Error]
                 assert received.replies[0].code == ErrorCode.TID_IN_USE and received.replies[0].tid == tid
+        elif was_open:
+            # Carried out (or refused for what it is) like any command on a free TID: nothing abandoned.
+            assert not any(held.abandoned for held in self.open[tid]) or quit_
+            assert not any(r.event_id is EventId.ERROR and r.code == ErrorCode.TID_IN_USE for r in received.replies)
+        if quit_:
+            # QUIT answers every open command: START/STOP_EVENTS with OK, the others with ERROR for a
+            # stand-in, the command itself withdrawn from the agent
+            for open_tid, holders in self.open.items():
+                current = session.open_on(open_tid)
+                for i, held in enumerate(holders):
+                    if held is not current[i]:
+                        assert held.abandoned and held.done and current[i].command_id == held.command_id
+                        self.abandoned.add(held)
+                        holders[i] = current[i]
         if received.command is not None:
             transaction = received.transaction
             assert received.command.tid == tid and transaction.tid == tid
-            assert session.open[tid] is transaction and not transaction.done
-            self.open[tid] = transaction
+            assert session.open_on(tid)[-1] is transaction and not transaction.done
+            self.open.setdefault(tid, []).append(transaction)
             self.handed_over.append(transaction)
         refused = received.command is None and received.replies
-        for reply in received.replies:
-            if reply.tid not in self.open:
-                self.open[reply.tid] = session.open[reply.tid]  # opened just to be refused
-            if reply.event_id is EventId.ERROR and reply.code == ErrorCode.SHUTTING_DOWN:
-                self.abandoned.add(self._handed(reply.tid))
+        answers = received.answers()
+        assert len(answers) == len(received.replies)
+        own = [owner for reply, owner in answers if owner is not None and reply.tid == tid and reply.completes]
+        for reply, owner in answers:
+            if owner is not None and owner not in self.open.get(reply.tid, []):
+                assert session.open_on(reply.tid)[-1] is owner  # opened just to be refused
+                self.open.setdefault(reply.tid, []).append(owner)
             assert reply.tid in session.open, reply
-            assert self.deliver(reply), reply
+            assert self.deliver(reply, owner), reply
         if refused and tid >= 0:
-            # every refused command is completed by the session's own reply under its TID
-            assert any(r.tid == tid and r.completes for r in received.replies)
-            assert tid not in session.open
+            # every refused command is completed by the session's own reply, under its TID
+            assert own and all(owner.done and owner not in session.open_on(tid) for owner in own)
         if received.close:
             # The connection is over; carry on with a fresh one.
             self.start()
-
-    def _handed(self, tid):
-        for transaction in reversed(self.handed_over):
-            if transaction.tid == tid:
-                return transaction
-        return None
 
     # -- rules
 
@@ -896,6 +966,8 @@ class SessionModel(RuleBasedStateMachine):
         tid = getattr(item, "tid", None)
         fatal = isinstance(item, FrameError) and item.fatal
         was_open = tid is not None and tid in self.session.open and not fatal and self.session.phase is not Phase.SHUTDOWN
+        # the dialect the command arrives in decides (an INIT changes it only for what follows)
+        reuse = self.session.dialect.open_tid_reuse
         command_id = None
         if isinstance(item, Frame):
             try:
@@ -908,7 +980,7 @@ class SessionModel(RuleBasedStateMachine):
         after = self.session.phase
         if after is not before:
             assert (before, after) in RECEIVE_TRANSITIONS, (before, after, item)
-            abandoned_events = was_open and tid == events_tid
+            abandoned_events = was_open and tid == events_tid and not reuse
             if not abandoned_events:
                 assert received.command is not None
                 expected = CommandId.START_EVENTS if after is Phase.NORMAL else CommandId.STOP_EVENTS
@@ -925,7 +997,7 @@ class SessionModel(RuleBasedStateMachine):
             else:
                 assert received.replies == [Ok(events_tid)] and self.session.stop_tid == tid
         answerable = tid is not None and not fatal and before is not Phase.SHUTDOWN
-        self.take(received, tid if answerable else -1, was_open, command_id, getattr(item, "args", ()))
+        self.take(received, tid if answerable else -1, was_open, reuse, command_id, getattr(item, "args", ()))
 
     @precondition(lambda self: self.handed_over)
     @rule(pick=st.integers(0, 100), outcome=st.sampled_from(["ok", "error", "submit_error", "message", "attr_def"]),
@@ -941,7 +1013,7 @@ class SessionModel(RuleBasedStateMachine):
             "attr_def": AttrDef(tid, STANDARD_ATTRIBUTES[:1]),
         }[outcome]
         if by_tid:
-            # The TID alone: whichever command holds it now (the old way of sending).
+            # The TID alone: the oldest command open on it (the old way of sending).
             self.deliver(event, None)
         else:
             self.deliver(event, transaction)
@@ -956,8 +1028,12 @@ class SessionModel(RuleBasedStateMachine):
 
     @invariant()
     def open_tids_agree(self):
+        """The client's count of open commands per TID is the session's."""
         if hasattr(self, "session"):
-            assert set(self.session.open) == set(self.open)
+            assert {tid: len(held) for tid, held in self.open.items()} == {
+                tid: self.session.open_count(tid) for tid in self.session.open}
+            for tid, held in self.open.items():
+                assert set(map(id, held)) == set(map(id, self.session.open_on(tid)))
 
     @invariant()
     def nothing_handed_over_is_lost(self):
@@ -967,11 +1043,11 @@ class SessionModel(RuleBasedStateMachine):
         for transaction in self.handed_over:
             if transaction in self.abandoned:
                 assert transaction.abandoned
-                assert self.session.open.get(transaction.tid) is not transaction
+                assert transaction not in self.session.open_on(transaction.tid)
             elif transaction not in self.completions and self.session.phase is not Phase.SHUTDOWN:
                 if transaction.command_id is CommandId.QUIT:
                     continue
-                assert self.session.open.get(transaction.tid) is transaction, transaction
+                assert transaction in self.session.open_on(transaction.tid), transaction
 
     @invariant()
     def events_tid_is_open(self):
@@ -980,6 +1056,7 @@ class SessionModel(RuleBasedStateMachine):
         session = self.session
         if session.events_tid is not None:
             assert session.events_tid in session.open
+            assert any(t.command_id is CommandId.START_EVENTS for t in session.open_on(session.events_tid))
         if session.stop_tid is not None:
             assert session.stop_tid in session.open
             assert not session.dialect.stop_events_at_once

@@ -55,7 +55,7 @@ from .errors import (
     WaitFailed,
     WaitTimeout,
 )
-from .state import PROTOCOL_VERSION, ClientState, Element, OpenCommand, Traffic, canonical_id
+from .state import PROTOCOL_VERSION, REFERENCE_TID_POOL, ClientState, Element, OpenCommand, Traffic, canonical_id
 
 __all__ = [
     "AgentClient",
@@ -298,12 +298,17 @@ class AgentClient:
     ``dialect``: what :meth:`init` asks for; ``"native"`` unless ``reference``.
     ``"default"`` sends no ``dialect`` attribute (as the PTP 4.0 client does).
 
-    ``reference``: behave as the Eclipse PTP 4.0 client needs, and fail
+    ``reference``: behave as the Eclipse PTP 4.0 client does, and fail
     loudly where that client would break: the default dialect, strict, and
     the reference checks of :class:`ClientState` (strict US-ASCII, the seven
     attribute types, no array values in element events, process ranks below
     the job's process count, Java int bounds, every command answered by a
-    completing event).
+    completing event, no TID refused, a launch's job told STARTING then
+    RUNNING).  Like that client it sends INIT, MODEL_DEF and the first
+    START_EVENTS on TID 0, takes other TIDs from a ring of ``tid_pool`` whether
+    or not they are still open, takes every answer for the oldest command on
+    its TID, and counts a launch done only on a JOB_CHANGE saying RUNNING
+    (:meth:`launch`; :meth:`wait_job_state` for RUNNING of a job it submitted).
     """
 
     def __init__(
@@ -316,6 +321,7 @@ class AgentClient:
         max_frame_size: int = DEFAULT_MAX_FRAME_SIZE,
         reference: bool = False,
         dialect: Optional[str] = None,
+        tid_pool: int = REFERENCE_TID_POOL,
     ) -> None:
         if reference and dialect not in (None, DEFAULT.name):
             raise ValueError(f"a reference-mode client speaks the default dialect only, not {dialect!r}")
@@ -326,7 +332,7 @@ class AgentClient:
         self.peer = peer
         #: the dialect init() asks for by default
         self.dialect = dialect or (DEFAULT.name if reference else NATIVE.name)
-        self.state = ClientState(max_frame_size, reference=reference)
+        self.state = ClientState(max_frame_size, reference=reference, tid_pool=tid_pool)
         #: attribute definitions returned by the last model_def()
         self.attribute_definitions: List[Any] = []
         self._send_lock = trio.Lock()
@@ -356,6 +362,7 @@ class AgentClient:
         exit_grace: float = EXIT_GRACE,
         reference: bool = False,
         dialect: Optional[str] = None,
+        tid_pool: int = REFERENCE_TID_POOL,
     ) -> "AgentClient":
         """Start the agent as a child and talk to it over its stdin/stdout.
 
@@ -365,7 +372,8 @@ class AgentClient:
         process = await AgentProcess.start(argv, env, cwd, capture_stderr=capture_stderr, exit_grace=exit_grace)
         stream = trio.StapledStream(process.process.stdin, process.process.stdout)
         return cls(
-            stream, process=process, strict=strict, peer=f"agent (pid {process.pid})", reference=reference, dialect=dialect
+            stream, process=process, strict=strict, peer=f"agent (pid {process.pid})", reference=reference,
+            dialect=dialect, tid_pool=tid_pool,
         )
 
     @classmethod
@@ -676,9 +684,12 @@ class AgentClient:
         :class:`WaitFailed` if the job completes or is removed without it.
         """
         element = self.job(job)
+        # In reference mode a job of its own has run, for the client, once a JOB_CHANGE said so.
+        seen = element.changed_states if (self.reference and state == "RUNNING"
+                                          and element.sub_id in self.state.submitted) else element.states
 
         def reached() -> Optional[Element]:
-            if state in element.states:
+            if state in seen:
                 return element
             if element.removed:
                 raise WaitFailed(f"job {element.id} was removed before reaching {state} (went {_states(element)})")
@@ -885,6 +896,28 @@ class AgentClient:
         job = await self.wait_for(
             lambda: self.state.jobs_by_sub.get(sub_id), timeout, description=f"the NEW_JOB for jobSubId {sub_id}"
         )
+        return job.id
+
+    async def launch(self, exec_path: Optional[str], args: Iterable[str] = (), *, timeout: Optional[float] = 60,
+                     **kwargs: Any) -> str:
+        """A launch as the PTP 4.0 IDE makes it: SUBMIT_JOB, then wait for a JOB_CHANGE of the
+        job saying RUNNING (the NEW_JOB never counts, nor a later state); returns the job's
+        element id.  :class:`WaitFailed` if the job ends before such a JOB_CHANGE (the IDE's
+        launch would wait until cancelled).  Keyword arguments as :meth:`submit_nowait`."""
+        sub_id = await self.submit_nowait(exec_path, args, timeout=timeout, **kwargs)
+
+        def running() -> Optional[Element]:
+            job = self.state.jobs_by_sub.get(sub_id)
+            if job is None:
+                return None
+            if "RUNNING" in job.changed_states:
+                return job
+            if job.state == "COMPLETED" or job.removed:
+                raise WaitFailed(f"job {job.id} ({sub_id}) ended without a JOB_CHANGE saying RUNNING "
+                                 f"(went {_states(job)}): the IDE's launch of it would never complete")
+            return None
+
+        job = await self.wait_for(running, timeout, description=f"a JOB_CHANGE saying RUNNING for jobSubId {sub_id}")
         return job.id
 
     async def cosubmit(self, description: str, *, name: Optional[str] = None, sub_id: Optional[str] = None,

@@ -17,7 +17,11 @@ The rules checked here are the ones a client depends on:
 
 * every event carries the TID of a command that is still open, and a
   completing event (OK, ERROR, SHUTDOWN, SUBMITJOB_ERROR, TERMINATEJOB_ERROR)
-  closes it; a command sent under a TID still open is refused with ERROR
+  closes it.  A command sent under a TID still open is, in the default
+  dialect, carried out like any other: the TID then holds several commands,
+  each gets one completing event, and an event is taken for the oldest command
+  on its TID that it can answer (in reference mode simply the oldest, as the
+  PTP 4.0 client does).  In the native dialect it is refused with ERROR
   ``TID_IN_USE`` under that TID, which abandons the command that held it (no
   later event may name it);
 * model events carry the TID of the open START_EVENTS; ATTR_DEF belongs to a
@@ -43,8 +47,15 @@ With ``reference=True`` the state also holds the agent to what the Eclipse
 PTP 4.0 client itself needs (it then speaks the default dialect only):
 process ranks below the job's ``jobNumProcs``, ENUMERATED values from the
 declared list, no MESSAGE standing in for a refusal (that client would wait
-for ever), no FILTER_DEF (unknown to it), and no command left unanswered when
-the agent ends the connection (:meth:`ClientState.unanswered`).
+for ever), no ERROR ``TID_IN_USE`` (that client gives it to the oldest
+command on the TID and puts its resource manager into ERROR), no FILTER_DEF
+(unknown to it), no command left unanswered when the agent ends the
+connection (:meth:`ClientState.unanswered`), and for every job it submitted
+a NEW_JOB saying STARTING and, if the job ran, a JOB_CHANGE saying RUNNING
+before its end (that client finishes a launch only on such a JOB_CHANGE).
+It also behaves as that client does: INIT, MODEL_DEF and the first
+START_EVENTS go on TID 0, and other commands take TIDs from a small ring
+(``tid_pool``) whether or not the TID is still open (:meth:`ClientState.new_tid`).
 
 Breaking a rule is recorded as a :class:`Violation`; the I/O layer decides
 how loudly to complain.
@@ -103,8 +114,6 @@ RM = "rm"
 OUTPUT_KEYS = {"processStdout": "stdout", "processStderr": "stderr"}
 #: Attributes known to repeat (one value per argument / variable) before MODEL_DEF says so.
 DEFAULT_ARRAY_KEYS = frozenset({"progArgs", "env"})
-#: The state every job begins in.
-FIRST_JOB_STATE = "STARTING"
 #: The attribute holding each kind's state.
 STATE_KEYS = {
     "machine": "machineState",
@@ -115,6 +124,10 @@ STATE_KEYS = {
 }
 #: Element ids one event may make the client expand; more is treated as hostile.
 MAX_IDS_PER_EVENT = 1_000_000
+#: How many TIDs a reference-mode client goes round (see :meth:`ClientState.new_tid`).
+REFERENCE_TID_POOL = 4
+#: Job states (``jobStatus``) that say the job ran: its launch must have seen RUNNING.
+RAN_STATUSES = frozenset({"RUNNING", "SUSPENDED", "FINISHING", "FINISHED", "FAILED"})
 #: How a process is keyed in the mirror: (job id, rank).
 ProcessKey = Tuple[str, str]
 
@@ -170,9 +183,9 @@ class Element:
     (``progArgs``, ``env``...).  Processes and jobs collect ``output`` (a
     job's holds the lines of all its processes in arrival order).
     ``states`` is the sequence of distinct states the element went through,
-    as seen by the client; a job's begins with STARTING, where every job begins, even
-    when the agent's first word of the job is a later state (it merges a job's changes
-    that come close together, or while the client is not taking events).
+    as seen by the client; ``changed_states`` the states carried by its
+    CHANGE events, one per event, in order (a launch in the PTP 4.0 client
+    completes only on a JOB_CHANGE saying RUNNING).
     """
 
     id: str
@@ -183,6 +196,7 @@ class Element:
     output: List[OutputLine] = attrs.Factory(list)
     states: List[str] = attrs.Factory(list)
     removed: bool = False
+    changed_states: List[str] = attrs.Factory(list)
 
     @property
     def key(self) -> Hashable:
@@ -302,15 +316,25 @@ def _ids(ids: Union[RangeSet, str]) -> Iterator[str]:
 class ClientState:
     """Session bookkeeping, protocol checks and the mirrored model, without I/O.
 
-    ``reference``: also check what the Eclipse PTP 4.0 client needs (see the
-    module docstring); such a state speaks only the default dialect.
+    ``reference``: also check what the Eclipse PTP 4.0 client needs, and
+    behave as it does (see the module docstring); such a state speaks only the
+    default dialect.  ``tid_pool``: how many TIDs its allocator goes round (reference
+    mode only).
     """
 
-    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *, reference: bool = False) -> None:
+    def __init__(self, max_frame_size: int = DEFAULT_MAX_FRAME_SIZE, *, reference: bool = False,
+                 tid_pool: int = REFERENCE_TID_POOL) -> None:
+        if tid_pool < 1:
+            raise ValueError(f"tid_pool must be at least 1, not {tid_pool}")
         self._decoder = Decoder(max_frame_size)
         self._raw = bytearray()
         self._next_tid = 1
         self.reference = reference
+        self.tid_pool = tid_pool
+        #: the first START_EVENTS has been sent (reference mode: the handshake on TID 0 is over)
+        self._handshake_over = False
+        #: the jobSubIds of the jobs this client submitted
+        self.submitted: Set[str] = set()
         #: the dialect of the session: the one the last INIT sent asked for
         self.dialect: Dialect = DEFAULT
         self.open: Dict[int, OpenCommand] = {}
@@ -329,7 +353,7 @@ class ClientState:
         self.jobs_by_sub: Dict[str, Element] = {}
         self._array_keys = set(DEFAULT_ARRAY_KEYS)
         self._integer_keys: Set[str] = set(_STANDARD_INTEGERS)
-        # commands sent on purpose under a TID still open, oldest first
+        # commands sent under a TID still open, oldest first (native dialect: on purpose, to be refused)
         self._reusing: Dict[int, List[OpenCommand]] = {}
         # default dialect: the TID of the STOP_EVENTS whose OK must be the very next frame
         self._stop_due: Optional[int] = None
@@ -346,15 +370,28 @@ class ClientState:
     def rm(self) -> Optional[Element]:
         return self.elements.get(self.base_id) if self.base_id is not None else None
 
+    def open_commands(self) -> List[OpenCommand]:
+        """Every open command, those sharing a TID oldest first."""
+        found: List[OpenCommand] = []
+        for tid, command in self.open.items():
+            found.append(command)
+            found.extend(self._reusing.get(tid, ()))
+        return found
+
+    def open_on(self, tid: int) -> List[OpenCommand]:
+        """The commands open on ``tid``, oldest first."""
+        command = self.open.get(tid)
+        return [] if command is None else [command, *self._reusing.get(tid, ())]
+
     @property
     def events_started(self) -> bool:
         """A START_EVENTS is open and no STOP_EVENTS/QUIT has been sent after it."""
-        return any(c.command_id == CommandId.START_EVENTS and not c.released for c in self.open.values())
+        return any(c.command_id == CommandId.START_EVENTS and not c.released for c in self.open_commands())
 
     def open_command(self, command_id: CommandId) -> Optional[OpenCommand]:
         """The most recent open command with that id, if any."""
         found = None
-        for command in self.open.values():
+        for command in self.open_commands():
             if command.command_id == command_id:
                 found = command
         return found
@@ -378,7 +415,7 @@ class ClientState:
                 f"{command.name} (TID {command.tid}) never got a completing event before the connection ended",
                 command.tid,
             )
-            for command in self.open.values()
+            for command in self.open_commands()
             if not command.done
         ]
         self.violations.extend(found)
@@ -386,41 +423,62 @@ class ClientState:
 
     # ------------------------------------------------------------------ output
 
-    def new_tid(self) -> int:
-        tid = self._next_tid
+    def new_tid(self, command_id: Union[CommandId, int, None] = None) -> int:
+        """A TID for a new command.
+
+        Normally one no open command holds.  In reference mode, as the PTP 4.0
+        client: INIT, MODEL_DEF and the first START_EVENTS on TID 0, then TIDs
+        1 to ``tid_pool`` in turn, whether or not a command still holds one
+        (only a TID holding the open START_EVENTS is passed over)."""
+        if self.reference:
+            if not self._handshake_over and command_id in (CommandId.INIT, CommandId.MODEL_DEF, CommandId.START_EVENTS):
+                return 0
+            for _ in range(self.tid_pool):
+                tid = self._next_tid if 1 <= self._next_tid <= self.tid_pool else 1
+                self._next_tid = tid % self.tid_pool + 1
+                if not any(c.command_id == CommandId.START_EVENTS for c in self.open_on(tid)):
+                    return tid
+            return self._free_tid(self.tid_pool + 1)
+        tid = self._free_tid(self._next_tid)
+        self._next_tid = tid % 0xFFFFFFFF + 1
+        return tid
+
+    def _free_tid(self, tid: int) -> int:
         while tid in self.open:
             tid = tid % 0xFFFFFFFF + 1
-        self._next_tid = tid % 0xFFFFFFFF + 1
         return tid
 
     def send(self, command_id: Union[CommandId, int], args: Sequence[str] = (), tid: Optional[int] = None) -> Tuple[OpenCommand, Traffic]:
         """Record a command about to be sent; returns it and its frame.
 
-        ``tid`` may be given to reuse one on purpose (protocol testing).  A
-        command sent under the TID of a command still open does not replace
-        it: the agent refuses it with ERROR ``TID_IN_USE`` under that TID,
+        ``tid`` may be given to choose one (protocol testing).  A command sent
+        under the TID of a command still open does not replace it.  In the
+        default dialect the agent carries it out like any other, and the TID
+        stays open until each of its commands is answered.  In the native
+        dialect the agent refuses it with ERROR ``TID_IN_USE`` under that TID,
         which completes the returned command and abandons the one that held
         the TID (QUIT is the exception: it is carried out, and the held
         command is abandoned).
         """
         if tid is None:
-            tid = self.new_tid()
+            tid = self.new_tid(command_id)
         try:
             cid: Union[CommandId, int] = CommandId(command_id)
         except ValueError:
             cid = int(command_id)
         args = tuple(args)
         if cid == CommandId.START_EVENTS:
-            for other in self.open.values():
+            self._handshake_over = True
+            for other in self.open_commands():
                 if other.command_id == CommandId.STOP_EVENTS:
                     other.released = True
         elif cid == CommandId.STOP_EVENTS:
-            for other in self.open.values():
+            for other in self.open_commands():
                 if other.command_id == CommandId.START_EVENTS and not other.released:
                     other.released = True
                     other.released_by = tid
         elif cid == CommandId.QUIT:
-            for other in self.open.values():
+            for other in self.open_commands():
                 if other.command_id in (CommandId.START_EVENTS, CommandId.STOP_EVENTS):
                     other.released = True
         elif cid == CommandId.INIT:
@@ -428,6 +486,10 @@ class ClientState:
             self.dialect = _dialect_of(args)
             if self.reference and self.dialect is not DEFAULT:
                 raise ValueError(f"a reference-mode client speaks the default dialect only, not {self.dialect.name!r}")
+        if cid == CommandId.SUBMIT_JOB:
+            sub_id = next((a[len("jobSubId="):] for a in args if a.startswith("jobSubId=")), None)
+            if sub_id is not None:
+                self.submitted.add(sub_id)
         command = OpenCommand(tid, cid, args)
         if tid in self.open:
             self._reusing.setdefault(tid, []).append(command)
@@ -532,20 +594,55 @@ class ClientState:
 
     def _close(self, command: OpenCommand) -> None:
         """Take a completed command off its TID; a command queued behind it on that TID takes its place."""
-        del self.open[command.tid]
+        tid = command.tid
         command.done = True
-        queued = self._reusing.get(command.tid)
-        if queued:
-            self.open[command.tid] = queued.pop(0)
-            if not queued:
-                del self._reusing[command.tid]
+        queued = self._reusing.get(tid)
+        if self.open.get(tid) is command:
+            if queued:
+                self.open[tid] = queued.pop(0)
+            else:
+                del self.open[tid]
+        elif queued is not None and command in queued:
+            queued.remove(command)
+        if queued is not None and not queued:
+            del self._reusing[tid]
+
+    def _owner(self, event: Event) -> Optional[OpenCommand]:
+        """The open command an event is taken for.
+
+        One command on the TID: that one.  Several (a TID reused while open, in the default
+        dialect): in reference mode the oldest, as the PTP 4.0 client takes it; otherwise
+        the oldest that the event can belong to, so that the mirror stays right whichever
+        of them the agent answers first."""
+        held = self.open_on(event.tid)
+        if len(held) <= 1 or self.reference or not self.dialect.open_tid_reuse:
+            return held[0] if held else None
+        eid = event.event_id
+        if eid in _MODEL_EVENTS:
+            fits = [c for c in held if c.command_id == CommandId.START_EVENTS]
+        elif eid is EventId.ATTR_DEF:
+            fits = [c for c in held if c.command_id == CommandId.MODEL_DEF]
+        elif eid is EventId.SHUTDOWN:
+            fits = [c for c in held if c.command_id == CommandId.QUIT]
+        elif eid is EventId.SUBMITJOB_ERROR:
+            fits = [c for c in held if c.command_id == CommandId.SUBMIT_JOB
+                    and c.attribute("jobSubId") == event.job_sub_id]  # type: ignore[attr-defined]
+        elif eid is EventId.TERMINATEJOB_ERROR:
+            fits = [c for c in held if c.command_id == CommandId.TERMINATE_JOB]
+        elif eid in (EventId.OK, EventId.ERROR):
+            # not a START_EVENTS (or native STOP_EVENTS) that nothing has released yet
+            fits = [c for c in held if c.released or c.command_id not in (CommandId.START_EVENTS, CommandId.STOP_EVENTS)]
+        else:
+            fits = []
+        return fits[0] if fits else held[0]
 
     # ------------------------------------------------------------------ events
 
     def _reuse_refusal(self, event: Event) -> Optional[OpenCommand]:
-        """The queued command this completing event answers, if it is the refusal of a reused TID."""
+        """The queued command this completing event answers, if it is the refusal of a reused TID
+        (native dialect)."""
         queued = self._reusing.get(event.tid)
-        if not queued:
+        if not queued or self.dialect.open_tid_reuse:
             return None
         if event.event_id is EventId.ERROR and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
             return queued[0]
@@ -559,7 +656,7 @@ class ClientState:
         eid = event.event_id
         tid = event.tid
         name = eid.name
-        command = self.open.get(tid)
+        command = self._owner(event)
         if command is None:
             after = " after SHUTDOWN" if self.shutdown else ""
             problems.append(
@@ -592,6 +689,16 @@ class ClientState:
             command.events.append(event)
             self._apply(event, problems)
             return command, False
+        if eid is EventId.ERROR and self.reference and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
+            problems.append(
+                Violation(
+                    "tid-refused",
+                    f"ERROR TID_IN_USE (TID {tid}): the PTP 4.0 client gives it to the oldest command on the TID "
+                    f"({command.name}), fails every pending submission and puts its resource manager into ERROR; "
+                    "a command on a TID still open must be carried out",
+                    tid,
+                )
+            )
         if eid is EventId.MESSAGE:
             self.messages.append(event)  # type: ignore[arg-type]
             if self.reference and event.code == ErrorCode.TID_IN_USE and event.level in ("ERROR", "FATAL"):  # type: ignore[attr-defined]
@@ -642,7 +749,10 @@ class ClientState:
         # completing events
         if eid is EventId.OK:
             at_once = self.dialect.stop_events_at_once and cid == CommandId.STOP_EVENTS
-            if cid in (CommandId.START_EVENTS, CommandId.STOP_EVENTS) and not command.released and not at_once:
+            # (on a TID that holds several commands the OK may be another's: the client cannot tell)
+            shared = len(self.open_on(tid)) > 1
+            if cid in (CommandId.START_EVENTS, CommandId.STOP_EVENTS) and not command.released and not at_once \
+                    and not shared:
                 later = "STOP_EVENTS" if cid == CommandId.START_EVENTS else "START_EVENTS"
                 problems.append(
                     Violation(
@@ -658,7 +768,7 @@ class ClientState:
             if cid == CommandId.INIT:
                 self._initialized()
         elif eid is EventId.SHUTDOWN:
-            left = [c for t, c in self.open.items() if t != tid]
+            left = [c for c in self.open_commands() if c is not command]
             if cid == CommandId.QUIT and left:
                 names = ", ".join(f"{c.name} (TID {c.tid})" for c in left)
                 problems.append(Violation("shutdown-open", f"SHUTDOWN while commands were still open: {names}", tid))
@@ -812,6 +922,8 @@ class ClientState:
                 if parent is not None:
                     parent.children[eid] = None
                 self._set(element, values)
+                if self.reference and kind == "job" and element.sub_id in self.submitted:
+                    self._check_launch(element, name, problems)
 
     def _new_processes(self, event: NewElements, problems: List[Violation]) -> None:
         job_id, job = self._parent(event, problems)
@@ -860,10 +972,42 @@ class ClientState:
         kind = RM if event.kind is None else event.kind.value
         for group in event.groups:
             values = self._values(group.attributes, name, problems)
+            state = values.get(STATE_KEYS.get(kind, ""))
             for eid in _ids(group.ids):
                 element = self._expect(eid, kind, name, problems)
                 if element is not None:
                     self._set(element, values)
+                    if isinstance(state, str):
+                        element.changed_states.append(state)
+                        if self.reference and kind == "job" and element.sub_id in self.submitted:
+                            self._check_launch(element, name, problems)
+
+    def _check_launch(self, job: Element, event: str, problems: List[Violation]) -> None:
+        """Reference mode, a job this client submitted: the PTP 4.0 client finishes its launch
+        only on a JOB_CHANGE saying RUNNING, so its NEW_JOB must say STARTING, and a job that
+        ran must have had that JOB_CHANGE by the time its end arrives."""
+        state = job.state
+        status = job.get("jobStatus")
+        if event == "NEW_JOB":
+            if state != "STARTING":
+                problems.append(
+                    Violation(
+                        "launch-state",
+                        f"NEW_JOB for job {job.id} (jobSubId {job.sub_id}), submitted by this client, says "
+                        f"jobState={state}: it must say STARTING, then a JOB_CHANGE must say RUNNING "
+                        "(the PTP 4.0 client's launch waits for that JOB_CHANGE)",
+                    )
+                )
+            return
+        if state == "COMPLETED" and status in RAN_STATUSES and "RUNNING" not in job.changed_states:
+            problems.append(
+                Violation(
+                    "launch-hangs",
+                    f"job {job.id} (jobSubId {job.sub_id}), submitted by this client, ended ({status}) "
+                    "without a JOB_CHANGE saying RUNNING: the PTP 4.0 client's launch of it would wait until "
+                    "cancelled",
+                )
+            )
 
     def _process_change(self, event: ProcessChange, problems: List[Violation]) -> None:
         job = self._expect(canonical_id(event.job_id), "job", "PROCESS_CHANGE", problems)
@@ -975,8 +1119,6 @@ class ClientState:
         if key is not None:
             state = values.get(key)
             if isinstance(state, str) and (not element.states or element.states[-1] != state):
-                if not element.states and element.kind == "job" and state != FIRST_JOB_STATE:
-                    element.states.append(FIRST_JOB_STATE)
                 element.states.append(state)
         sub = values.get("jobSubId")
         if element.kind == "job" and isinstance(sub, str):

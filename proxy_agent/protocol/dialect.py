@@ -6,12 +6,14 @@ it gets :data:`DEFAULT`.
 * :data:`DEFAULT` is what the Eclipse PTP 4.0 client takes.  That client reads
   every frame as strict US-ASCII (one byte of 0x80 or above ends its session),
   parses only seven attribute types, breaks on array values in job events,
-  holds element ids and INTEGER values as Java ints, and expects STOP_EVENTS
-  to be answered at once.
+  holds element ids and INTEGER values as Java ints, expects STOP_EVENTS
+  to be answered at once, and may send a command under the TID of a command
+  that is still open (which must be carried out, not refused).
 * :data:`NATIVE` is the design document's protocol as this project speaks it:
   UTF-8 text, the ARRAY type with array values in events, INTEGER values as
-  the scheduler gives them, and STOP_EVENTS completed by the next START_EVENTS
-  (the design's phase example).
+  the scheduler gives them, STOP_EVENTS completed by the next START_EVENTS
+  (the design's phase example), and a command on a TID still open refused
+  with ERROR ``TID_IN_USE``.
 
 Nothing else in the project decides any of this: the session and the
 front-end's renderer ask the :class:`Dialect` of the session.  Everything the
@@ -219,6 +221,11 @@ class Dialect:
     max_element_id: int
     #: element ids may be strings (``<base id>:<unique>``) as well as numbers
     string_element_ids: bool
+    #: a command that arrives under the TID of a command still open is carried out and
+    #: answered like any other, each answer completing the oldest open command of the TID
+    #: on the client's side (False: it is refused with ERROR TID_IN_USE, which abandons
+    #: the command that held the TID)
+    open_tid_reuse: bool
 
     # ------------------------------------------------------------------ text
 
@@ -395,6 +402,7 @@ DEFAULT = Dialect(
     stop_events_at_once=True,
     max_element_id=JAVA_INT_MAX,
     string_element_ids=False,
+    open_tid_reuse=True,
 )
 
 #: The design document's protocol (``dialect=native``).
@@ -407,6 +415,7 @@ NATIVE = Dialect(
     stop_events_at_once=False,
     max_element_id=INT64_MAX,
     string_element_ids=True,
+    open_tid_reuse=False,
 )
 
 #: Every dialect by the name a client gives in INIT.

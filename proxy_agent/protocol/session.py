@@ -37,22 +37,34 @@ Every command gets exactly one completing event under its own TID:
   own TID (the design says to discard it, but a discarded command stays open
   forever on the client's side).
 * A command (or a malformed frame) arriving under the TID of a command still
-  open is refused with ERROR ``TID_IN_USE`` under that TID (a well-formed QUIT
-  excepted: it is carried out, and its SHUTDOWN completes it).  The client takes
-  that ERROR as completing whatever it last sent under the TID, so the command
-  that held the TID is *abandoned*: it may still finish inside the agent (a
-  job submitted stays submitted, an INIT that succeeds still initialises the
-  session), but no event is sent for it any more.  When that command was the
-  open START_EVENTS, model events stop (phase SUSPENDED) until the next
-  START_EVENTS.  Give :meth:`AgentSession.send` the command's
-  :class:`Transaction` so that a late answer for an abandoned command is
-  never mistaken for the answer to a new command on the same TID.
+  open is handled as the dialect says (``Dialect.open_tid_reuse``):
+
+  - default dialect: it is carried out and answered like any other, as the
+    PTP 4.0 client's own proxies do.  Its client hands out TIDs that are
+    still open and gives every event to the *oldest* open command with that
+    TID, so what counts is how many commands each TID holds: every command
+    gets its one completing event, and a TID stays open (for model events
+    too) until the last of its commands is answered.  Commands on one TID
+    are kept oldest first; an answer names the command it belongs to, and
+    the client simply takes it for the oldest.
+  - native dialect: it is refused with ERROR ``TID_IN_USE`` under that TID (a
+    well-formed QUIT excepted: it is carried out, and its SHUTDOWN completes
+    it).  The client takes that ERROR as completing whatever it last sent
+    under the TID, so the command that held the TID is *abandoned*: it may
+    still finish inside the agent (a job submitted stays submitted, an INIT
+    that succeeds still initialises the session), but no event is sent for
+    it any more.  When that command was the open START_EVENTS, model events
+    stop (phase SUSPENDED) until the next START_EVENTS.
+
+  Give :meth:`AgentSession.send` the command's :class:`Transaction` so that an
+  answer is never mistaken for the answer to another command on the same TID;
+  the replies of :class:`Received` name theirs (:meth:`Received.answers`).
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import attrs
 
@@ -184,7 +196,8 @@ class Received:
     """What the agent must do about one piece of input.
 
     ``replies`` are to be sent (in order, through :meth:`AgentSession.write`)
-    before anything else.  ``command`` is a legal command for the agent to
+    before anything else, each with the transaction it answers
+    (:meth:`answers`).  ``command`` is a legal command for the agent to
     carry out, ``transaction`` its open transaction (for QUIT, and for
     STOP_EVENTS in the default dialect, ``replies`` already complete it).
     ``close`` means the session is over.  ``log`` is a human-readable note for
@@ -197,6 +210,14 @@ class Received:
     close: bool = False
     log: Optional[str] = None
     transaction: Optional[Transaction] = None
+    #: the transaction each reply answers, in the order of ``replies`` (None: the
+    #: oldest command open on its TID, or none for an event that completes nothing)
+    owners: List[Optional[Transaction]] = attrs.Factory(list)
+
+    def answers(self) -> List[Tuple[Event, Optional[Transaction]]]:
+        """Each reply with the transaction it answers (None where it names none)."""
+        owners = self.owners + [None] * (len(self.replies) - len(self.owners))
+        return list(zip(self.replies, owners))
 
 
 class AgentSession:
@@ -206,12 +227,17 @@ class AgentSession:
         self.phase = Phase.INITIALIZE
         #: the dialect of this session: the default until an INIT names another
         self.dialect: Dialect = DEFAULT
-        #: open commands by TID
+        #: open commands by TID: the oldest on each TID
         self.open: Dict[int, Transaction] = {}
+        # newer commands open on a TID, oldest first (default dialect: a TID still open reused)
+        self._later: Dict[int, List[Transaction]] = {}
         #: TID of the open START_EVENTS (model events carry it), if any
         self.events_tid: Optional[int] = None
         #: TID of the open STOP_EVENTS (native dialect only), if any
         self.stop_tid: Optional[int] = None
+        # the open START_EVENTS and STOP_EVENTS themselves (their TID may hold others too)
+        self._events: Optional[Transaction] = None
+        self._stop: Optional[Transaction] = None
         self.model_defined = False
         self.init: Optional[InitRequest] = None
         # abandoned commands not yet finished by the agent, by TID, oldest first
@@ -244,8 +270,9 @@ class AgentSession:
         )
         if self.phase is Phase.SHUTDOWN or 0 in self.open:
             return Received(close=True, log=text + "; session closed")
-        self._open(0, -1)
-        return Received(replies=[Error(0, ErrorCode.MALFORMED_FRAME, text)], close=True, log=text + "; session closed")
+        refused = self._open(0, -1)
+        return Received(replies=[Error(0, ErrorCode.MALFORMED_FRAME, text)], owners=[refused], close=True,
+                        log=text + "; session closed")
 
     def _frame_error(self, error: FrameError) -> Received:
         from .messages import Message  # loaded when first needed (see messages.LATER_NAMES)
@@ -265,21 +292,55 @@ class AgentSession:
                 )
             return Received(log=text + " (no TID to answer under)")
         msg_id = error.msg_id if error.msg_id is not None else -1
-        if error.tid in self.open:
+        if error.tid in self.open and not self.dialect.open_tid_reuse:
             return self._reused(error.tid, msg_id, f"a malformed frame ({error.message})")
-        self._open(error.tid, msg_id)
-        return Received(replies=[Error(error.tid, ErrorCode.MALFORMED_FRAME, text)])
+        refused = self._open(error.tid, msg_id)
+        return Received(replies=[Error(error.tid, ErrorCode.MALFORMED_FRAME, text)], owners=[refused])
 
     def _open(self, tid: int, command_id: Union[CommandId, int]) -> Transaction:
+        """A new open command; on a TID that holds others already, it queues behind them."""
         transaction = Transaction(tid, command_id)
-        self.open[tid] = transaction
+        if tid in self.open:
+            self._later.setdefault(tid, []).append(transaction)
+        else:
+            self.open[tid] = transaction
         return transaction
 
+    def open_count(self, tid: int) -> int:
+        """How many commands are open on ``tid`` (what the client counts)."""
+        if tid not in self.open:
+            return 0
+        return 1 + len(self._later.get(tid, ()))
+
+    def open_on(self, tid: int) -> List[Transaction]:
+        """The commands open on ``tid``, oldest first."""
+        if tid not in self.open:
+            return []
+        return [self.open[tid], *self._later.get(tid, ())]
+
+    def _holds(self, transaction: Transaction) -> bool:
+        tid = transaction.tid
+        return self.open.get(tid) is transaction or transaction in self._later.get(tid, ())
+
+    def _close(self, transaction: Transaction) -> None:
+        """Take a completed command off its TID (the next one on the TID, if any, is now the oldest)."""
+        tid = transaction.tid
+        later = self._later.get(tid)
+        if self.open.get(tid) is transaction:
+            if later:
+                self.open[tid] = later.pop(0)
+            else:
+                del self.open[tid]
+        elif later is not None:
+            later.remove(transaction)
+        if later is not None and not later:
+            del self._later[tid]
+
     def _reused(self, tid: int, command_id: Union[CommandId, int], what: str) -> Received:
-        """Refuse what came under an open TID with ERROR there, abandoning the open command."""
+        """Native dialect: refuse what came under an open TID with ERROR there, abandoning the open command."""
         holder = self.open.pop(tid)
         self._abandon(holder)
-        self._open(tid, command_id)
+        refused = self._open(tid, command_id)
         return Received(
             replies=[
                 Error(
@@ -288,41 +349,46 @@ class AgentSession:
                     f"{what} was refused: TID {tid} was still in use by an open {holder.name}, "
                     f"which is now abandoned (no further events are sent for it)",
                 )
-            ]
+            ],
+            owners=[refused],
         )
 
     def _abandon(self, holder: Transaction) -> None:
         tid = holder.tid
         holder.abandoned = True
         self._abandoned.setdefault(tid, []).append(holder)
-        if tid == self.events_tid:
+        if holder is self._events:
             # The client now takes this TID for completed: a model event under it
             # would name a TID it does not know.  Events stop until START_EVENTS.
+            self._events = None
             self.events_tid = None
             if self.phase is Phase.NORMAL:
                 self.phase = Phase.SUSPENDED
-        if tid == self.stop_tid:
+        if holder is self._stop:
+            self._stop = None
             self.stop_tid = None
 
     def _refuse(self, command: Command, code: ErrorCode, text: str) -> Received:
         from .messages import SubmitJobError, TerminateJobError
 
         # Open the TID briefly so the ERROR passes send()'s check and closes it.
-        self._open(command.tid, command.command_id)
+        refused = self._open(command.tid, command.command_id)
         if command.command_id is CommandId.SUBMIT_JOB and code is ErrorCode.BAD_ARGUMENTS:
             # A submission's problems are reported the way the client matches them: by jobSubId.
-            return Received(replies=[SubmitJobError(command.tid, _sub_id(command.args), code, text)])
-        if command.command_id is CommandId.TERMINATE_JOB and code is ErrorCode.BAD_ARGUMENTS:
+            reply: Event = SubmitJobError(command.tid, _sub_id(command.args), code, text)
+        elif command.command_id is CommandId.TERMINATE_JOB and code is ErrorCode.BAD_ARGUMENTS:
             # Likewise a termination's, by the jobId it named (the IDE's launch code reads those).
             job_id = next((a[len("jobId="):] for a in command.args if a.startswith("jobId=")), "")
-            return Received(replies=[TerminateJobError(command.tid, job_id, code, text)])
-        return Received(replies=[Error(command.tid, code, text)])
+            reply = TerminateJobError(command.tid, job_id, code, text)
+        else:
+            reply = Error(command.tid, code, text)
+        return Received(replies=[reply], owners=[refused])
 
     def _command(self, command: Command) -> Received:
         tid = command.tid
         if self.phase is Phase.SHUTDOWN:
             return Received(log=f"{command.name} (TID {tid}) after QUIT ignored")
-        if tid in self.open:
+        if tid in self.open and not self.dialect.open_tid_reuse:
             if command.command_id is CommandId.QUIT and not command.args:
                 # QUIT is never refused: the command holding its TID is abandoned
                 # without a word, and SHUTDOWN under the TID completes the QUIT.
@@ -351,45 +417,68 @@ class AgentSession:
                     command, ErrorCode.ILLEGAL_IN_PHASE, "START_EVENTS before MODEL_DEF has completed"
                 )
             replies: List[Event] = []
-            if self.stop_tid is not None:
-                replies.append(Ok(self.stop_tid))
+            owners: List[Optional[Transaction]] = []
+            if self._stop is not None:
+                replies.append(Ok(self._stop.tid))
+                owners.append(self._stop)
             transaction = self._open(tid, cid)
             self.phase = Phase.NORMAL
             self.events_tid = tid
-            return Received(command=command, replies=replies, transaction=transaction)
+            self._events = transaction
+            return Received(command=command, replies=replies, owners=owners, transaction=transaction)
         if cid is CommandId.STOP_EVENTS:
-            assert self.events_tid is not None  # NORMAL always has an open START_EVENTS
-            replies = [Ok(self.events_tid)]
+            events = self._events
+            assert events is not None and self.events_tid is not None  # NORMAL always has an open START_EVENTS
+            replies = [Ok(events.tid)]
+            owners = [events]
             transaction = self._open(tid, cid)
             self.phase = Phase.SUSPENDED
             if self.dialect.stop_events_at_once:
                 replies.append(Ok(tid))
+                owners.append(transaction)
             else:
                 self.stop_tid = tid
-            return Received(command=command, replies=replies, transaction=transaction)
+                self._stop = transaction
+            return Received(command=command, replies=replies, owners=owners, transaction=transaction)
         if cid is CommandId.QUIT:
             replies = []
-            for open_tid, held in list(self.open.items()):
-                if open_tid in (self.events_tid, self.stop_tid):
-                    replies.append(Ok(open_tid))
-                else:
+            owners = []
+            for open_tid in list(self.open):
+                for held in self.open_on(open_tid):
+                    if held is self._events or held is self._stop:
+                        replies.append(Ok(open_tid))
+                        owners.append(held)
+                        continue
                     # The session answers for the agent: whatever the agent says
                     # about this command later is withheld, like an abandoned one's.
-                    held.done = held.abandoned = True
-                    self._open(open_tid, held.command_id)
+                    stand_in = self._stand_in(held)
                     replies.append(
                         Error(open_tid, ErrorCode.SHUTTING_DOWN, f"{held.name} abandoned: the agent is quitting")
                     )
+                    owners.append(stand_in)
             transaction = self._open(tid, cid)
             from .messages import Shutdown
 
             replies.append(Shutdown(tid))
-            return Received(command=command, replies=replies, transaction=transaction)
+            owners.append(transaction)
+            return Received(command=command, replies=replies, owners=owners, transaction=transaction)
         transaction = self._open(tid, cid)
         return Received(command=command, transaction=transaction)
 
+    def _stand_in(self, held: Transaction) -> Transaction:
+        """Put a transaction in the place of ``held``, which is withdrawn from the agent (its
+        later events are withheld): the session's own answer completes the stand-in."""
+        held.done = held.abandoned = True
+        stand_in = Transaction(held.tid, held.command_id)
+        if self.open.get(held.tid) is held:
+            self.open[held.tid] = stand_in
+        else:
+            later = self._later[held.tid]
+            later[later.index(held)] = stand_in
+        return stand_in
+
     def _init(self, command: Command) -> Received:
-        pending = [t for t, held in self.open.items() if held.command_id is CommandId.INIT]
+        pending = [t for t in self.open for held in self.open_on(t) if held.command_id is CommandId.INIT]
         pending += [t for t, stale in self._abandoned.items() for held in stale if held.command_id is CommandId.INIT]
         if pending:
             # One initialisation at a time: a second OK for INIT must not
@@ -503,9 +592,9 @@ class AgentSession:
                 self._withhold(transaction, eid)
             if transaction.done:
                 raise ProtocolViolation(f"refusing to send {eid.name} for TID {tid}: {transaction.name} is already completed")
-            held = self.open.get(tid)
-            if held is not transaction:  # pragma: no cover - open transactions are always held
+            if not self._holds(transaction):  # pragma: no cover - open transactions are always held
                 raise ProtocolViolation(f"refusing to send {eid.name} for TID {tid}: not the open command")
+            held = transaction
         else:
             held = self.open.get(tid)
             if held is None:
@@ -539,16 +628,17 @@ class AgentSession:
         )
 
     def _complete(self, transaction: Transaction, eid: EventId) -> None:
-        tid = transaction.tid
-        del self.open[tid]
+        self._close(transaction)
         transaction.done = True
-        if tid == self.events_tid:
+        if transaction is self._events:
             # Ended other than by STOP_EVENTS (e.g. the agent failed it):
             # events stop flowing until the next START_EVENTS.
+            self._events = None
             self.events_tid = None
             if self.phase is Phase.NORMAL:
                 self.phase = Phase.SUSPENDED
-        if tid == self.stop_tid:
+        if transaction is self._stop:
+            self._stop = None
             self.stop_tid = None
         what = transaction.command_id
         if eid is EventId.OK and what is CommandId.INIT and self.phase is Phase.INITIALIZE:
@@ -557,11 +647,14 @@ class AgentSession:
             self.model_defined = True
         elif eid is EventId.SHUTDOWN:
             self.phase = Phase.SHUTDOWN
-            for other in self.open.values():
-                other.done = True
+            for tid in list(self.open):
+                for other in self.open_on(tid):
+                    other.done = True
             self.open.clear()
+            self._later.clear()
             self._abandoned.clear()
             self.events_tid = self.stop_tid = None
+            self._events = self._stop = None
 
     @property
     def events_flowing(self) -> bool:

@@ -38,6 +38,10 @@ Job states are short native codes, as a batch system's: PD (pending), H
 (held), R (running), S (suspended), CD (completed), F (failed) and CA
 (cancelled); :data:`STATE_TABLE` maps them into the service's vocabulary.
 
+``options.submit_delay`` seconds (0 by default) pass before a submission is taken, as a
+batch system's submit command may take (a slow ``qsub``): the job appears once they have
+passed.  Clients can be tried against a slow submission beside fast ones with it.
+
 Terminate cancels any job that has not ended.  Hold and release act on jobs
 that have not started, suspend and resume on running ones.  Moving a job that
 has not started gives it the new queue as parent (:meth:`ServiceModel.move`).
@@ -136,6 +140,8 @@ class SimOptions:
     time_scale: float = 1.0
     #: share of existing jobs that list their processes
     process_share: float = 0.1
+    #: seconds each submission takes before the job exists (a slow submit command)
+    submit_delay: float = 0.0
 
 #: Jobs created between two checkpoints while the cluster is built.
 _POPULATE_STEP = 20000
@@ -220,6 +226,9 @@ class SimBackend(Backend):
                            help="random seed: the same seed gives the same cluster (default: %(default)s)")
         group.add_argument("--sim-time-scale", type=float, default=1.0, metavar="FACTOR",
                            help="stretch (>1) or shrink (<1) job durations (default: %(default)s)")
+        group.add_argument("--sim-submit-delay", type=float, default=0.0, metavar="SECONDS",
+                           help="how long each submission takes, as a slow submit command would "
+                                "(default: %(default)s)")
         group.add_argument("--sim-process-share", type=float, default=0.1, metavar="FRACTION",
                            help="share of existing jobs that list their processes (default: %(default)s)")
 
@@ -230,6 +239,7 @@ class SimBackend(Backend):
         churn = getattr(args, "sim_churn", 0.0)
         scale = getattr(args, "sim_time_scale", 1.0)
         share = getattr(args, "sim_process_share", 0.1)
+        delay = getattr(args, "sim_submit_delay", 0.0)
         if not 0 <= nodes <= 1_000_000:
             raise ValueError(f"--sim-nodes must be between 0 and 1000000, got {nodes}")
         if not 0 <= jobs <= 10_000_000:
@@ -240,8 +250,10 @@ class SimBackend(Backend):
             raise ValueError(f"--sim-time-scale must be a positive factor, got {scale:g}")
         if not 0 <= share <= 1:
             raise ValueError(f"--sim-process-share must be between 0 and 1, got {share:g}")
+        if not 0 <= delay <= 3600:
+            raise ValueError(f"--sim-submit-delay must be between 0 and 3600 seconds, got {delay:g}")
         return SimOptions(nodes=nodes, jobs=jobs, churn=churn, seed=getattr(args, "sim_seed", 1),
-                          time_scale=scale, process_share=share)
+                          time_scale=scale, process_share=share, submit_delay=delay)
 
     @classmethod
     def default_options(cls) -> SimOptions:
@@ -294,6 +306,8 @@ class SimBackend(Backend):
             raise SubmitError("the queue is not a queue of the simulated cluster", ErrorKind.NO_SUCH_QUEUE)
         if not spec.executable:
             raise SubmitError("no executable given", ErrorKind.BAD_REQUEST)
+        if self.options.submit_delay:
+            await trio.sleep(self.options.submit_delay)
         name = spec.display_name
         rng = self._job_rng
         pending_time = PENDING_TIME

@@ -10,16 +10,20 @@ What it does for each request (see ``protocol.py`` for the lines themselves):
   submission was refused), then a ``STATUS_NOTIFY`` each time the job's status changes, the
   last one DONE or FAILED.  Job ids are ``job-1``, ``job-2``, ... in request order.
 * ``JOB_STATUS``: ``S <status>``.
-* ``JOB_DESTROY``: ``S``, the job is cancelled if it has not ended, and once it has ended a
-  final ``STATUS_NOTIFY <job> DONE destroyed`` (FAILED if it had failed) follows, always,
-  even for a job that had ended before.
+* ``JOB_DESTROY``: ``S``.  A job that has not reported its end is cancelled, and its one
+  final ``STATUS_NOTIFY <job> DONE destroyed`` follows once it is gone (``FAILED destroyed``
+  if it failed, or could not be cancelled).  A job that has reported its end gets nothing
+  more: the client counts every DONE and FAILED against its jobs, and a second one for a
+  job breaks its count (it stops reading notifies, and its next handle hangs).  Every job
+  gets exactly one final notify, whatever the order of its end and the destroy.
 * ``EXIT``: ``S``; then every job that has not ended is cancelled and waited for (at most
   ``exit_grace`` seconds), and :meth:`InvokeServer.run` returns.  End of file on stdin (the
   client died), a broken reply or notify pipe, or :meth:`InvokeServer.stop` (a signal) do
   the same without the reply.
 
 Replies are written in request order by the one task that reads requests; notifies by one
-writer task fed through a channel, so lines never interleave.  A reply is written before
+writer task fed through a channel, so lines never interleave.  The log at debug level
+(``-v``) has every request, reply and notify.  A reply is written before
 anything its request causes is started, so a CREATE_NOTIFY never overtakes its ``S``.
 
 The job service is reached through :class:`JobGateway`, three calls wide; ``agent.py`` has
@@ -130,7 +134,6 @@ class _Job:
         "reported",
         "final",
         "destroy_requested",
-        "destroyed",
         "staged_dir",
     )
 
@@ -143,9 +146,8 @@ class _Job:
         self.reported = False
         #: its final STATUS_NOTIFY has been sent
         self.final = False
+        #: a JOB_DESTROY came before its end was reported: the final notify says so
         self.destroy_requested = False
-        #: the STATUS_NOTIFY that answers JOB_DESTROY has been sent
-        self.destroyed = False
         self.staged_dir: Optional[str] = None
 
 
@@ -248,6 +250,10 @@ class InvokeServer:
                     if ending is not None:
                         break
                 if replies:
+                    if log.isEnabledFor(logging.DEBUG):
+                        for reply in replies:
+                            for line in reply.decode("utf-8", "replace").splitlines():
+                                log.debug("reply: %s", line)
                     try:
                         await self._replies.send_all(b"".join(replies))
                     except (trio.BrokenResourceError, trio.ClosedResourceError, OSError) as exc:
@@ -264,7 +270,7 @@ class InvokeServer:
 
     def _handle(self, event, replies: List[bytes], after: List[Callable[[], None]]) -> Optional[str]:
         """Answer one event; returns why serving ends, if it does."""
-        log.debug("in: %r", event)
+        log.debug("request: %r", event)
         if isinstance(event, InputWarning):
             log.warning("input: %s", event.reason)
             return None
@@ -343,12 +349,15 @@ class InvokeServer:
         if job is None:
             replies.append(reply_failure(f"JOB_DESTROY: no job {job_id}"))
             return
-        if job.destroy_requested:
-            state = "destroyed" if job.destroyed else "being destroyed"
-            replies.append(reply_failure(f"JOB_DESTROY: {job_id} is {state} already"))
-            return
-        job.destroy_requested = True
         replies.append(reply_success())
+        if job.final:
+            # Its end was reported (the usual case: the client destroys a handle's job once
+            # the call returned): nothing more, a second final notify would break its count.
+            log.info("%s destroyed after its end (%s): nothing to do", job.id, job.status.value)
+            return
+        if job.destroy_requested:
+            return  # being destroyed: its one final notify is on its way
+        job.destroy_requested = True
         assert self._job_nursery is not None
         after.append(partial(self._job_nursery.start_soon, self._destroy, job))
 
@@ -421,7 +430,6 @@ class InvokeServer:
         job.final = True
         job.status = status
         if job.destroy_requested:
-            job.destroyed = True
             text = "destroyed"
         else:
             text = message or _DEFAULT_TEXT[status]
@@ -429,12 +437,8 @@ class InvokeServer:
         self._notify(notify_status(job.id, status, text))
 
     async def _destroy(self, job: _Job) -> None:
-        if job.destroyed:
-            return
         if job.final:
-            job.destroyed = True
-            self._notify(notify_status(job.id, job.status, "destroyed"))
-            return
+            return  # it ended meanwhile, and said so: that was its one final notify
         assert job.key is not None
         try:
             await self._gateway.cancel(job.key)
@@ -455,7 +459,8 @@ class InvokeServer:
     # ------------------------------------------------------------------ notifies
 
     def _notify(self, line: bytes) -> None:
-        log.debug("notify: %r", line)
+        if log.isEnabledFor(logging.DEBUG):
+            log.debug("notify: %s", line.decode("utf-8", "replace").rstrip("\r\n"))
         try:
             self._notify_in.send_nowait(line)
         except trio.ClosedResourceError:

@@ -7,8 +7,11 @@ Data flows one way each direction::
 
 Every outgoing event is checked by the session rules and encoded when it is queued, so the
 order on the wire is the order of the checks.  One writer task moves queued bytes to the
-stream; model changes are drained only when the writer has caught up, so a slow client makes
-changes coalesce in its view instead of piling up in a buffer.
+stream; model changes are drained when nothing waits to be written, or by the writer just
+before it writes, so a slow client makes changes coalesce in its view instead of piling up in
+a buffer (the jobs the client submitted keep every state: see ``view.py``).  A submission's
+job is held back from its client until the submission's OK is queued; nothing else waits
+for a submission.
 
 The session never stops the service: when it ends, its view unsubscribes and the jobs go on.
 """
@@ -101,8 +104,6 @@ class PtpSession:
         self._ahead: Deque[Union[bytes, Iterator[bytes]]] = deque()
         self._wake = trio.Event()
         self._snapshot_started = False
-        # While above zero, model changes wait (a submission's OK goes out before its NEW_JOB).
-        self._hold = 0
         self._closing = False
         #: when the session began to end (the bounds above count from it)
         self._closing_since: Optional[float] = None
@@ -149,8 +150,7 @@ class PtpSession:
     def _has_model_work(self) -> bool:
         view = self.view
         return (
-            self._hold == 0
-            and not self._closing
+            not self._closing
             and not self.quit_requested
             and view is not None
             and self._snapshot_started
@@ -159,13 +159,17 @@ class PtpSession:
         )
 
     def _model_changed(self) -> None:
-        """The model changed: while events flow, the change goes out at once.
+        """The model changed: while events flow and nothing waits to be written, the change
+        is queued at once; otherwise it waits in the view and goes out with the next write
+        (the writer takes the view's changes just before it writes).
 
-        Sending each mutation (or batch of mutations) as it happens keeps every state a job
-        passes through visible to the client; changes coalesce only while events are
-        stopped, or while the client is not keeping up with what was already queued.
+        Either way it is written as soon as it would have been, and the changes made while
+        bytes wait for the writer share its events: a burst of submissions costs a few
+        events, not a few per submission.  The states of the client's own jobs are kept one
+        by one in the view, so only other jobs' states merge, and only within one write
+        (or while events are stopped, or the client does not keep up).
         """
-        if len(self._out) < _WRITE_HIGH_WATER and self._has_model_work():
+        if not self._out and self._has_model_work():
             self._emit_model()
         self._poke()
 
@@ -419,8 +423,8 @@ class PtpSession:
                     log.warning("%s", received.log)
                 # QUIT's replies end the stream: written after whatever else is queued
                 quitting = received.command is not None and received.command.command_id is CommandId.QUIT
-                for reply in received.replies:
-                    self.emit(reply, final=quitting)
+                for reply, owner in received.answers():
+                    self.emit(reply, owner, final=quitting)
                 if received.close:
                     return
                 if received.command is not None:
@@ -446,8 +450,8 @@ class PtpSession:
     def _not_the_protocol(self, head: bytes) -> None:
         received = self.session.not_the_protocol(bytes(head))
         log.warning("%s: %s", self.peer, received.log)
-        for reply in received.replies:
-            self.emit(reply)
+        for reply, owner in received.answers():
+            self.emit(reply, owner)
 
     # ------------------------------------------------------------------ commands
 
@@ -628,13 +632,17 @@ class PtpSession:
         try:
             if cid is CommandId.SUBMIT_JOB:
                 spec = mapping.job_spec(attrs_, self._queue_ref, self._job_key)
-                self._hold += 1
+                view = self.view
+                sub_id = spec.client_ref or ""
+                # The job is held back from this client (nothing else is) until the OK is queued.
+                view.expect_submission(sub_id)
+                job: Optional[int] = None
                 try:
-                    key = await service.submit(spec)
-                    log.info("submitted %s as job %d", spec.client_ref, self.view.element_id(key))
+                    job = await service.submit(spec)
+                    log.info("submitted %s as job %d", spec.client_ref, view.element_id(job))
                     self.emit(Ok(tid), transaction)
                 finally:
-                    self._hold -= 1
+                    view.submitted(sub_id, job)
                     self._model_changed()
                 return
             elif cid is CommandId.TERMINATE_JOB:

@@ -18,6 +18,15 @@ changes is bounded by the size of the model however long events stay stopped: a 
 replaces an earlier one, a NEW followed by a CHANGE is one NEW with the latest values, a NEW
 followed by its REMOVE vanishes, a CHANGE followed by a REMOVE is just the REMOVE.
 
+The jobs a client submitted itself are the exception to coalescing: their launch in the IDE
+completes only on a JOB_CHANGE that says RUNNING, so every such job reaches its client as a
+NEW_JOB saying STARTING, then one JOB_CHANGE per state it went through (RUNNING, SUSPENDED,
+COMPLETED...), in order, however much else is merged meanwhile (:class:`_OwnJob`).  A job that
+ran but ended before its client was told still goes STARTING, RUNNING, COMPLETED; one that
+never ran (cancelled while queued) gets no RUNNING.  While its submission is being carried
+out, the job (with its processes and output) is held back from the client alone, so that the
+submission's OK comes first (:meth:`ModelView.expect_submission`).
+
 Process output is the one stream that cannot be coalesced.  While the client keeps reading,
 nothing is dropped: the view holds what is waiting and the jobs' output is held back at the
 source once that passes :data:`~proxy_agent.service.model.OUTPUT_HIGH_WATER` bytes.  While
@@ -45,7 +54,8 @@ from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Se
 from ...protocol.messages import ElementKind, EventId
 from ...protocol.rangeset import RangeSet
 from ...protocol.wire import _ARG_PREFIXES, assemble_frame, encode_args
-from ...service.model import CREATE_ORDER, REFERENCES, ChangeSink, Element, Kind, ServiceModel
+from ...service.jobs import JobState
+from ...service.model import CREATE_ORDER, REFERENCES, ChangeSink, Element, K, Kind, ServiceModel
 from . import mapping
 
 log = logging.getLogger("proxy_agent.frontends.ptp")
@@ -87,6 +97,81 @@ _CHANGE_ORDER = (Kind.MACHINE, Kind.QUEUE, Kind.NODE, Kind.PROCESS, Kind.JOB)
 
 _NEW = 1  # pending record: the client has not seen this element yet
 _NEW_PROCESS = int(ElementKind.PROCESS.new_event)
+
+#: PTP's state before a job runs, and the service state a job is shown in when its client is
+#: told of it only once it was already further on
+_STARTING = "STARTING"
+_RUNNING = "RUNNING"
+_COMPLETED = "COMPLETED"
+_STARTING_STATUS = JobState.ACCEPTED.value
+#: State changes kept per job of the client's own between two drains; beyond, repeated
+#: suspend/resume pairs in the middle are merged (the first and last states stay).
+_MAX_STEPS = 8
+
+
+def _ran(state: str) -> bool:
+    """A service state that says the job's processes began to run."""
+    try:
+        return JobState(state).started
+    except ValueError:
+        return False
+
+
+class _OwnJob:
+    """A job this view's client submitted: the PTP states (``jobState``) it went through that
+    the client has not been told yet, each with the service state (``jobStatus``) it was last
+    in, so that none is merged away (see the module documentation)."""
+
+    __slots__ = ("steps", "told", "told_running", "ran")
+
+    def __init__(self, state: Optional[str]) -> None:
+        #: (PTP state, service state) not yet told, oldest first; no two in a row alike
+        self.steps: List[Tuple[str, str]] = []
+        #: the PTP state the client was told last (None: it has not been told of the job)
+        self.told: Optional[str] = None
+        #: the client has been told RUNNING
+        self.told_running = False
+        #: the job has been in a state that says it ran
+        self.ran = False
+        if state is not None:
+            self.note(state)
+
+    def note(self, state: str) -> None:
+        """The job is now in service state ``state``."""
+        if not self.ran and _ran(state):
+            self.ran = True
+        coarse = mapping.PTP_JOB_STATE.get(state, _STARTING)
+        steps = self.steps
+        if steps:
+            if steps[-1][0] == coarse:
+                steps[-1] = (coarse, state)
+                return
+        elif coarse == self.told:
+            return  # a finer change within the state the client has: an ordinary change
+        steps.append((coarse, state))
+        if len(steps) > _MAX_STEPS:
+            for i in range(1, len(steps) - 2):
+                if steps[i - 1][0] == steps[i + 1][0]:
+                    del steps[i:i + 2]  # A B A C -> A C: a suspension and its resumption
+                    break
+
+    def sequence(self, current: str, new: bool) -> List[Tuple[str, str]]:
+        """The states to tell the client now, the last being the job's current one.  A job the
+        client is told of first (``new``) begins with STARTING; a job that ran and ended
+        before its client was told RUNNING has RUNNING before its end."""
+        steps = list(self.steps) or [(mapping.PTP_JOB_STATE.get(current, _STARTING), current)]
+        if new and steps[0][0] != _STARTING:
+            steps.insert(0, (_STARTING, _STARTING_STATUS))
+        if (steps[-1][0] == _COMPLETED and not self.told_running and all(c != _RUNNING for c, _ in steps)
+                and (self.ran or _ran(current))):
+            steps.insert(len(steps) - 1, (_RUNNING, JobState.RUNNING.value))
+        return steps
+
+    def told_all(self, sequence: List[Tuple[str, str]]) -> None:
+        self.steps = []
+        self.told = sequence[-1][0]
+        if any(coarse == _RUNNING for coarse, _ in sequence):
+            self.told_running = True
 
 
 class RenderRules:
@@ -1112,6 +1197,17 @@ class ModelView(ChangeSink):
         self._drained_offsets: Dict[Tuple[int, str], int] = {}
         #: why it is not reading, for the note about dropped lines
         self._not_reading = ""
+        # Submissions of this client being carried out: jobSubId -> how many (see expect_submission)
+        self._expected: Dict[str, int] = {}
+        # Jobs held back until their submission is answered: key -> jobSubId
+        self._withheld: Dict[int, str] = {}
+        # Their records and their processes': element key -> withheld job key
+        self._held: Dict[int, int] = {}
+        # Their output: withheld job key -> [(process key, stream, text, offset)]
+        self._held_output: Dict[int, List[Tuple[int, str, str, Optional[int]]]] = {}
+        # Jobs this client submitted, until it has been told they completed
+        self._own: Dict[int, _OwnJob] = {}
+        self._job_schema = model.schema(Kind.JOB)
 
     # ------------------------------------------------------------------ flow
 
@@ -1135,6 +1231,93 @@ class ModelView(ChangeSink):
 
     def key_of(self, element_id: int) -> int:
         return element_id - self.base
+
+    # ------------------------------------------------------------------ the client's submissions
+
+    def expect_submission(self, sub_id: str) -> None:
+        """The client's SUBMIT_JOB with this jobSubId is being carried out.  The job it makes
+        (the job whose ``jobSubId`` this is) is held back from this client, with its processes
+        and output, until :meth:`submitted`: the submission's OK goes out first, and from its
+        first event on the job is the client's own.  Nothing else waits for it."""
+        if sub_id:
+            self._expected[sub_id] = self._expected.get(sub_id, 0) + 1
+
+    def submitted(self, sub_id: str, key: Optional[int]) -> None:
+        """The submission of :meth:`expect_submission` is answered: ``key`` is its job (None:
+        it was refused).  The job goes out from now on, every state it goes through as an
+        event of its own (see the module documentation)."""
+        if sub_id:
+            left = self._expected.get(sub_id, 0) - 1
+            if left > 0:
+                self._expected[sub_id] = left
+            else:
+                self._expected.pop(sub_id, None)
+        if key is not None:
+            element = self.model._elements.get(key)
+            if element is not None and element.kind is Kind.JOB:
+                if key in self._withheld:
+                    self._release(key)
+                elif key not in self._own:
+                    self._own[key] = _OwnJob(self._state_of(element))
+                    if self.subscribed and self._known(element):
+                        # Its scheduler listed it before its submit command answered, and the
+                        # client was told of it as of anybody's job: told again, as its own.
+                        self._reissue(element, element.parent)
+        if sub_id and sub_id not in self._expected:
+            # what was held for this jobSubId and is not the submission's job: anybody's job
+            for stray in [k for k, s in self._withheld.items() if s == sub_id]:
+                self._own.pop(stray, None)
+                self._release(stray)
+
+    def _state_of(self, element: Element) -> Optional[str]:
+        slot = self._job_schema.index.get(K.STATE)
+        values = element.values
+        if slot is None or slot >= len(values):
+            return None
+        value = values[slot]
+        return value if value.__class__ is str else None
+
+    def _claim(self, element: Element) -> bool:
+        """Hold back a job the client has not been told of if its jobSubId is that of a
+        submission being carried out; True if it is held back now."""
+        slot = self._job_schema.index.get(K.CLIENT_REF)
+        values = element.values
+        if slot is None or slot >= len(values):
+            return False
+        sub_id = values[slot]
+        if sub_id.__class__ is not str or sub_id not in self._expected:
+            return False
+        key = element.key
+        self._withheld[key] = sub_id
+        self._own[key] = _OwnJob(self._state_of(element))
+        held = self._held
+        for member in (key, *(element.children or ())):
+            if self._pending.get(member) is not _NEW:
+                continue
+            del self._pending[member]
+            held[member] = key
+            out = self._output.pop(member, None)
+            if out is None:
+                continue
+            # output that came before the jobSubId did: held back with the rest
+            self.held_output -= self._output_bytes.pop(member, 0)
+            lines = [(member, "stdout" if ptp_key == "processStdout" else "stderr", text) for ptp_key, text in out]
+            last = {stream: i for i, (_, stream, _) in enumerate(lines)}
+            offsets = {i: self._held_offsets.pop((member, stream), None) for stream, i in last.items()}
+            self._held_output.setdefault(key, []).extend(
+                (process, stream, text, offsets.get(i)) for i, (process, stream, text) in enumerate(lines))
+        return True
+
+    def _release(self, job: int) -> None:
+        """What was held back for ``job`` now goes out as usual."""
+        self._withheld.pop(job, None)
+        held = self._held
+        for member in [k for k, owner in held.items() if owner == job]:
+            del held[member]
+            self._pending[member] = _NEW
+        for process, stream, text, offset in self._held_output.pop(job, ()):
+            if process in self.model:
+                self._hold_output(process, stream, text, offset)
 
     # ------------------------------------------------------------------ subscription
 
@@ -1209,12 +1392,28 @@ class ModelView(ChangeSink):
     # ------------------------------------------------------------------ ChangeSink
 
     def created(self, element: Element) -> None:
-        self._pending[element.key] = _NEW
+        key = element.key
+        if self._held and element.parent in self._held:
+            self._held[key] = self._held[element.parent]  # a process of a job held back
+            return
+        self._pending[key] = _NEW
+        if self._expected and element.kind is Kind.JOB:
+            self._claim(element)
 
     def changed(self, element: Element, slots: Iterable[int]) -> None:
         key = element.key
+        if self._own:
+            own = self._own.get(key)
+            if own is not None:
+                slot = self._job_schema.index.get(K.STATE)
+                if slot in slots:  # type: ignore[operator]
+                    own.note(element.values[slot])
+        if self._held and key in self._held:
+            return  # new to the client
         record = self._pending.get(key)
         if record is _NEW:
+            if self._expected and element.kind is Kind.JOB:
+                self._claim(element)  # its jobSubId may have come only now
             return
         if record is None:
             self._pending[key] = set(slots)
@@ -1223,6 +1422,15 @@ class ModelView(ChangeSink):
 
     def removed(self, element: Element) -> None:
         key = element.key
+        if self._held and key in self._held:
+            # held back, so never told of: gone without a word
+            del self._held[key]
+            self._withheld.pop(key, None)
+            self._own.pop(key, None)
+            self._held_output.pop(key, None)
+            return
+        if self._own:
+            self._own.pop(key, None)
         known = self._known(element)
         self._pending.pop(key, None)
         held = self._output.pop(key, None)
@@ -1234,7 +1442,7 @@ class ModelView(ChangeSink):
             self._removed[element.kind].append((element.parent, ref))
 
     def moved(self, element: Element, old_parent: int) -> None:
-        if not self._known(element):
+        if (self._held and element.key in self._held) or not self._known(element):
             return  # it will be sent under its new parent
         self._reissue(element, old_parent)
 
@@ -1246,12 +1454,18 @@ class ModelView(ChangeSink):
         if self._known(element):
             ref = element.rank if element.kind is Kind.PROCESS else element.key
             self._reissued[element.kind].append((parent, ref))
+            own = self._own.get(element.key) if self._own else None
+            if own is not None:
+                own.told = None  # it is new to the client again
         self._pending[element.key] = _NEW
 
     def output(self, element: Element, stream: str, text: str, offset: Optional[int] = None) -> None:
         self._hold_output(element.key, stream, text, offset)
 
     def _hold_output(self, process: int, stream: str, text: str, offset: Optional[int] = None) -> None:
+        if self._held and process in self._held:
+            self._held_output.setdefault(self._held[process], []).append((process, stream, text, offset))
+            return
         key = "processStdout" if stream == "stdout" else "processStderr"
         if offset is not None:
             where = (process, stream)
@@ -1355,8 +1569,11 @@ class ModelView(ChangeSink):
                 new_by_kind[element.kind].append(element)
             else:
                 changes[element.kind].append((element, record))  # type: ignore[arg-type]
+        own = self._own
         for kind in CREATE_ORDER:
-            if new_by_kind[kind]:
+            if kind is Kind.JOB and own:
+                events.extend(self._own_job_events(new_by_kind[kind], changes[kind]))
+            elif new_by_kind[kind]:
                 events.extend(self._new_events(kind, new_by_kind[kind]))
         events.extend(self._output_events())
         for kind in _CHANGE_ORDER:
@@ -1384,13 +1601,73 @@ class ModelView(ChangeSink):
             events.append((event_id, head + [str(count)] + args))
         return events
 
+    def _own_job_events(self, new: List[Element], changes: List[Tuple[Element, Set[int]]]) -> List[WireEvent]:
+        """NEW_JOB events, with the jobs of the client's own told of as the module documentation
+        says: a NEW_JOB saying STARTING, then a JOB_CHANGE per state they went through.  The
+        last of those (their current state) is left in ``changes``, to go out with their
+        other changes; the ones before it are returned after the NEW_JOB events."""
+        own = self._own
+        slot = self._job_schema.index.get(K.STATE)
+        if slot is None:
+            return self._new_events(Kind.JOB, new) if new else []
+        rows: Dict[int, tuple] = {}
+        steps: List[Tuple[Element, List[Tuple[str, str]]]] = []
+        done: List[int] = []
+        for element in new:
+            record = own.get(element.key)
+            if record is None:
+                continue
+            sequence = record.sequence(self._state_of(element) or _STARTING_STATUS, new=True)
+            values = list(element.values)
+            values[slot] = sequence[0][1]
+            rows[element.key] = tuple(values)
+            steps.append((element, sequence[1:-1]))
+            if len(sequence) > 1:
+                changes.append((element, {slot}))
+            record.told_all(sequence)
+            if record.told == _COMPLETED:
+                done.append(element.key)
+        for element, slots in changes:
+            record = own.get(element.key)
+            if record is None or not record.steps:
+                continue
+            sequence = record.sequence(self._state_of(element) or _STARTING_STATUS, new=False)
+            steps.append((element, sequence[:-1]))
+            slots.add(slot)
+            record.told_all(sequence)
+            if record.told == _COMPLETED:
+                done.append(element.key)
+        for key in done:
+            del own[key]
+        events = self._new_events(Kind.JOB, new, rows) if new else []
+        events.extend(self._state_events(steps))
+        return events
+
+    def _state_events(self, steps: List[Tuple[Element, List[Tuple[str, str]]]]) -> List[WireEvent]:
+        """JOB_CHANGE events saying only the state, each job's states in order, one event
+        per state of a job: the first states of all the jobs share an event (grouped by
+        state), then their second states, and so on."""
+        events: List[WireEvent] = []
+        base = self.base
+        rounds = max((len(sequence) for _, sequence in steps), default=0)
+        for index in range(rounds):
+            by_state: Dict[str, List[int]] = {}
+            for element, sequence in steps:
+                if index < len(sequence):
+                    by_state.setdefault(sequence[index][1], []).append(base + element.key)
+            built = [(_ids_text(sorted(ids)), mapping.state_args(Kind.JOB, state)) for state, ids in by_state.items()]
+            events.extend(self._grouped(EventId.JOB_CHANGE, [], built))
+        return events
+
     def _refs(self, kind: Kind, members: List[Element]) -> str:
         if kind is Kind.PROCESS:
             return _ids_text([e.rank for e in members])
         base = self.base
         return _ids_text([base + e.key for e in members])
 
-    def _new_events(self, kind: Kind, members: Sequence[Element]) -> List[WireEvent]:
+    def _new_events(self, kind: Kind, members: Sequence[Element],
+                    rows: Optional[Dict[int, tuple]] = None) -> List[WireEvent]:
+        """NEW events of ``members``, rendered from their values (or the row ``rows`` gives)."""
         by_parent: Dict[int, List[Element]] = {}
         for element in members:
             group = by_parent.get(element.parent)
@@ -1407,14 +1684,14 @@ class ModelView(ChangeSink):
             if len(group) == 1:
                 # the common case for a job's single process: no grouping needed
                 element = group[0]
-                args = args_of(element.values)
+                args = args_of(rows.get(element.key, element.values) if rows else element.values)
                 ref = str(element.rank) if kind is Kind.PROCESS else str(base + element.key)
                 events.append((event_id, [parent_id, "1", ref, str(len(args)), *args]))
                 continue
             # elements with identical values share one range group
             same: Dict[tuple, List[Element]] = {}
             for element in group:
-                row = tuple(element.values)
+                row = tuple(rows.get(element.key, element.values) if rows else element.values)
                 bucket = same.get(row)
                 if bucket is None:
                     same[row] = [element]
