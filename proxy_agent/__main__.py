@@ -4,9 +4,15 @@ from __future__ import annotations
 
 import gc
 
+#: Signals that came while the modules were loading (see main: the exit they raise is lost
+#: when it is raised inside a callback whose exceptions Python ignores, such as the import
+#: system's module-lock callbacks).
+_SIGNALLED_WHILE_LOADING: list = []
+
 if __name__ == "__main__":  # python -m proxy_agent: a signal during the imports ends it quietly
 
     def _stopped_while_loading(signum, frame):  # nothing exists yet: nothing to clean up
+        _SIGNALLED_WHILE_LOADING.append(signum)
         raise SystemExit(0)
 
     import signal as _signal
@@ -643,6 +649,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return joblist_main(argv)
     previous = _START.install()
     try:
+        if _SIGNALLED_WHILE_LOADING:  # its SystemExit was swallowed on the way
+            return 0
         return _main(argv)
     except _Stopped:
         return 0
