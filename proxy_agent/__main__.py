@@ -17,7 +17,13 @@ if __name__ == "__main__":  # python -m proxy_agent: the launcher, at once
     import signal as _signal
     import sys
 
+    #: Signals that came while the launcher loaded: the exit they raise is lost when it is
+    #: raised inside a callback whose exceptions Python ignores (the import system's
+    #: module-lock callbacks), so it is looked at once more before the launch begins.
+    _SIGNALLED_WHILE_LOADING: list = []
+
     def _stopped_while_loading(signum, frame):  # nothing exists yet: nothing to clean up
+        _SIGNALLED_WHILE_LOADING.append(signum)
         raise SystemExit(0)
 
     # until the launcher takes the signals (see proxy_agent.launch.Signals), a signal ends
@@ -27,6 +33,8 @@ if __name__ == "__main__":  # python -m proxy_agent: the launcher, at once
 
     from proxy_agent.launch import entry
 
+    if _SIGNALLED_WHILE_LOADING:
+        sys.exit(0)
     sys.exit(entry(sys.argv[1:]))
 
 import gc

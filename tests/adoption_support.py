@@ -17,6 +17,7 @@ import attrs
 import trio
 
 from agent_fixtures import agent_argv, service_pid, subprocess_env
+from wait_support import scaled
 from proxy_agent.client import AgentClient
 
 
@@ -85,11 +86,11 @@ async def kill_and_adopt(state_dir: str, plan: List[PlannedJob], agent_args: Lis
             await start(first)
             for job in plan:
                 subs[job.tag] = await first.submit_nowait("/bin/sh", job.command, queue=job.queue, jobName=job.tag)
-            await first.wait_for(lambda: all(job_of(first, s) for s in subs.values()), 30,
+            await first.wait_for(lambda: all(job_of(first, s) for s in subs.values()), scaled(30),
                                  description="every submitted job")
             if after_submit is not None:
                 after_submit(first, subs)
-            await first.wait_for(lambda: before_kill(first, subs), 30, description="the moment to kill the agent")
+            await first.wait_for(lambda: before_kill(first, subs), scaled(30), description="the moment to kill the agent")
             # then a moment later, not right on the output that made the condition true: the
             # agent records a delivery just before it writes it, and a stop timed by what the
             # client has just read falls next to the agent's next write far more often than a
@@ -115,11 +116,11 @@ async def kill_and_adopt(state_dir: str, plan: List[PlannedJob], agent_args: Lis
 
         async with await spawn_agent(state_dir, *agent_args) as second:
             await start(second)
-            await second.wait_for(lambda: all(job_of(second, s) for s in subs.values()), 30,
+            await second.wait_for(lambda: all(job_of(second, s) for s in subs.values()), scaled(30),
                                   description="every job adopted by the second agent")
             for job in plan:
                 if job.terminate:
-                    await second.wait_for(lambda: len(stdout_lines(second, subs[job.tag])) >= 1, 30,
+                    await second.wait_for(lambda: len(stdout_lines(second, subs[job.tag])) >= 1, scaled(30),
                                           description=f"output of {job.tag} through the second agent")
                     await second.terminate(job_of(second, subs[job.tag]))
             await second.wait_for(lambda: all(ended(second, s) for s in subs.values()), timeout,

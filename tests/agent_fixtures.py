@@ -30,6 +30,8 @@ from proxy_agent.protocol.messages import (
 )
 from proxy_agent.protocol.rangeset import RangeSet
 from proxy_agent.protocol.wire import Decoder, FrameError
+from leftover_support import RUN_VARIABLE
+from wait_support import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 AGENT_MAIN = ROOT / "proxy_agent" / "__main__.py"
@@ -55,14 +57,22 @@ STATE_HOMES: List[str] = []
 
 
 def subprocess_env(**extra: str) -> dict:
-    """The environment for child processes: this checkout importable, no colour, no pager."""
+    """The environment for child processes: this checkout importable, no colour, no pager.
+
+    Every agent a test starts gets a state directory of its own (one service per directory),
+    and the run's own HOME (for the files agents keep there: batch output spools, tokens),
+    both inside the run's area, which is removed when the run ends (see leftover_support)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["PYTHONUNBUFFERED"] = "1"
     env.pop("PROXY_AGENT_TOKEN", None)
-    # Every agent a test starts gets a state directory of its own (one service per directory),
-    # and no configuration file but one a test writes there (never the user's own).
-    env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="proxy-agent-test-state-")
+    # no configuration file but one a test writes there (never the user's own)
+    area = os.environ.get(RUN_VARIABLE)
+    if area:
+        env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="state-", dir=os.path.join(area, "agents"))
+        env["HOME"] = os.path.join(area, "home")
+    else:  # imported outside a test run
+        env["XDG_STATE_HOME"] = tempfile.mkdtemp(prefix="proxy-agent-test-state-")
     STATE_HOMES.append(env["XDG_STATE_HOME"])
     env["XDG_CONFIG_HOME"] = env["XDG_STATE_HOME"]
     env.pop("PROXY_AGENT_CONFIG", None)
@@ -166,6 +176,19 @@ def process_gone(pid: int) -> bool:
         return True
 
 
+def stored_jobs(env: dict) -> List[dict]:
+    """The jobs the store of the agent started with ``env`` holds, as ``proxy-agent jobs
+    --json`` lists them (with or without the agent running).  A job's end is in the store
+    once the agent has taken it in: a test that must know the agent has seen something
+    happen, without being told through events, waits for it here."""
+    import json
+    import subprocess
+
+    done = subprocess.run(agent_argv("jobs", "--json"), capture_output=True, text=True, env=env, timeout=scaled(60))
+    assert done.returncode == 0, done.stderr
+    return [json.loads(line) for line in done.stdout.splitlines()]
+
+
 def start_up_probe(tmp_path: Path, before: Sequence[str], after: Sequence[str], stdin: bytes = b""):
     """Run the service's whole start-up in a child Python, until a stdio launch that sends it
     ``stdin`` has ended and the service has been stopped: the lines ``before`` run first, the
@@ -200,7 +223,7 @@ def start_up_probe(tmp_path: Path, before: Sequence[str], after: Sequence[str], 
     ]).replace("OUT", repr(str(out))).replace("ANSWER", repr(str(answer))).replace("STATE", repr(str(state)))
     probe = probe.replace("INPUT", repr(stdin))
     env = subprocess_env(XDG_STATE_HOME=str(tmp_path))
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, env=env, timeout=90)
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, env=env, timeout=scaled(90))
     assert done.returncode == 0, done.stderr
     finished = types.SimpleNamespace(returncode=done.returncode, stdout=answer.read_bytes(), stderr=done.stderr)
     return finished, out.read_text()
@@ -233,7 +256,7 @@ class FakeAgent:
         self.received: List[Command] = []
         self.base_id = 1000
 
-    async def command(self, timeout: float = 5) -> Command:
+    async def command(self, timeout: float = scaled(30)) -> Command:
         with trio.fail_after(timeout):
             while not self.pending:
                 data = await self.stream.receive_some(65536)
@@ -247,7 +270,7 @@ class FakeAgent:
         self.received.append(command)
         return command
 
-    async def expect(self, command_id: CommandId, timeout: float = 5) -> Command:
+    async def expect(self, command_id: CommandId, timeout: float = scaled(30)) -> Command:
         command = await self.command(timeout)
         assert command.command_id == command_id, f"expected {command_id.name}, got {command.name} {command.args}"
         return command
@@ -316,7 +339,7 @@ class BackgroundAgent:
         nursery = await self._nursery_cm.__aenter__()
         nursery.start_soon(self.process.pump_stderr)
         try:
-            with trio.fail_after(15):
+            with trio.fail_after(scaled(30)):
                 while "listening on" not in stderr_so_far(self.process):
                     if self.process.returncode is not None:
                         raise AssertionError(f"the agent exited early: {stderr_so_far(self.process)}")

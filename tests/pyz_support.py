@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Dict, Optional
 
+from wait_support import scaled
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_PYZ = ROOT / "scripts" / "build-pyz"
 #: The interpreter the tests run the file with: the real one behind the venv, so that
@@ -43,13 +45,13 @@ def built_pyz() -> Path:
     if not target.exists():
         result = subprocess.run(
             [sys.executable, str(BUILD_PYZ), "--output", str(target)],
-            capture_output=True, text=True, timeout=600,
+            capture_output=True, text=True, timeout=scaled(600),
         )
         if result.returncode != 0:
             # No package index reachable: bundle this environment's packages instead.
             result = subprocess.run(
                 [sys.executable, str(BUILD_PYZ), "--offline", "--output", str(target)],
-                capture_output=True, text=True, timeout=600,
+                capture_output=True, text=True, timeout=scaled(600),
             )
         assert result.returncode == 0, f"scripts/build-pyz failed:\n{result.stderr}"
         stale = [p for p in target.parent.parent.iterdir() if p.name != key]

@@ -41,6 +41,7 @@ from proxy_agent.schedulers.base import Backend
 from proxy_agent.service.jobs import ErrorKind, JobState, ServiceError
 from proxy_agent.service.model import K, Kind, ServiceModel
 from proxy_agent.service.service import JobService
+from wait_support import scaled
 
 __all__ = [
     "BASE",
@@ -60,7 +61,7 @@ BASE = 100
 #: The TID of that client's START_EVENTS.
 TID = 7
 #: How long a test waits for a backend to get somewhere.
-TIMEOUT = 10.0
+TIMEOUT = scaled(30.0)
 
 _KIND = {
     Kind.MACHINE: ElementKind.MACHINE,

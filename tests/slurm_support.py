@@ -1,14 +1,17 @@
-"""Finding the SLURM cluster the SLURM tests run against, and saying why they cannot run.
+"""The SLURM cluster the SLURM tests run against, and why they cannot run.
 
 The tests need the one-node cluster of ``scripts/slurm-up`` (partitions ``debug`` and
-``long``) and root (they drain the node and suspend jobs). ``SLURM_CONF`` is taken from the
+``long``, the reservation ``proxy-agent-tests``) and root (they drain the node and suspend
+jobs). They run when ``PROXY_AGENT_TEST_CLUSTERS`` asks for them (see ``cluster_support``);
+then an unusable cluster fails them, with the reason. ``SLURM_CONF`` is taken from the
 environment or else from the cluster's state directory (``PROXY_AGENT_SLURM_DIR``, default
 ``/tmp/proxy-agent-slurm``) and then put into ``os.environ``, so agents the tests spawn
 inherit it.
 
-Outside CI a missing cluster skips the tests with the reason. In CI (``CI`` set to
-``true``/``1``) they must run: the cluster is started with ``scripts/slurm-up`` if it is not
-up, and if it still cannot be used the module fails loudly instead of skipping.
+Other users may keep the cluster busy: every job the tests submit goes into the reservation
+that ``scripts/slurm-up`` keeps for root (``SBATCH_RESERVATION``, also put into
+``os.environ``), so it never waits behind theirs. A job the tests submit as another user
+leaves it out (:func:`other_user_env`).
 """
 
 from __future__ import annotations
@@ -17,18 +20,18 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import List, Optional
+from functools import lru_cache
+from typing import Dict, List, Optional
 
-import pytest
+import cluster_support
+from wait_support import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 STATE_DIR = Path(os.environ.get("PROXY_AGENT_SLURM_DIR", "/tmp/proxy-agent-slurm"))
 COMMANDS = ("sbatch", "squeue", "sinfo", "scontrol", "scancel")
 PARTITIONS = ("debug", "long")
-
-
-def in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() in ("1", "true", "yes")
+RESERVATION = "proxy-agent-tests"
+RESERVATION_VARIABLES = ("SBATCH_RESERVATION", "SALLOC_RESERVATION", "SLURM_RESERVATION")
 
 
 def slurm_conf() -> Optional[str]:
@@ -40,11 +43,13 @@ def slurm_conf() -> Optional[str]:
     return str(candidate) if candidate.is_file() else None
 
 
-def _run(argv: List[str], conf: str, timeout: float = 15) -> subprocess.CompletedProcess:
+def _run(argv: List[str], conf: str, timeout: float = 30) -> subprocess.CompletedProcess:
     env = dict(os.environ, SLURM_CONF=conf)
-    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL)
+    return subprocess.run(argv, capture_output=True, text=True, timeout=scaled(timeout), env=env,
+                          stdin=subprocess.DEVNULL)
 
 
+@lru_cache(maxsize=None)
 def skip_reason() -> Optional[str]:
     """Why the SLURM tests cannot run here (None when they can)."""
     if os.geteuid() != 0:
@@ -66,35 +71,31 @@ def skip_reason() -> Optional[str]:
     if missing_parts:
         return (f"the SLURM cluster at {conf} lacks up partitions {', '.join(missing_parts)} "
                 "(scripts/slurm-up makes debug and long)")
+    shown = _run(["scontrol", "--oneliner", "show", "reservation", RESERVATION], conf)
+    fields = dict(word.split("=", 1) for word in shown.stdout.split() if "=" in word)
+    if shown.returncode != 0 or fields.get("State") != "ACTIVE" or "root" not in fields.get("Users", "").split(","):
+        return (f"the SLURM cluster at {conf} has no active reservation {RESERVATION} for root, the tests' room "
+                "on a busy cluster; run scripts/slurm-up")
     return None
 
 
-def _start_cluster() -> str:
-    script = ROOT / "scripts" / "slurm-up"
-    try:
-        result = subprocess.run([str(script)], capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        return "scripts/slurm-up did not finish within 600 s"
-    return (result.stdout + result.stderr).strip()[-2000:]
-
-
 def require_cluster() -> str:
-    """Call at import time of a SLURM test module: returns SLURM_CONF (also put in
-    ``os.environ``), or skips the module (outside CI) / fails it loudly (in CI)."""
-    reason = skip_reason()
-    if reason is not None and in_ci() and os.geteuid() == 0:
-        output = _start_cluster()
-        reason = skip_reason()
-        if reason is not None:
-            reason += f"\nscripts/slurm-up said:\n{output}"
-    if reason is not None:
-        if in_ci():
-            pytest.fail(f"CI must run the SLURM tests, but: {reason}", pytrace=False)
-        pytest.skip(reason, allow_module_level=True)
+    """Call at import time of a SLURM test module (or in a fixture): returns SLURM_CONF, or
+    skips the module when the SLURM tests are off and fails it when they are on but the
+    cluster is not usable.  SLURM_CONF and the reservation go into ``os.environ``."""
+    cluster_support.require("slurm", skip_reason)
     conf = slurm_conf()
     assert conf is not None
     os.environ["SLURM_CONF"] = conf
+    for name in RESERVATION_VARIABLES:
+        os.environ[name] = RESERVATION
     return conf
+
+
+def other_user_env(env: Dict[str, str]) -> Dict[str, str]:
+    """``env`` for submitting a job as another user (``sbatch --uid``): the tests' reservation
+    is root's, so it is left out."""
+    return {key: value for key, value in env.items() if key not in RESERVATION_VARIABLES}
 
 
 def node_name() -> str:

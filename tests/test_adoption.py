@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from adoption_support import PlannedJob, check_every_line_once, ended, job_of, kill_and_adopt
+from wait_support import scaled
 
 
 def local_plan(count: int = 20) -> list:
@@ -43,7 +44,7 @@ async def test_stopped_agent_local_jobs_adopted_every_line_once(tmp_path, stop, 
         for job in plan[::2]:
             job.queue = None
     seen = await kill_and_adopt(str(tmp_path / "state"), plan, ["--scheduler", "local", *options],
-                                before_kill=some_ended_some_running([j.tag for j in plan]), timeout=45, stop=stop)
+                                before_kill=some_ended_some_running([j.tag for j in plan]), timeout=scaled(45), stop=stop)
     check_every_line_once(plan, seen)
     # the kill came while jobs ran and output was still coming
     assert any(not s["first_ended"] for s in seen.values())

@@ -16,6 +16,7 @@ import trio
 from adoption_support import PlannedJob, check_every_line_once, ended, kill_and_adopt
 from agent_fixtures import subprocess_env
 from slurm_support import require_cluster
+from wait_support import scaled
 from test_adoption import every_job_started, local_plan
 
 pytestmark = pytest.mark.slurm
@@ -33,7 +34,7 @@ def slurm_plan(prefix: str, count: int = 20) -> list:
 
 def _cancel(prefix: str, count: int) -> None:
     for i in range(count):
-        subprocess.run(["scancel", f"--name={prefix}-{i:02d}"], capture_output=True, timeout=30,
+        subprocess.run(["scancel", f"--name={prefix}-{i:02d}"], capture_output=True, timeout=scaled(30),
                        env=subprocess_env(), stdin=subprocess.DEVNULL)
 
 
@@ -54,7 +55,7 @@ async def test_killed_agent_local_and_slurm_jobs_adopted_every_line_once(tmp_pat
         for job in slurm:
             native = client.state.jobs_by_sub[subs[job.tag]].get("nativeId")
             subprocess.run(["scontrol", "update", f"jobid={native}", "priority=4294967000"], capture_output=True,
-                           timeout=30, env=subprocess_env(), stdin=subprocess.DEVNULL)
+                           timeout=scaled(30), env=subprocess_env(), stdin=subprocess.DEVNULL)
 
     def kill_when(client, subs) -> bool:
         # local jobs both ended and running, and SLURM jobs unfinished, some ended if the
@@ -68,13 +69,13 @@ async def test_killed_agent_local_and_slurm_jobs_adopted_every_line_once(tmp_pat
     def list_jobs() -> None:
         # the job list, with no agent running
         result = subprocess.run([sys.executable, "-m", "proxy_agent", "jobs", "--state-dir", state, "--json"],
-                                capture_output=True, text=True, timeout=30, env=subprocess_env())
+                                capture_output=True, text=True, timeout=scaled(30), env=subprocess_env())
         assert result.returncode == 0, result.stderr
         listed.update({row["name"]: row for row in map(json.loads, result.stdout.splitlines())})
 
     try:
         seen = await kill_and_adopt(state, plan, ["--scheduler", "local,slurm", "--slurm-poll-interval", "0.5"],
-                                    before_kill=kill_when, timeout=60, between=list_jobs,
+                                    before_kill=kill_when, timeout=scaled(60), between=list_jobs,
                                     after_submit=first_in_line)
     finally:
         _cancel(prefix, len(slurm))

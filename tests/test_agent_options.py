@@ -9,11 +9,12 @@ import subprocess
 import pytest
 
 from agent_fixtures import agent_argv, subprocess_env
+from wait_support import scaled
 
 
 def agent(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(agent_argv(*args), stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          env=subprocess_env(), timeout=30)
+                          env=subprocess_env(), timeout=scaled(30))
 
 
 @pytest.mark.parametrize(

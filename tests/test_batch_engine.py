@@ -23,6 +23,7 @@ from proxy_agent.service.jobs import ErrorKind, JobError, JobSpec, JobState, Sta
 from proxy_agent.service.model import ChangeSink, K, Kind, ServiceModel
 from proxy_agent.service.store import StoredJob, spec_to_json
 from service_fixtures import start_backend, wait_for
+from wait_support import wait_until
 
 TABLE = StateTable("fake", {"wait": JobState.QUEUING, "held": JobState.HOLD, "run": JobState.RUNNING,
                             "done": JobState.FINISHED, "fail": JobState.FAILED})
@@ -38,6 +39,7 @@ class Scheduler:
         self.failing: Optional[str] = None
         self.garbage = False
         self.calls: List[Tuple[str, ...]] = []
+        self.times: List[float] = []  # when each call came
         self.submitted: Dict[str, Tuple[str, str]] = {}
         self.next_id = 100
         #: seconds a submit command takes after the job is listed (0: listed only later)
@@ -49,6 +51,7 @@ class Scheduler:
     async def run(self, argv: Sequence[str], stdin: Optional[bytes], env) -> CommandResult:
         argv = tuple(argv)
         self.calls.append(argv)
+        self.times.append(trio.current_time())
         await trio.sleep(0)
         if self.failing and argv[0] != "submit":
             return CommandResult(argv, 1, b"", self.failing.encode())
@@ -159,6 +162,11 @@ async def start(nursery, tmp_path, scheduler: Scheduler, **settings):
     return await start_backend(nursery, backend)
 
 
+def polls_after(scheduler: Scheduler, count: int) -> List[float]:
+    """When the status queries after the first ``count`` calls came."""
+    return [at for call, at in zip(scheduler.calls[count:], scheduler.times[count:]) if call[0] == "status"]
+
+
 def spool(tmp_path) -> List[str]:
     return sorted(os.listdir(tmp_path / "spool")) if (tmp_path / "spool").exists() else []
 
@@ -179,14 +187,14 @@ async def test_a_job_that_ends_before_it_is_listed_delivers_its_output_then_its_
         f.write("no newline at the end")
     assert len(spool(tmp_path)) == 2
     scheduler.finals[job_id] = NativeJob(job_id, native_state="fail", exit_code=3, signal="")
-    await harness.wait_ended(key, 5)
+    await harness.wait_ended(key)
     assert model.attr(key, K.STATE) == "FAILED" and model.attr(key, K.EXIT_CODE) == "3"
     (process,) = model.processes(key)
     assert model.attr(process, K.EXIT_CODE) == "3"
     final = events.seen.index(("state", "FAILED"))
     assert ("stdout", "line one\nline two") in events.seen[:final]
     assert ("stderr", "no newline at the end") in events.seen[:final]
-    await wait_for(lambda: not spool(tmp_path), 2)
+    await wait_for(lambda: not spool(tmp_path))
 
 
 async def test_listed_jobs_become_model_changes_and_queue_figures(nursery, tmp_path):
@@ -211,10 +219,11 @@ async def test_listed_jobs_become_model_changes_and_queue_figures(nursery, tmp_p
     # Only a change of what the model shows is a change: the running clock is not.
     version = model.version
     scheduler.listed["3"] = attrs.evolve(scheduler.listed["3"], time_used=99)
-    await trio.sleep(0.5)
+    before = len(scheduler.calls)
+    await wait_until(lambda: len(polls_after(scheduler, before)) >= 3, what="three polls")
     assert model.version == version
     scheduler.listed["1"] = attrs.evolve(scheduler.listed["1"], native_state="run", hosts=("n1",))
-    await wait_for(lambda: model.attr(jobs["1"], K.STATE) == "RUNNING", 2)
+    await wait_for(lambda: model.attr(jobs["1"], K.STATE) == "RUNNING")
     assert model.attr(jobs["1"], K.HOSTS) == "n1"
     assert model.attr(q1, K.WAITING) == "1" and model.attr(q1, K.RUNNING) == "2"
 
@@ -239,7 +248,8 @@ async def test_a_job_listed_before_its_submit_command_answers_appears_once_as_su
     created = Created()
     model.subscribe(created)
     key = await harness.service.submit(JobSpec("prog", client_ref="held-one", hold=True))
-    await trio.sleep(0.5)  # more listings show it
+    before = len(scheduler.calls)
+    await wait_until(lambda: len(polls_after(scheduler, before)) >= 3, what="more listings that show it")
     assert created.jobs == [(key, "held-one")]
     assert [k for k in model.keys(Kind.JOB)] == [key]
     assert model.attr(key, K.NATIVE_STATE) == "held" and model.attr(key, K.STATE) == "HOLD"
@@ -253,11 +263,12 @@ async def test_idle_polls_that_cost_much_are_spaced_to_the_cpu_budget(nursery, t
     backend = FakeBackend(ServiceModel(), BatchOptions(poll_interval=0.1, cpu_budget=0.05), runner=scheduler.run,
                           spool_dir=str(tmp_path / "spool"))
     await start_backend(nursery, backend)
-    await trio.sleep(1.0)  # past the first polls, which set the pace
-    before = sum(1 for call in scheduler.calls if call[0] == "status")
-    await trio.sleep(3.0)
-    polls = sum(1 for call in scheduler.calls if call[0] == "status") - before
-    assert 1 <= polls <= 5, polls  # every 0.1 s it would be 20 or more
+    await wait_until(lambda: len(polls_after(scheduler, 0)) >= 2, what="the first polls, which set the pace")
+    before = len(scheduler.calls)
+    polls = await wait_until(lambda: len(polls_after(scheduler, before)) >= 3 and polls_after(scheduler, before),
+                             what="three more polls")
+    gaps = [later - earlier for earlier, later in zip(polls, polls[1:])]
+    assert all(gap >= 0.5 for gap in gaps), gaps  # about a second apart; every 0.1 s without the budget
 
 
 async def test_hosts_stay_when_the_record_of_the_end_has_none(nursery, tmp_path):
@@ -271,7 +282,7 @@ async def test_hosts_stay_when_the_record_of_the_end_has_none(nursery, tmp_path)
     assert model.attr(key, K.HOSTS) == "n1,n2"
     scheduler.finals["5"] = NativeJob("5", queue="q1", native_state="done", exit_code=0)
     del scheduler.listed["5"]
-    await harness.wait_ended(key, 5)
+    await harness.wait_ended(key)
     assert model.attr(key, K.STATE) == "FINISHED" and model.attr(key, K.HOSTS) == "n1,n2"
 
 
@@ -287,7 +298,7 @@ async def test_a_job_gone_without_a_record_is_deleted_or_killed(nursery, tmp_pat
     assert model.attr(jobs["8"], K.STATE) == "KILLED"
     del scheduler.listed["7"]
     for key in jobs.values():
-        await harness.wait_ended(key, 5)
+        await harness.wait_ended(key)
     assert model.attr(jobs["7"], K.STATE) == "DELETED"
     assert "no record of how it ended" in model.attr(jobs["7"], K.MESSAGE)
     assert model.attr(jobs["8"], K.STATE) == "KILLED"
@@ -306,18 +317,20 @@ async def test_a_failing_scheduler_is_polled_less_and_reported_once(nursery, tmp
     (machine,) = model.keys(Kind.MACHINE)
     scheduler.failing = "controller is down"
     before = len(scheduler.calls)
-    await trio.sleep(1.6)
-    polls = sum(1 for call in scheduler.calls[before:] if call == ("status",))
-    assert 2 <= polls <= 6  # 0.1, 0.2, 0.4, 0.8 s apart instead of 16 polls
+    polls = await wait_until(lambda: len(polls_after(scheduler, before)) >= 5 and polls_after(scheduler, before),
+                             what="five polls of the failing scheduler")
+    gaps = [later - earlier for earlier, later in zip(polls, polls[1:])]
+    # each failed poll doubles the wait for the next: 0.1, 0.2, 0.4, 0.8 s apart, not 0.1 s each
+    assert all(gap >= 0.9 * 0.1 * 2 ** i for i, gap in enumerate(gaps)), gaps
     assert model.attr(machine, K.STATE) == "ERROR"
     errors = [text for level, text in harness.notices if level == "ERROR"]
     assert errors == ["Fake query failed (retrying): controller is down"]
     scheduler.failing = None
-    await wait_for(lambda: any(level == "INFO" for level, _ in harness.notices), 5)
+    await wait_for(lambda: any(level == "INFO" for level, _ in harness.notices))
     assert model.attr(machine, K.STATE) != "ERROR"
     # Unreadable answers are failures too, and the backend serves on.
     scheduler.garbage = True
-    await wait_for(lambda: any("unreadable answer" in text for _, text in harness.notices), 5)
+    await wait_for(lambda: any("unreadable answer" in text for _, text in harness.notices))
     scheduler.garbage = False
     key = await harness.service.submit(JobSpec("prog"))
     assert model.attr(key, K.STATE) == "QUEUING"
@@ -341,13 +354,13 @@ async def test_adopted_jobs_deliver_output_from_where_it_stopped(nursery, tmp_pa
     model.subscribe(events)
     assert harness.backend.adopt([record]) == [500]
     assert model.attr(500, K.NATIVE_ID) == "42" and model.attr(500, K.CLIENT_REF) == "ref-1"
-    await wait_for(lambda: ("stdout", "new line") in events.seen, 3)
+    await wait_for(lambda: ("stdout", "new line") in events.seen)
     del scheduler.listed["42"]
     scheduler.finals["42"] = NativeJob("42", native_state="done", exit_code=0)
-    await harness.wait_ended(500, 5)
+    await harness.wait_ended(500)
     assert model.attr(500, K.STATE) == "FINISHED"
     assert [text for stream, text in events.seen if stream == "stdout"] == ["new line"]
-    await wait_for(lambda: not os.path.exists(out), 2)
+    await wait_for(lambda: not os.path.exists(out))
 
 
 async def test_ended_jobs_leave_the_model_after_the_retention(nursery, tmp_path):
@@ -357,8 +370,9 @@ async def test_ended_jobs_leave_the_model_after_the_retention(nursery, tmp_path)
     model = harness.model
     (key,) = model.keys(Kind.JOB)
     assert model.attr(key, K.STATE) == "FINISHED"
-    await wait_for(lambda: key not in model, 3)
-    await trio.sleep(0.3)
+    await wait_for(lambda: key not in model)
+    before = len(scheduler.calls)
+    await wait_until(lambda: len(polls_after(scheduler, before)) >= 3, what="three polls")
     assert not model.keys(Kind.JOB)  # still listed, but not shown again
 
 

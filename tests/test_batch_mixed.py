@@ -11,6 +11,7 @@ import trio
 import sge_support
 from agent_fixtures import agent_argv, subprocess_env
 from slurm_support import require_cluster
+from wait_support import scaled
 
 from proxy_agent.client import AgentClient
 
@@ -24,13 +25,13 @@ async def test_local_slurm_and_grid_engine_in_one_agent():
     argv = agent_argv("--scheduler", "local,slurm,sge", "--slurm-poll-interval", "1", "--sge-poll-interval", "1")
     slurm_ids, sge_ids = [], []
     try:
-        with trio.fail_after(90):
+        with trio.fail_after(scaled(90)):
             async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
                 await client.init(1000)
                 await client.model_def()
                 await client.start_events()
                 await client.wait_for(lambda: {"default", "debug", "all.q"} <= {q.name for q in client.queues.values()},
-                                      30, description="the queues of all three")
+                                      scaled(30), description="the queues of all three")
                 jobs = {}
                 for queue in ("local:default", "slurm:debug", "sge:all.q"):
                     jobs[queue] = await client.submit("/bin/sh", ["-c", f"echo ran in {queue}; exit 4"],
@@ -38,7 +39,7 @@ async def test_local_slurm_and_grid_engine_in_one_agent():
                 slurm_ids.append(client.job(jobs["slurm:debug"]).get("nativeId"))
                 sge_ids.append(client.job(jobs["sge:all.q"]).get("nativeId"))
                 for queue, job in jobs.items():
-                    done = await client.wait_job_state(job, "COMPLETED", timeout=60)
+                    done = await client.wait_job_state(job, "COMPLETED", timeout=scaled(60))
                     assert client.job_output(job).strip() == f"ran in {queue}"
                     assert client.element(done.parent).name == queue.split(":")[1]
                     (process,) = client.children(done, "process")
@@ -47,6 +48,6 @@ async def test_local_slurm_and_grid_engine_in_one_agent():
                 assert client.violations == []
     finally:
         for slurm_id in filter(None, slurm_ids):
-            subprocess.run(["scancel", slurm_id], capture_output=True, env=subprocess_env(), timeout=30)
+            subprocess.run(["scancel", slurm_id], capture_output=True, env=subprocess_env(), timeout=scaled(30))
         for sge_id in filter(None, sge_ids):
-            sge_support.run(["qdel", sge_id], timeout=30)
+            sge_support.run(["qdel", sge_id])

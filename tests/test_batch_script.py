@@ -9,10 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 from hypothesis import given, settings, HealthCheck
@@ -24,6 +22,7 @@ from proxy_agent.schedulers.batch import BatchScriptError
 from proxy_agent.schedulers.batch.slurm.directives import job_script as render_script
 from proxy_agent.schedulers.batch.slurm.directives import sbatch_options, submit_argv
 from proxy_agent.service.jobs import JobSpec
+from wait_support import scaled, wait_until_blocking
 
 PRINTER = (
     "import json, os, sys; "
@@ -103,7 +102,7 @@ def run_script(script: str, bindir, cwd, env_names=()):
         "LC_ALL": "C.UTF-8",
         "HOME": str(cwd),
     }
-    p = subprocess.run(["bash", path], cwd=str(cwd), env=env, capture_output=True, timeout=30)
+    p = subprocess.run(["bash", path], cwd=str(cwd), env=env, capture_output=True, timeout=scaled(30))
     assert p.returncode == 0, p.stderr.decode(errors="replace")
     return json.loads(p.stdout.decode("utf-8"))
 
@@ -266,31 +265,11 @@ def test_jobspec_is_a_frozen_value():
 # --------------------------------------------------------------------------------------------
 
 
-def find_slurm_conf():
-    """The scripts/slurm-env convention: SLURM_CONF, then $PROXY_AGENT_SLURM_DIR/slurm.conf,
-    then /tmp/proxy-agent-slurm/slurm.conf."""
-    conf = os.environ.get("SLURM_CONF")
-    if conf:
-        return conf
-    for d in (os.environ.get("PROXY_AGENT_SLURM_DIR"), "/tmp/proxy-agent-slurm"):
-        if d and os.path.isfile(os.path.join(d, "slurm.conf")):
-            return os.path.join(d, "slurm.conf")
-    return None
-
-
 @pytest.mark.slurm
 def test_arguments_survive_real_sbatch_and_srun(tmp_path):
-    conf = find_slurm_conf()
-    if conf is None or not os.path.isfile(conf) or shutil.which("sbatch") is None:
-        pytest.skip("no SLURM cluster (scripts/slurm-up)")
-    env = dict(os.environ, SLURM_CONF=conf)
-    try:
-        probe = subprocess.run(["sinfo", "--noheader", "--format=%a"], env=env, capture_output=True,
-                               timeout=10)
-    except subprocess.TimeoutExpired:
-        pytest.skip("SLURM cluster not answering")
-    if probe.returncode != 0:
-        pytest.skip("SLURM cluster not answering")
+    from slurm_support import require_cluster
+
+    env = dict(os.environ, SLURM_CONF=require_cluster())
     tmp_path.chmod(0o755)
     out = tmp_path / "out.json"
     args = [a for a in NASTY if "\r" not in a][:30]
@@ -300,19 +279,20 @@ def test_arguments_survive_real_sbatch_and_srun(tmp_path):
         wall_time=120,
     )
     p = subprocess.run(submit_argv(spec), input=render_script(spec).encode(), env=env,
-                       capture_output=True, timeout=30)
+                       capture_output=True, timeout=scaled(30))
     assert p.returncode == 0, p.stderr
     job_id = sp.parse_sbatch_parsable(p.stdout.decode())
-    deadline = time.monotonic() + 60
-    state = ""
-    while time.monotonic() < deadline:
-        q = subprocess.run(sp.scontrol_job_argv(job_id), env=env, capture_output=True, text=True, timeout=20)
+
+    def ended():
+        q = subprocess.run(sp.scontrol_job_argv(job_id), env=env, capture_output=True, text=True, timeout=scaled(30))
         jobs = sp.parse_scontrol_jobs(q.stdout)
-        state = jobs[0].state if jobs else ""
-        if slurm_system.STATE_TABLE.map(state).final:
-            break
-        time.sleep(0.5)
-    assert state == "COMPLETED", state
+        return jobs if jobs and slurm_system.STATE_TABLE.map(jobs[0].state).final else None
+
+    try:
+        jobs = wait_until_blocking(ended, 120, what=f"SLURM job {job_id} to end")
+    finally:
+        subprocess.run(["scancel", job_id], env=env, capture_output=True, timeout=scaled(30))
+    assert jobs[0].state == "COMPLETED", jobs[0].state
     assert jobs[0].name == 'batch test | "odd"'
     result = json.loads(out.read_text(encoding="utf-8"))
     assert result["argv"] == args

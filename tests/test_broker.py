@@ -30,6 +30,7 @@ from proxy_agent.service.figures import QueueFigures
 from proxy_agent.service.jobs import ErrorKind, JobSpec, JobState, ServiceError, SubmitError
 from proxy_agent.service.model import ChangeSink, K, Kind, ServiceModel
 from proxy_agent.service.service import JobService
+from wait_support import scaled
 
 JOB = JobSpec("/bin/true")
 
@@ -680,13 +681,13 @@ async def test_local_figures_follow_its_jobs(nursery):
     cpus = local.cpus
     assert (model.attr(queue, K.TOTAL_SLOTS), model.attr(queue, K.FREE_SLOTS)) == (str(cpus), str(cpus))
     job = await service.submit(JobSpec("/bin/sleep", ("30",), num_procs=1))
-    with trio.fail_after(10):
+    with trio.fail_after(scaled(30)):
         while model.attr(job, K.STATE) != "RUNNING":
             await trio.sleep(0.01)
     assert (model.attr(queue, K.WAITING), model.attr(queue, K.RUNNING)) == ("0", "1")
     assert model.attr(queue, K.FREE_SLOTS) == str(max(0, cpus - 1))
     await service.terminate(job)
-    with trio.fail_after(10):
+    with trio.fail_after(scaled(30)):
         while not JobState(model.attr(job, K.STATE)).final:
             await trio.sleep(0.01)
     assert (model.attr(queue, K.RUNNING), model.attr(queue, K.FREE_SLOTS)) == ("0", str(cpus))

@@ -12,6 +12,7 @@ import pytest
 import trio
 
 from agent_fixtures import agent_argv, console_argv, subprocess_env
+from wait_support import scaled
 from proxy_agent.client import AgentClient
 from proxy_agent.client.errors import CommandFailed
 from proxy_agent.protocol.messages import CommandId
@@ -25,7 +26,7 @@ SIM = ("--scheduler", "local,sim", "--sim-nodes", "8", "--sim-jobs", "300", "--s
 
 async def _start(client: AgentClient, dialect: str) -> None:
     args = ["version=2.0", "baseId=1000"] + (["dialect=native"] if dialect == "native" else [])
-    await client.reply(await client.send_command(CommandId.INIT, args), 30)
+    await client.reply(await client.send_command(CommandId.INIT, args), scaled(30))
     await client.model_def()
     await client.start_events()
 
@@ -46,13 +47,13 @@ def _candidate(queue) -> Candidate:
 
 async def _brokered(client: AgentClient, job_id: str):
     """The job once its broker attributes are in the client's mirror."""
-    return await client.wait_for(lambda: client.job(job_id).get("brokerReason") and client.job(job_id), 10,
+    return await client.wait_for(lambda: client.job(job_id).get("brokerReason") and client.job(job_id), scaled(30),
                                  description="the job's broker attributes")
 
 
 @pytest.mark.parametrize("dialect", ["compat", "native"])
 async def test_jobs_land_where_the_broker_says_and_the_client_sees_why(dialect):
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(agent_argv(*SIM), env=subprocess_env()) as client:
             await _start(client, dialect)
             queues = {_label(q): q for q in client.queues.values()}
@@ -107,7 +108,7 @@ async def test_the_agents_default_broker_and_benchmark_file(tmp_path):
     config.write_text("[sim:debug]\nspecint2000 = 900\n\n[sim:long]\nspecint2000 = 1850.5\n\n"
                       "[local:default]\nspecint2000 = 300\n")
     argv = agent_argv(*SIM, "--broker", "Benchmark", "--broker-config", str(config))
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
             await _start(client, "compat")
             queues = {_label(q): q for q in client.queues.values()}
@@ -129,7 +130,7 @@ async def test_the_agents_default_broker_and_benchmark_file(tmp_path):
     (["--broker-config", "/nonexistent/brokers.ini"], "cannot read the broker configuration /nonexistent/brokers.ini"),
 ])
 def test_bad_broker_options_are_refused_in_one_line(args, words):
-    run = subprocess.run(agent_argv("--stdio", *args), capture_output=True, text=True, timeout=30,
+    run = subprocess.run(agent_argv("--stdio", *args), capture_output=True, text=True, timeout=scaled(30),
                          env=subprocess_env(), stdin=subprocess.DEVNULL)
     assert run.returncode == 2
     assert words in run.stderr and "Traceback" not in run.stderr
@@ -141,7 +142,7 @@ def test_the_console_submits_to_several_queues_with_a_broker():
         console_argv("-c", "submit -q sim:batch,sim:debug,sim:long --broker FastestQueue /bin/true; "
                      "submit -q local:default,sim:long -b Null -n 100 /bin/true",
                      "--spawn", *agent_argv(*SIM)),
-        capture_output=True, text=True, timeout=60, env=subprocess_env(), stdin=subprocess.DEVNULL,
+        capture_output=True, text=True, timeout=scaled(60), env=subprocess_env(), stdin=subprocess.DEVNULL,
     )
     assert run.returncode == 0, run.stderr
     first, second = re.findall(r"^submitted job \d+ \(\S+\) to (\S+) \((.*)\)$", run.stdout, re.M)
@@ -165,7 +166,7 @@ async def test_a_user_broker_as_the_agents_default_and_its_prints_stay_off_the_p
     )
     argv = agent_argv(*SIM, "--broker", f"{module}:Emptiest:quietest")
     env = subprocess_env()
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(argv, env=env) as client:
             await _start(client, "compat")
             job = await _brokered(client, await client.submit("/bin/true", queue="sim:batch,local:default"))

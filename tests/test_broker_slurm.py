@@ -11,6 +11,7 @@ import trio
 
 from agent_fixtures import agent_argv, subprocess_env
 from slurm_support import require_cluster, scontrol
+from wait_support import scaled
 
 from proxy_agent.client import AgentClient
 from proxy_agent.client.errors import CommandFailed
@@ -25,7 +26,7 @@ def _label(queue) -> str:
 
 
 async def _brokered(client: AgentClient, job_id: str):
-    return await client.wait_for(lambda: client.job(job_id).get("brokerReason") and client.job(job_id), 10,
+    return await client.wait_for(lambda: client.job(job_id).get("brokerReason") and client.job(job_id), scaled(30),
                                  description="the job's broker attributes")
 
 
@@ -44,12 +45,12 @@ async def test_brokering_across_slurm_partitions(tmp_path):
     argv = agent_argv("--scheduler", "local,slurm", "--slurm-poll-interval", "1", "--broker-config", str(config))
     native_ids = []
     try:
-        with trio.fail_after(60):
+        with trio.fail_after(scaled(60)):
             async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
                 await client.init(1000)
                 await client.model_def()
                 await client.start_events()
-                await client.wait_for(lambda: {"debug", "long"} <= {q.name for q in client.queues.values()}, 30,
+                await client.wait_for(lambda: {"debug", "long"} <= {q.name for q in client.queues.values()}, scaled(30),
                                       description="the SLURM partitions")
                 queues = {_label(q): q for q in client.queues.values()}
                 slots = int(queues["slurm:debug"].get("totalSlots"))
@@ -98,4 +99,4 @@ async def test_brokering_across_slurm_partitions(tmp_path):
                 await client.quit()
     finally:
         for native in filter(None, native_ids):
-            subprocess.run(["scancel", native], capture_output=True, env=subprocess_env(), timeout=30)
+            subprocess.run(["scancel", native], capture_output=True, env=subprocess_env(), timeout=scaled(30))

@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agent_fixtures import FakeAgent, ids
+from wait_support import scaled
 from proxy_agent.client import AgentClient, ClientState, ConnectionClosed, ProtocolViolationError
 from proxy_agent.protocol.attributes import STANDARD_ATTRIBUTES, AttributeDefinition, AttrType
 from proxy_agent.protocol.dialect import DEFAULT, NATIVE
@@ -339,7 +340,7 @@ async def test_reference_client_fails_loudly_on_array_values(reference_pair):
     start = await _started(client, fake)
     await fake.send(NewElements(start, ElementKind.JOB, "1002", [group("5000", ("jobSubId", "s"), ("progArgs", "-v"))]))
     with pytest.raises(ProtocolViolationError, match="progArgs"):
-        await client.wait_for(lambda: False, 5)
+        await client.wait_for(lambda: False, scaled(30))
 
 
 async def test_reference_client_fails_when_the_agent_leaves_commands_unanswered(reference_pair):
@@ -349,7 +350,7 @@ async def test_reference_client_fails_when_the_agent_leaves_commands_unanswered(
     await fake.expect(CommandId.SUBMIT_JOB)
     await fake.stream.aclose()
     with pytest.raises(ProtocolViolationError, match="never got a completing event"):
-        await client.wait_for(lambda: False, 5)
+        await client.wait_for(lambda: False, scaled(30))
 
 
 async def test_native_client_is_not_held_to_the_reference_rules():
@@ -359,11 +360,11 @@ async def test_native_client_is_not_held_to_the_reference_rules():
         start = await _started(client, fake)
         assert fake.received[0].args[-2:] == ("dialect=native", "slurmdPath=")
         await fake.send(NewElements(start, ElementKind.JOB, "1002", [group("5000", ("name", "é"), ("progArgs", "-v"))]))
-        job = await client.wait_for(lambda: client.find_job("5000"), 5)
+        job = await client.wait_for(lambda: client.find_job("5000"), scaled(30))
         assert job.name == "é" and job.get("progArgs") == ["-v"]
         await fake.stream.aclose()
         with pytest.raises(ConnectionClosed):  # no unanswered-command complaint outside reference mode
-            await client.wait_for(lambda: False, 5)
+            await client.wait_for(lambda: False, scaled(30))
         assert client.violations == []
 
 
@@ -374,7 +375,7 @@ async def test_a_default_dialect_client_undoes_the_escaping():
         start = await _started(client, fake)
         assert not any(a.startswith("dialect=") for a in fake.received[0].args)
         await fake.send(NewElements(start, ElementKind.JOB, "1002", [group("5000", name="ジョブ")]))
-        job = await client.wait_for(lambda: client.find_job("5000"), 5)
+        job = await client.wait_for(lambda: client.find_job("5000"), scaled(30))
         assert job.name == "ジョブ" and client.violations == []
 
 

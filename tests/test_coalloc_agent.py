@@ -13,6 +13,7 @@ import pytest
 import trio
 
 from agent_fixtures import agent_argv, console_argv, subprocess_env
+from wait_support import scaled, scaled_program
 from proxy_agent.client import AgentClient
 from proxy_agent.client.errors import CommandFailed
 from proxy_agent.protocol.messages import CommandId
@@ -51,9 +52,13 @@ MESH = textwrap.dedent(
     # stay (and keep listening) until every peer has connected here too: a process that left
     # early would refuse a slower peer
     import time
-    deadline = time.monotonic() + 60
-    while len(heard) < connected and time.monotonic() < deadline:
-        time.sleep(0.05)
+
+    def stay(timeout=60):
+        deadline = time.monotonic() + timeout
+        while len(heard) < connected and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    stay()
     print("SEEN", me, "|".join(sorted(everyone)), "connected", connected, flush=True)
     print("HANDLES", os.environ["GLOBUS_GRAM_MULTIJOB_HANDLE"], os.environ["GLOBUS_GRAM_JOB_HANDLE"],
           os.environ["GLOBUS_GRAM_SUBJOB_RANK"], flush=True)
@@ -71,14 +76,14 @@ WAITER = textwrap.dedent(
 
 
 async def _start(client: AgentClient) -> None:
-    await client.reply(await client.send_command(CommandId.INIT, ["version=2.0", "baseId=1000"]), 30)
+    await client.reply(await client.send_command(CommandId.INIT, ["version=2.0", "baseId=1000"]), scaled(30))
     await client.model_def()
     await client.start_events()
 
 
 def _script(tmp_path, name: str, text: str) -> str:
     path = tmp_path / name
-    path.write_text(text)
+    path.write_text(scaled_program(text))
     return str(path)
 
 
@@ -86,7 +91,7 @@ def _part(script: str, count: int = 1, **more) -> dict:
     return {"queue": "local:default", "count": count, "executable": sys.executable, "arguments": [script], **more}
 
 
-async def _state(client: AgentClient, job_id: str, status: str, timeout: float = 30):
+async def _state(client: AgentClient, job_id: str, status: str, timeout: float = scaled(30)):
     """Wait for the job to be ``status``; fail at once if it ends in another state."""
     def reached() -> bool:
         job = client.job(job_id)
@@ -107,14 +112,14 @@ async def _lines(client: AgentClient, parts, prefix: str, count: int) -> list:
         return [line for part in parts for line in client.job_output(part).splitlines() if line.startswith(prefix)]
 
     try:
-        await client.wait_for(lambda: len(found()) >= count, 10, description=f"{count} {prefix} lines")
+        await client.wait_for(lambda: len(found()) >= count, scaled(30), description=f"{count} {prefix} lines")
     except Exception:
         raise AssertionError([client.job_output(p) + client.job_output(p, "stderr") for p in parts]) from None
     return found()
 
 
 async def _parts(client: AgentClient, job_id: str, count: int):
-    await client.wait_for(lambda: len(client.parts_of(job_id)) == count, 15, description=f"{count} parts")
+    await client.wait_for(lambda: len(client.parts_of(job_id)) == count, scaled(30), description=f"{count} parts")
     return client.parts_of(job_id)
 
 
@@ -124,7 +129,7 @@ async def test_two_local_parts_pass_the_barrier_and_find_each_other_through_the_
     # a queue may be named by its scheduler alone: that scheduler's default queue
     description = json.dumps({"name": "mesh", "parts": [_part(mesh, 2, label="a"),
                                                         _part(mesh, 1, label="b", queue="local")]})
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
             await _start(client)
             job_id = await client.cosubmit(description)
@@ -159,17 +164,17 @@ async def test_a_failing_part_cancels_the_others_and_the_job_fails(tmp_path):
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"parts": [_part(waiter, 2, label="waits"),
                                          {"queue": "local:default", "executable": "/bin/false", "label": "fails"}]})
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
             await _start(client)
             job_id = await client.cosubmit(description)
-            await _state(client, job_id, "FAILED", 15)
+            await _state(client, job_id, "FAILED", scaled(30))
             job = client.job(job_id)
             assert "part 1 ('fails')" in job.get("jobStatusMessage", ""), job.attributes
             assert "before the start barrier was released" in job.get("jobStatusMessage", "")
             parts = await _parts(client, job_id, 2)
             # the waiting part is cancelled in its scheduler within seconds; no process passed
-            await client.wait_for(lambda: parts[0].get("jobState") == "COMPLETED", 10,
+            await client.wait_for(lambda: parts[0].get("jobState") == "COMPLETED", scaled(30),
                                   description="the waiting part to be cancelled")
             assert parts[0].get("jobStatus") == "KILLED"
             assert "PASSED" not in client.job_output(parts[0])
@@ -181,15 +186,15 @@ async def test_one_process_dying_before_the_barrier_fails_the_job_while_its_part
                                         "if runtime.rank() == 1:\n    sys.exit(4)\n" + WAITER)
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"parts": [_part(waiter, 1, label="other"), _part(half, 2, label="half")]})
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
             await _start(client)
             job_id = await client.cosubmit(description)
-            await _state(client, job_id, "FAILED", 15)
+            await _state(client, job_id, "FAILED", scaled(30))
             assert client.job(job_id).get("jobStatusMessage") == (
                 "process 1 of part 1 ('half') failed before the start barrier was released")
             parts = await _parts(client, job_id, 2)
-            await client.wait_for(lambda: all(p.get("jobState") == "COMPLETED" for p in parts), 10,
+            await client.wait_for(lambda: all(p.get("jobState") == "COMPLETED" for p in parts), scaled(30),
                                   description="both parts ended")
             assert [p.get("jobStatus") for p in parts] == ["KILLED", "KILLED"]
             assert not any("PASSED" in client.job_output(p) for p in parts)
@@ -198,15 +203,15 @@ async def test_one_process_dying_before_the_barrier_fails_the_job_while_its_part
 async def test_a_part_that_cannot_be_submitted_fails_the_job_and_bad_descriptions_are_refused(tmp_path):
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"parts": [_part(waiter, 1), {"queue": "local:nosuchqueue", "executable": "/bin/true"}]})
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
             await _start(client)
             job_id = await client.cosubmit(description)
-            await _state(client, job_id, "FAILED", 15)
+            await _state(client, job_id, "FAILED", scaled(30))
             message = client.job(job_id).get("jobStatusMessage", "")
             assert "part 1 could not be submitted" in message and "nosuchqueue" in message, message
             parts = await _parts(client, job_id, 1)
-            await client.wait_for(lambda: parts[0].get("jobStatus") == "KILLED", 10, description="part 0 cancelled")
+            await client.wait_for(lambda: parts[0].get("jobStatus") == "KILLED", scaled(30), description="part 0 cancelled")
             # a malformed description is refused with the part and the field; the agent serves on
             with pytest.raises(CommandFailed) as refused:
                 await client.cosubmit('{"parts": [{"executable": "/bin/true", "count": "lots", "label": "x"}]}')
@@ -222,12 +227,12 @@ async def test_cancelling_the_multi_part_job_cancels_every_part(tmp_path):
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"barrier_release": "explicit",
                               "parts": [_part(waiter, 2), _part(waiter, 1)]})
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
             await _start(client)
             job_id = await client.cosubmit(description)
             parts = await _parts(client, job_id, 2)
-            await client.wait_for(lambda: all(p.get("jobStatus") == "RUNNING" for p in parts), 15,
+            await client.wait_for(lambda: all(p.get("jobStatus") == "RUNNING" for p in parts), scaled(30),
                                   description="both parts running")
             assert client.job(job_id).get("jobStatus") == "PREPARING"
             # bad changes are refused clearly, and change nothing
@@ -242,8 +247,8 @@ async def test_cancelling_the_multi_part_job_cancels_every_part(tmp_path):
             assert "name the multi-part job" in str(refused.value)
             assert client.job(job_id).get("jobStatus") == "PREPARING"
             await client.terminate(job_id)
-            await _state(client, job_id, "KILLED", 10)
-            await client.wait_for(lambda: all(p.get("jobStatus") == "KILLED" for p in parts), 10,
+            await _state(client, job_id, "KILLED", scaled(30))
+            await client.wait_for(lambda: all(p.get("jobStatus") == "KILLED" for p in parts), scaled(30),
                                   description="every part cancelled")
             assert not any("PASSED" in client.job_output(p) for p in parts)
 
@@ -253,7 +258,7 @@ async def test_parts_are_added_and_deleted_until_the_release_and_not_after(tmp_p
     waiter = _script(tmp_path, "waiter.py", WAITER)
     description = json.dumps({"barrier_release": "explicit",
                               "parts": [_part(waiter, 1, label="first"), _part(waiter, 1, label="second")]})
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(agent_argv("--scheduler", "local"), env=subprocess_env()) as client:
             await _start(client)
             job_id = await client.cosubmit(description)
@@ -262,11 +267,11 @@ async def test_parts_are_added_and_deleted_until_the_release_and_not_after(tmp_p
             assert client.job(added).get("coallocJob") == job_id
             assert client.job(added).get("coallocPart") == "2"
             await client.delete_part(second)
-            await client.wait_for(lambda: second.get("jobStatus") == "KILLED", 10, description="second cancelled")
-            await client.wait_for(lambda: client.job(job_id).get("coallocParts") == "2", 10,
+            await client.wait_for(lambda: second.get("jobStatus") == "KILLED", scaled(30), description="second cancelled")
+            await client.wait_for(lambda: client.job(job_id).get("coallocParts") == "2", scaled(30),
                                   description="the job to have two parts")
             await client.release_barrier(job_id, wait_for_parts=True)
-            await _state(client, job_id, "FINISHED", 20)
+            await _state(client, job_id, "FINISHED", scaled(30))
             # the parts left are indexes 0 and 1 of two; every process passed
             assert await _lines(client, [first], "PASSED", 1) == ["PASSED 0 2 0"]
             await _lines(client, [added], "PASSED", 2)
@@ -282,7 +287,7 @@ async def test_parts_are_added_and_deleted_until_the_release_and_not_after(tmp_p
 
 
 def _console(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(console_argv(*args), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=90,
+    return subprocess.run(console_argv(*args), stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=scaled(90),
                           env=subprocess_env())
 
 
@@ -361,14 +366,14 @@ async def test_a_no_barrier_part_on_the_simulated_cluster_runs_on_its_own(tmp_pa
         {"queue": "sim:debug", "count": 4, "executable": "/bin/app", "label": "simulated", "start_type": "no-barrier"},
     ]})
     argv = agent_argv("--scheduler", "local,sim", "--sim-nodes", "4", "--sim-time-scale", "0.05")
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
             await _start(client)
             job_id = await client.cosubmit(description)
             real, simulated = await _parts(client, job_id, 2)
             assert client.element(simulated.get("queueId")).get("backend") == "sim"
             assert simulated.get("coallocJob") == job_id
-            await _state(client, job_id, "FINISHED", 30)
+            await _state(client, job_id, "FINISHED", scaled(30))
             # the simulated part ran nothing and never checked in; the real one passed alone
             assert await _lines(client, [real], "PASSED", 1) == ["PASSED 0 2 0"]
             assert simulated.get("jobStatus") == "FINISHED"

@@ -19,11 +19,12 @@ from proxy_agent.service.coalloc.description import MultiJobDescription, Part
 from proxy_agent.service.coalloc.server import RuntimeServer
 from proxy_agent.service.coalloc.state import NotAllowed
 from proxy_agent.service.jobs import JobState
+from wait_support import scaled, scaled_program, settle
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Unix sockets and SO_PEERCRED")
 
 ROOT = Path(__file__).resolve().parent.parent
-TIMEOUT = 30
+TIMEOUT = scaled(30)
 PYTHON39 = Path("/root/.pyenv/versions/3.9.18/bin/python")
 RUNTIME_CMD = [sys.executable, "-m", "proxy_agent.runtime"]  # what the proxy-runtime command runs
 
@@ -99,7 +100,7 @@ class Runs:
 
 
 def python(script: str, *args: str, interpreter: Optional[str] = None) -> List[str]:
-    return [interpreter or sys.executable, "-c", script, *args]
+    return [interpreter or sys.executable, "-c", scaled_program(script), *args]
 
 
 async def wait_until(predicate, timeout: float = TIMEOUT) -> None:
@@ -117,7 +118,7 @@ MESH = r"""
 import json, os, socket, subprocess, sys, threading, time
 from proxy_agent import runtime
 
-delay, style = float(sys.argv[1]), sys.argv[2]
+hold, style = sys.argv[1], sys.argv[2]  # hold: a file to wait for before checking in ("" for none)
 command = [sys.executable, "-m", "proxy_agent.runtime", "--timeout", "30"]
 
 def run_command(*args, data=b""):
@@ -132,7 +133,8 @@ listener.bind(("127.0.0.1", 0))
 listener.listen(32)
 contact = "127.0.0.1:%d" % listener.getsockname()[1]
 
-time.sleep(delay)
+while hold and not os.path.exists(hold):
+    time.sleep(0.01)
 checked_in = time.time()
 if style == "command":
     index, parts = map(int, run_command("barrier").split())
@@ -169,13 +171,13 @@ for peer in others:
     host, port = peer.rsplit(":", 1)
     with socket.create_connection((host, int(port)), timeout=10) as conn:
         conn.sendall(("%d/%d\n" % me).encode())
-acceptor.join(20)
+acceptor.join(timeout=30)
 print(json.dumps({"me": list(me), "index": index, "parts": parts, "checked_in": checked_in,
                   "passed": passed_at, "peers": peers, "heard": sorted(heard)}))
 """
 
 
-async def test_three_parts_pass_the_barrier_together_and_connect_through_the_rendezvous(server, nursery):
+async def test_three_parts_pass_the_barrier_together_and_connect_through_the_rendezvous(server, nursery, tmp_path):
     description = MultiJobDescription(
         parts=[
             Part("/bin/app", queue="local:default", count=2, label="lib-unix"),
@@ -185,23 +187,24 @@ async def test_three_parts_pass_the_barrier_together_and_connect_through_the_ren
     )
     job = server.register_job(description)
     runs = Runs(nursery)
-    late = (2, 1)  # this process checks in last, well after the others
+    late = (2, 1)  # this process checks in last, once all the others wait at the barrier
+    go = tmp_path / "go"
     for part, style, remote in ((0, "library", False), (1, "library", True), (2, "command", False)):
         for rank in range(2):
-            delay = 0.8 if (part, rank) == late else 0.0
             runs.start(
                 f"{part}/{rank}",
-                python(MESH, str(delay), style),
+                python(MESH, str(go) if (part, rank) == late else "", style),
                 process_env(server, job, part, rank, remote=remote),
             )
     await wait_until(lambda: server.job(job).barrier_waiting_for() == [late])
     assert not server.job(job).released
+    go.touch()
     results = await runs.wait()
     outputs = [runs.output(name) for name in sorted(results)]
     # nobody passed before the last process had checked in
     last_check_in = max(out["checked_in"] for out in outputs)
     assert all(out["passed"] >= last_check_in for out in outputs)
-    assert last_check_in - min(out["checked_in"] for out in outputs) >= 0.5
+    assert [out["me"] for out in outputs if out["checked_in"] == last_check_in] == [list(late)]
     contacts = outputs[0]["peers"]
     assert len(contacts) == 6 and len(set(contacts)) == 6
     for out in outputs:
@@ -287,7 +290,7 @@ async def test_messages_within_and_between_parts_and_the_exchange(server, nurser
         runs.start(f"0/{rank}", python(MESSAGES), process_env(server, job, 0, rank, remote=rank == 2))
     env = process_env(server, job, 1, 0, remote=True)
     env.update(PY=sys.executable, OUT=str(tmp_path / "part1"))
-    runs.start("1/0", ["/bin/sh", "-c", MESSAGES_COMMAND], env)
+    runs.start("1/0", ["/bin/sh", "-c", scaled_program(MESSAGES_COMMAND)], env)
     results = await runs.wait()
     assert results["1/0"].returncode == 0, results["1/0"].stderr.decode()
     zero = runs.output("0/0")
@@ -450,7 +453,7 @@ class RawClient:
 
     async def reply(self) -> Optional[dict]:
         """The next reply, or None when the server closed the connection."""
-        with trio.fail_after(5):
+        with trio.fail_after(scaled(30)):
             while True:
                 message = self.decoder.next()
                 if message is not None:
@@ -461,7 +464,7 @@ class RawClient:
                 self.decoder.feed(data)
 
     async def closed(self) -> bool:
-        with trio.fail_after(5):
+        with trio.fail_after(scaled(30)):
             try:
                 return await self.stream.receive_some(1) == b""
             except trio.BrokenResourceError:
@@ -553,7 +556,7 @@ async def test_hostile_clients_are_refused_and_the_server_keeps_serving(server):
     # a client that sends more while it waits is cut off
     client = await RawClient.unix(server)
     await client.send(wire.encode_frame(request(server, job, op="receive", tag="never")))
-    await trio.sleep(0.05)
+    await settle()
     await client.send(wire.encode_frame(request(server, job)))
     assert await client.closed()
 
@@ -582,12 +585,12 @@ async def test_too_many_connections_are_closed_and_service_resumes(nursery, tmp_
     await nursery.start(small.run)
     job = small.register_job(MultiJobDescription(parts=[Part("/bin/a")]))
     idle = [await trio.open_unix_socket(small.unix_path) for _ in range(2)]
-    await trio.sleep(0.05)
+    await settle()
     extra = RawClient(await trio.open_unix_socket(small.unix_path))
     assert await extra.closed()
     for stream in idle:
         await stream.aclose()
-    await trio.sleep(0.05)
+    await settle()
     client = RawClient(await trio.open_unix_socket(small.unix_path))
     await client.send(wire.encode_frame(request(small, job)))
     assert (await client.reply())["ok"]
@@ -677,7 +680,7 @@ async def test_explicit_release_and_watching_the_job_through_the_service_api(ser
         changes.append(await server.wait_changed(job, version, timeout=TIMEOUT))
 
     nursery.start_soon(watch)
-    await trio.sleep(0.05)
+    await settle()
     assert changes == [] and server.job(job).state is JobState.PREPARING
     assert server.release_barrier(job) is True
     reply = await waiting.reply()
@@ -690,7 +693,7 @@ async def test_a_part_that_cannot_be_submitted_fails_the_job_and_its_waiting_pro
     job = server.register_job(MultiJobDescription(parts=[Part("/bin/a", count=2), Part("/bin/b")]))
     receiver = await RawClient.tcp(server)
     await receiver.send(wire.encode_frame(request(server, job, op="receive", tag="t")))
-    await trio.sleep(0.05)
+    await settle()
     verdict = server.fail(job, "part 1 could not be submitted: no queue 'nowhere'")
     assert verdict.failed and verdict.cancel_parts == (0, 1)
     reply = await receiver.reply()

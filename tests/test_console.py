@@ -22,6 +22,7 @@ import time
 import pytest
 
 from agent_fixtures import agent_argv, agent_present, console_argv, free_port, subprocess_env
+from wait_support import scaled, wait_until_blocking
 
 if not agent_present():
     pytest.skip("the agent's command line (proxy_agent/__main__.py) is not there yet", allow_module_level=True)
@@ -32,7 +33,7 @@ from proxy_agent.console.commands import CommandError, parse_submit, split_comma
 SIM = ["--spawn", *agent_argv("--scheduler", "sim", "--sim-nodes", "12", "--sim-jobs", "6")]
 
 
-def console(*args: str, timeout: float = 60, env=None, input_text=None) -> subprocess.CompletedProcess:
+def console(*args: str, timeout: float = scaled(60), env=None, input_text=None) -> subprocess.CompletedProcess:
     return subprocess.run(
         console_argv(*args),
         input=input_text,
@@ -89,12 +90,12 @@ def test_script_file_with_comments_and_several_jobs(tmp_path):
     script = tmp_path / "commands.txt"
     script.write_text(
         textwrap.dedent(
-            """\
+            f"""\
             # two jobs, one with three processes
             submit --sub-id first -n 3 -d /tmp /bin/sh -c 'echo "$PROXY_AGENT_PROCESS_INDEX in $(pwd)"' --wait
-            submit --sub-id second /bin/sleep 30
-            wait second RUNNING -t 10; terminate second
-            wait second KILLED -t 10
+            submit --sub-id second /bin/sleep 600
+            wait second RUNNING -t {scaled(60):g}; terminate second
+            wait second -t {scaled(60):g}
             show second
             output first
             jobs
@@ -279,9 +280,7 @@ def test_token_refused_and_accepted(tmp_path):
     try:
         line = agent.stderr.readline()
         assert "listening on" in line, line
-        deadline = time.time() + 5
-        while not token_file.exists() and time.time() < deadline:
-            time.sleep(0.02)
+        wait_until_blocking(token_file.exists, what="the token file")
         wrong = tmp_path / "wrong"
         wrong.write_text("not the token\n")
         run = console("--connect", f"127.0.0.1:{port}", "--token-file", str(wrong), "-c", "jobs")
@@ -292,7 +291,7 @@ def test_token_refused_and_accepted(tmp_path):
         assert "agent shut down" in run.stdout  # the session's SHUTDOWN; the agent serves on
         assert agent.poll() is None
         agent.send_signal(signal.SIGTERM)
-        assert agent.wait(10) == 0
+        assert agent.wait(scaled(30)) == 0
     finally:
         if agent.poll() is None:
             agent.kill()
@@ -320,7 +319,7 @@ class Screen:
         self.seen = ""
         self.pending = b""
 
-    def expect(self, text: str, timeout: float = 15) -> str:
+    def expect(self, text: str, timeout: float = scaled(30)) -> str:
         deadline = time.time() + timeout
         while text not in self.pending.decode("utf-8", "replace"):
             remaining = deadline - time.time()
@@ -347,7 +346,7 @@ class Screen:
     def close(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
-        self.process.wait(10)
+        self.process.wait(scaled(30))
         os.close(self.master)
 
 
@@ -365,11 +364,11 @@ def test_interactive_session_on_a_terminal(tmp_path):
         screen.type("jo\t\n")  # tab completes the command name
         shown = screen.expect("proxy> ")
         assert re.search(rf"{job} +sub-\d+-1 +echo +COMPLETED", shown)
-        screen.type("submit /bin/sleep 30\n")
-        screen.expect("proxy> ")
+        screen.type("submit /bin/sh -c 'echo started; sleep 300'\n")
+        screen.expect("] started")  # the job's output, shown as it comes
         screen.type("output .\n")
         screen.expect("output .")
-        time.sleep(0.3)
+        screen.expect("] started")  # shown again by 'output', which now follows the job
         screen.type("\x03")  # Ctrl-C stops following, not the console
         screen.expect("interrupted")
         screen.expect("proxy> ")
@@ -380,7 +379,7 @@ def test_interactive_session_on_a_terminal(tmp_path):
         screen.expect("unknown command 'bogus'")
         screen.type("quit\n")
         screen.expect("agent shut down")
-        assert screen.process.wait(15) == 0
+        assert screen.process.wait(scaled(30)) == 0
     finally:
         screen.close()
     assert "Traceback" not in screen.seen

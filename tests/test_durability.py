@@ -28,6 +28,7 @@ import trio
 
 from adoption_support import spawn_agent, start
 from agent_fixtures import service_pid
+from wait_support import scaled
 from proxy_agent.client import AgentClient
 from proxy_agent.client.connection import job_attributes
 from proxy_agent.frontends.api.client import ServiceClient, ServiceGone
@@ -38,7 +39,7 @@ BURST = 200
 RUNS = int(os.environ.get("PROXY_AGENT_KILL_RUNS", "20"))
 VICTIMS = ("agent", "keeper", "both", "power")
 #: bound of one run (a loaded 2-core machine), and of the whole test
-RUN_BOUND = 120.0
+RUN_BOUND = scaled(120.0)
 
 
 async def send_together(client: AgentClient, commands: List[List[str]]):
@@ -84,7 +85,7 @@ def ok_subs(commands) -> List[str]:
 
 
 async def wait_until(predicate, timeout: float, what: str) -> None:
-    with trio.fail_after(timeout):
+    with trio.fail_after(scaled(timeout)):
         while not predicate():
             await trio.sleep(0.01)
 

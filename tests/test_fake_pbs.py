@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from proxy_agent.schedulers.batch.pbs import parse as P
 from proxy_agent.schedulers.batch.pbs.system import PbsSystem
 from proxy_agent.service.jobs import JobSpec, JobState
+from wait_support import scaled, wait_until_blocking
 
 FAKE_BIN = Path(__file__).parent / "fake_pbs" / "bin"
 
@@ -40,7 +40,7 @@ class Cluster:
 
     def run(self, argv, stdin: str = "", check: bool = True) -> subprocess.CompletedProcess:
         result = subprocess.run(list(argv), input=stdin, capture_output=True, text=True, env=self.env,
-                                cwd=str(self.root), timeout=20)
+                                cwd=str(self.root), timeout=scaled(30))
         if check:
             assert result.returncode == 0, (argv, result.stderr)
         return result
@@ -52,14 +52,12 @@ class Cluster:
     def jobs(self):
         return {job.job_id: job for job in self.system.parse_status(self.run(self.system.status_argv()).stdout)}
 
-    def wait(self, job_id: str, condition, timeout: float = 15.0):
-        deadline = time.monotonic() + timeout
-        while True:
+    def wait(self, job_id: str, condition, timeout: float = scaled(30)):
+        def reached():
             job = self.jobs().get(job_id)
-            if condition(job):
-                return job
-            assert time.monotonic() < deadline, f"{job_id} stayed {job}"
-            time.sleep(0.1)
+            return (job,) if condition(job) else None
+
+        return wait_until_blocking(reached, timeout, interval=0.1, what=f"{job_id} to change")[0]
 
     def final(self, job_id: str):
         """The final record as the backend finds it once the job left the listing."""
@@ -110,19 +108,23 @@ def test_probe_output_is_recognised(cluster):
 
 def test_a_job_queues_runs_and_finishes_with_its_output(cluster, tmp_path):
     out = tmp_path / "result.out"
-    spec = JobSpec(sys.executable, ["-c", "import sys, time; time.sleep(0.6); print('done', sys.argv[1:])", "a b", "$(x)"],
+    go = tmp_path / "go"  # the job runs until the test has seen it running
+    program_text = f"import os, sys, time\nwhile not os.path.exists({str(go)!r}): time.sleep(0.05)\nprint('done', sys.argv[1:])"
+    spec = JobSpec(sys.executable, ["-c", program_text, "a b", "$(x)"],
                    stdout_path=str(out), stderr_path=str(tmp_path / "result.err"), name="first job", num_procs=2)
-    cluster.env["FAKE_PBS_QUEUE_SECONDS"] = "1"  # long enough to see it wait on a busy machine
+    cluster.env["FAKE_PBS_QUEUE_SECONDS"] = "600"  # it waits in the queue while the test looks...
     job_id = cluster.submit(spec)
     queued = cluster.jobs()[job_id]
     assert state_of(cluster, queued) is JobState.QUEUING and queued.hosts == ()
     assert queued.name == "first_job"
+    cluster.env["FAKE_PBS_QUEUE_SECONDS"] = "0"  # ...and starts at the next command
     running = cluster.wait(job_id, lambda j: j is not None and j.native_state == "R")
     assert len(running.hosts) == 2 and running.num_procs == 2
     nodes = {n.name: n for n in cluster.system.parse_nodes(cluster.run(cluster.system.nodes_argv()).stdout)}
     assert sum(n.cpus_used for n in nodes.values()) == 2 and all(n.state == "UP" for n in nodes.values())
     queues = cluster.system.parse_queues(cluster.run(cluster.system.queues_argv()).stdout)
     assert sum(q.running for q in queues) == 1
+    go.touch()
     cluster.wait(job_id, lambda j: j is None or j.native_state in ("F", "C"))
     final = cluster.final(job_id)
     assert state_of(cluster, final) is JobState.FINISHED and final.exit_code == 0

@@ -9,12 +9,13 @@ import os
 import signal
 import stat
 import subprocess
-import time
 
 import pytest
 import trio
 
 from agent_fixtures import agent_argv, free_port, subprocess_env
+from leftover_support import RUN_VARIABLE
+from wait_support import scaled, wait_until, wait_until_blocking
 from proxy_agent.client import AgentClient, CommandFailed
 from proxy_agent.protocol.messages import CommandId, EventId
 from proxy_agent.protocol.wire import Decoder, Frame, FrameError, encode_frame
@@ -31,16 +32,24 @@ def _alive(pid: int) -> bool:
 
 
 def _yes_processes() -> set:
+    """This run's ``yes`` processes (others may run the same tests on the machine)."""
     found = set()
+    mark = f"{RUN_VARIABLE}={os.environ.get(RUN_VARIABLE, '')}".encode()
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
-                with open(f"/proc/{entry}/cmdline", "rb") as cmd:
-                    if cmd.read().split(b"\0")[0] == b"/usr/bin/yes":
+                with open(f"/proc/{entry}/cmdline", "rb") as cmd, open(f"/proc/{entry}/environ", "rb") as env:
+                    if cmd.read().split(b"\0")[0] == b"/usr/bin/yes" and mark in env.read().split(b"\0"):
                         found.add(int(entry))
             except OSError:
                 pass
     return found
+
+
+#: How much output may come between a command and its answer while jobs flood the agent: no
+#: more than the agent holds for a reading client (events queued for writing, output waiting,
+#: one read from each job), never everything the jobs print meanwhile.
+AHEAD_OF_AN_ANSWER = 8 << 20
 
 
 async def _start(client: AgentClient, base_id: int = 1000, token=None) -> None:
@@ -55,7 +64,7 @@ async def _listening(*args: str, env=None) -> trio.Process:
         env=env or subprocess_env(),
     )
     banner = b""
-    with trio.fail_after(10):
+    with trio.fail_after(scaled(30)):
         while b"listening on" not in banner:
             data = await process.stderr.receive_some(4096)
             assert data, banner
@@ -66,7 +75,7 @@ async def _listening(*args: str, env=None) -> trio.Process:
 async def _stop(process: trio.Process) -> int:
     if process.returncode is None:
         process.send_signal(signal.SIGTERM)
-    with trio.fail_after(10):
+    with trio.fail_after(scaled(30)):
         return await process.wait()
 
 
@@ -122,7 +131,7 @@ class Raw:
 async def test_unauthenticated_connections_never_keep_the_owner_out(tmp_path):
     port = free_port()
     env = subprocess_env(PROXY_AGENT_TOKEN=TOKEN)
-    process = await _listening("--listen", str(port), "--auth-timeout", "1", env=env)
+    process = await _listening("--listen", str(port), "--auth-timeout", f"{scaled(3):g}", env=env)
     try:
         squatters = []
         for i in range(40):
@@ -133,13 +142,13 @@ async def test_unauthenticated_connections_never_keep_the_owner_out(tmp_path):
                 await stream.send_all(encode_frame(CommandId.LIST_FILTERS, 1, []))  # no INIT
             squatters.append(stream)
         # the owner gets in at once, squatters or not
-        with trio.fail_after(5):
+        with trio.fail_after(scaled(30)):
             async with await AgentClient.connect_tcp("127.0.0.1", port) as client:
                 await _start(client, token=TOKEN)
                 assert len(client.queues) == 1
                 await client.quit()
         # and every squatter is gone after the deadline
-        with trio.fail_after(5):
+        with trio.fail_after(scaled(30)):
             for stream in squatters:
                 while True:
                     try:
@@ -155,42 +164,48 @@ async def test_unauthenticated_connections_never_keep_the_owner_out(tmp_path):
 
 
 async def test_an_output_flood_leaves_commands_and_quit_prompt():
-    before = _yes_processes()
+    """What keeps commands and QUIT prompt under a flood, whatever the machine's speed: output
+    takes its turn with the answers (a bounded amount of it before each), and travels many
+    lines to an event.  How fast it all is: scripts/bench_flood.py."""
     raw = await Raw.spawn()
     await raw.start(jobs=20)
     received = 0
-    probes = {}
-    answers = []
-    start = None
+    flooding = False
+    output_events = output_lines = 0
+    probes = {}  # TID -> bytes received since it was sent
+    ahead = []
     quit_tid = None
-    shutdown_after = None
+    ahead_of_shutdown = None
     last = None
     async for frame in raw.frames():
-        now = time.monotonic()
+        size = sum(len(arg) for arg in frame.args)
+        for tid in probes:
+            probes[tid] += size
+        if ahead_of_shutdown is not None and frame.msg_id != EventId.SHUTDOWN:
+            ahead_of_shutdown += size
         if frame.msg_id == EventId.PROCESS_CHANGE:
-            received += sum(len(a) for a in frame.args if a.startswith("processStdout="))
-            if start is None and received > 1_000_000:
-                start, received = now, 0
+            text = [a[len("processStdout="):] for a in frame.args if a.startswith("processStdout=")]
+            received += sum(map(len, text))
+            if flooding:
+                output_events += 1
+                output_lines += sum(t.count("\n") + 1 for t in text)
+            flooding = flooding or received > 1_000_000
         elif frame.msg_id == EventId.OK and frame.tid in probes:
-            answers.append(now - probes.pop(frame.tid))
-        if start is not None and not probes and quit_tid is None and len(answers) < 6:
-            probes[await raw.send(CommandId.LIST_FILTERS)] = now
-        if start is not None and len(answers) >= 6 and quit_tid is None:
-            rate = received / (now - start)
-            quit_sent = now
+            ahead.append(probes.pop(frame.tid))
+        if flooding and not probes and quit_tid is None and len(ahead) < 6:
+            probes[await raw.send(CommandId.LIST_FILTERS)] = 0
+        if flooding and len(ahead) >= 6 and quit_tid is None:
             quit_tid = await raw.send(CommandId.QUIT)
-        if quit_tid is not None and frame.msg_id == EventId.SHUTDOWN:
-            shutdown_after = now - quit_sent
+            ahead_of_shutdown = 0
         last = frame
     assert raw.errors == []  # whole frames to the end
     assert last is not None and last.msg_id == EventId.SHUTDOWN and last.tid == quit_tid
-    assert max(answers) < 2.0, answers
-    assert rate >= 5e6, f"{rate / 1e6:.1f} MB/s"
-    assert shutdown_after is not None and shutdown_after < 2.0
-    with trio.fail_after(5):
+    assert max(ahead) <= AHEAD_OF_AN_ANSWER, ahead
+    assert ahead_of_shutdown <= AHEAD_OF_AN_ANSWER
+    assert output_lines >= 100 * output_events, (output_lines, output_events)  # lines travel together
+    with trio.fail_after(scaled(30)):
         assert await raw.process.wait() == 0
-    await trio.sleep(0.3)
-    assert _yes_processes() - before == set()
+    await wait_until(lambda: not _yes_processes(), what="the jobs to end with the agent")
 
 
 async def test_a_client_that_stops_reading_holds_memory_down_and_is_answered_when_it_reads_again():
@@ -203,24 +218,25 @@ async def test_a_client_that_stops_reading_holds_memory_down_and_is_answered_whe
         if seen > 2000:
             break
     peak = 0
-    for _ in range(30):  # 6 s without reading a byte
+    for _ in range(30):  # not a wait: 6 s without reading a byte, the agent's memory sampled
         with open(f"/proc/{raw.process.pid}/status") as status:
             for line in status:
                 if line.startswith("VmRSS:"):
                     peak = max(peak, int(line.split()[1]) // 1024)
         await trio.sleep(0.2)
     assert peak < 400, f"{peak} MB"
-    sent = time.monotonic()
     tid = await raw.send(CommandId.LIST_FILTERS)
-    with trio.fail_after(5):
+    ahead = 0
+    with trio.fail_after(scaled(30)):
         async for frame in frames:
             if frame.msg_id == EventId.OK and frame.tid == tid:
                 break
-    assert time.monotonic() - sent < 5
+            ahead += sum(len(arg) for arg in frame.args)
+    assert ahead <= AHEAD_OF_AN_ANSWER  # answered once what was already on its way has come
     raw.process.send_signal(signal.SIGTERM)
     async for _ in frames:
         pass
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         assert await raw.process.wait() == 0
 
 
@@ -229,7 +245,7 @@ async def test_nothing_is_dropped_for_a_client_that_keeps_reading():
         await _start(client)
         jobs = [await client.submit("/usr/bin/seq", ["20000"]) for _ in range(10)]
         for job in jobs:
-            await client.wait_job_state(job, "COMPLETED", timeout=60)
+            await client.wait_job_state(job, "COMPLETED", timeout=scaled(60))
         for job in jobs:
             assert client.job_output(job).split("\n")[:-1] == [str(i) for i in range(1, 20001)]
             assert client.job_output(job, "stderr") == ""
@@ -239,7 +255,6 @@ async def test_nothing_is_dropped_for_a_client_that_keeps_reading():
 
 @pytest.mark.parametrize("run", range(3))
 async def test_quit_while_jobs_print_ends_with_whole_frames_and_shutdown(run):
-    before = _yes_processes()
     raw = await Raw.spawn()
     await raw.start(jobs=10)
     quit_tid = None
@@ -252,10 +267,9 @@ async def test_quit_while_jobs_print_ends_with_whole_frames_and_shutdown(run):
         last = frame
     assert raw.errors == []
     assert quit_tid is not None and last.msg_id == EventId.SHUTDOWN and last.tid == quit_tid
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         assert await raw.process.wait() == 0
-    await trio.sleep(0.3)
-    assert _yes_processes() - before == set()
+    await wait_until(lambda: not _yes_processes(), what="the jobs to end with the agent")
 
 
 async def test_a_process_that_leaves_its_job_does_not_outlive_it():
@@ -263,21 +277,18 @@ async def test_a_process_that_leaves_its_job_does_not_outlive_it():
     async with await AgentClient.spawn(agent_argv(), env=subprocess_env()) as client:
         await _start(client)
         job = await client.submit("/bin/sh", ["-c", script])
-        await client.wait_for(lambda: len(client.job_output(job).split()) == 2, timeout=20)
+        await client.wait_for(lambda: len(client.job_output(job).split()) == 2, timeout=scaled(30))
         escaped = [int(p) for p in client.job_output(job).split()]
         assert all(_alive(p) for p in escaped)
         await client.terminate(job)
-        await client.wait_job_state(job, "COMPLETED", timeout=10)
-        with trio.fail_after(5):
-            while any(_alive(p) for p in escaped):
-                await trio.sleep(0.05)
+        await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
+        await wait_until(lambda: not any(_alive(p) for p in escaped), what="the escaped processes to end")
         job = await client.submit("/bin/sh", ["-c", script])
-        await client.wait_for(lambda: len(client.job_output(job).split()) == 2, timeout=20)
+        await client.wait_for(lambda: len(client.job_output(job).split()) == 2, timeout=scaled(30))
         escaped = [int(p) for p in client.job_output(job).split()]
         assert all(_alive(p) for p in escaped)
         await client.quit()
-    await trio.sleep(0.5)
-    assert not any(_alive(p) for p in escaped)
+    await wait_until(lambda: not any(_alive(p) for p in escaped), what="the escaped processes to end")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
@@ -294,7 +305,7 @@ async def test_a_signal_is_told_to_the_client_before_the_stream_closes(signum):
     assert message.msg_id == EventId.MESSAGE and message.tid == events
     assert signal.Signals(signum).name in message.args[-1]
     assert shutdown == Frame(EventId.SHUTDOWN, events, ())
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         assert await raw.process.wait() == 0
 
 
@@ -310,7 +321,7 @@ async def test_the_token_reaches_no_job_and_no_log(tmp_path):
         async with await AgentClient.connect_tcp("127.0.0.1", port) as client:
             await _start(client, token=TOKEN)
             job = await client.submit("/usr/bin/env")
-            await client.wait_job_state(job, "COMPLETED", timeout=20)
+            await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
             output = client.job_output(job)
             assert "PATH=" in output and "PROXY_AGENT_TOKEN" not in output and TOKEN not in output
             await client.quit()
@@ -333,20 +344,18 @@ def test_the_token_file_is_never_written_through_a_planted_link(tmp_path):
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=subprocess_env())
     try:
         assert "listening on" in proc.stderr.readline()
-        deadline = time.time() + 5
-        while link.is_symlink() and time.time() < deadline:
-            time.sleep(0.02)
+        wait_until_blocking(lambda: not link.is_symlink(), what="the token file in place of the link")
         assert victim.read_text() == "precious\n"
         assert not link.is_symlink() and stat.S_IMODE(link.stat().st_mode) == 0o600
         assert len(link.read_text().strip()) >= 32
     finally:
         proc.send_signal(signal.SIGTERM)
-        proc.wait(10)
+        proc.wait(scaled(30))
     shared = tmp_path / "shared"
     shared.mkdir()
     shared.chmod(0o777)
     run = subprocess.run(agent_argv("--listen", "0", "--token-file", str(shared / "token")), capture_output=True,
-                         text=True, env=subprocess_env(), timeout=30, stdin=subprocess.DEVNULL)
+                         text=True, env=subprocess_env(), timeout=scaled(30), stdin=subprocess.DEVNULL)
     assert run.returncode == 2
     assert "others can write to that directory" in run.stderr and len(run.stderr.strip().splitlines()) == 1
     assert not (shared / "token").exists()
@@ -359,13 +368,12 @@ async def test_ids_and_numbers_are_ascii_decimal_only():
     async with await AgentClient.spawn(agent_argv(), env=subprocess_env()) as client:
         await _start(client)
         job = await client.submit("/bin/sleep", ["30"])
-        await client.wait_job_state(job, "RUNNING", timeout=20)
+        await client.wait_job_state(job, "RUNNING", timeout=scaled(30))
         arabic = "".join(chr(0x0660 + int(d)) for d in job)
         for text in (arabic, "_".join(job), f" {job}x", f"+{job}"):
             with pytest.raises(CommandFailed) as failure:
                 await client.terminate(text)
             assert failure.value.event.event_id == EventId.TERMINATEJOB_ERROR
-        await trio.sleep(0.2)
         assert client.job(job).get("jobState") == "RUNNING"
         for count in ("١", "1_0", "0x10"):
             command = await client.raw(CommandId.SUBMIT_JOB, ["jobSubId=n", "execPath=/bin/true", f"jobNumProcs={count}"])
@@ -377,6 +385,8 @@ async def test_ids_and_numbers_are_ascii_decimal_only():
                                    + ["progArgs=" + "x" * 100_000] * 40)
         assert command.completion.event_id == EventId.SUBMITJOB_ERROR
         assert "bytes" in command.completion.message
-        await client.terminate(job)
+        await client.terminate(job)  # (refused, had one of those ended it)
+        ended = await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
+        assert ended.get("jobStatus") == "KILLED"
         await client.quit()
         assert client.violations == []

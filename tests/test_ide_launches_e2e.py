@@ -34,6 +34,7 @@ import pytest
 import trio
 
 from agent_fixtures import agent_argv, subprocess_env
+from wait_support import scaled
 
 from proxy_agent.client import AgentClient
 from proxy_agent.client.connection import job_attributes
@@ -64,7 +65,7 @@ class Setup:
     stagger: float = 0.0
     #: the launches are expected to finish while the slow submission is still in flight
     fast_first: bool = False
-    wait: float = 30.0
+    wait: float = scaled(30.0)
     needs: Tuple[str, ...] = ()
     pbs: bool = False
 
@@ -75,18 +76,18 @@ SETUPS: Dict[str, Setup] = {
     "sim": Setup(("--scheduler", "sim", "--sim-submit-delay", SLOW, *SIM_FAST), "sim:debug", ("sim:debug",),
                  stagger=0.2),
     "slurm": Setup(("--scheduler", "slurm,sim", "--slurm-poll-interval", "1", "--sim-submit-delay",
-                    SLOW_BESIDE_BATCH, *SIM_FAST), "sim:debug", ("slurm:debug",), wait=120, needs=("slurm",)),
+                    SLOW_BESIDE_BATCH, *SIM_FAST), "sim:debug", ("slurm:debug",), wait=scaled(120), needs=("slurm",)),
     "sge": Setup(("--scheduler", "sge,sim", "--sge-poll-interval", "1", "--sim-submit-delay", SLOW_BESIDE_BATCH,
-                  *SIM_FAST), "sim:debug", ("sge:all.q",), wait=120, needs=("sge",)),
+                  *SIM_FAST), "sim:debug", ("sge:all.q",), wait=scaled(120), needs=("sge",)),
     # Grid Engine's own qsub is the slow submission, a local launch beside it
     "sge-qsub": Setup(("--scheduler", "local,sge", "--sge-poll-interval", "1"), "sge:all.q", ("local:default",),
-                      wait=120, needs=("sge",)),
+                      wait=scaled(120), needs=("sge",)),
     "pbs": Setup(("--scheduler", "pbs,sim", "--pbs-poll-interval", "0.5", "--sim-submit-delay", "3", *SIM_FAST),
-                 "sim:debug", ("pbs:workq",), wait=60, pbs=True),
+                 "sim:debug", ("pbs:workq",), wait=scaled(60), pbs=True),
     # the three in one agent, Grid Engine's qsub in flight beside the local and SLURM launches
     "local,slurm,sge": Setup(("--scheduler", "local,slurm,sge", "--slurm-poll-interval", "1",
                               "--sge-poll-interval", "1"), "sge:all.q", ("local:default", "slurm:debug"),
-                             wait=120, needs=("slurm", "sge")),
+                             wait=scaled(120), needs=("slurm", "sge")),
 }
 
 
@@ -109,7 +110,7 @@ def _require(setup: Setup) -> None:
 def _cancel(native_ids: Dict[str, List[str]]) -> None:
     """End what a test left in the shared clusters (the jobs are short; this is for failures)."""
     for native in native_ids.get("slurm", []):
-        subprocess.run(["scancel", native], capture_output=True, env=subprocess_env(), timeout=30,
+        subprocess.run(["scancel", native], capture_output=True, env=subprocess_env(), timeout=scaled(30),
                        stdin=subprocess.DEVNULL)
     if native_ids.get("sge"):
         import sge_support
@@ -145,7 +146,7 @@ async def ide_session(setup: Setup, tmp_path, *, tid_pool: int = 4) -> AsyncIter
             await client.start_events()
             wanted = {setup.slow, *setup.fast}
             await client.wait_for(lambda: wanted <= {f"{q.get('backend')}:{q.name}" for q in client.queues.values()},
-                                  30, description=f"the queues {sorted(wanted)}")
+                                  scaled(30), description=f"the queues {sorted(wanted)}")
             try:
                 yield client
             finally:
@@ -229,7 +230,7 @@ async def launch_all(client: AgentClient, launches: List[Tuple[str, float]], cwd
 async def test_a_launch_beside_a_slow_submission_completes(name, tmp_path):
     setup = SETUPS[name]
     wire: List[Traffic] = []
-    with trio.fail_after(60 + 2 * setup.wait):
+    with trio.fail_after(scaled(60) + 2 * setup.wait):
         async with ide_session(setup, tmp_path) as client:
             client.add_listener(lambda traffic: wire.append(traffic) if traffic.direction == "in" else None)
             kept = keep_jobs(client)
@@ -263,7 +264,7 @@ async def test_four_overlapping_launches_with_a_reused_tid_all_get_their_jobs(na
     C gets A's TID and D the TID of B, whose submission is still in flight."""
     setup = SETUPS[name]
     reused: List[Tuple[int, int]] = []
-    with trio.fail_after(60 + 2 * setup.wait):
+    with trio.fail_after(scaled(60) + 2 * setup.wait):
         async with ide_session(setup, tmp_path, tid_pool=2) as client:
 
             def note_reuse(traffic: Traffic) -> None:
@@ -310,14 +311,14 @@ async def test_each_client_is_told_its_own_jobs_state_by_state_and_others_merged
                 slow = await console.send_command(CommandId.SUBMIT_JOB, job_attributes(
                     "/bin/true", queue="sim:debug", sub_id=console.new_sub_id()))
                 job = await console.submit("/bin/true", queue="local:default")
-                done = await console.wait_job_state(job, "COMPLETED", 30)
+                done = await console.wait_job_state(job, "COMPLETED", scaled(30))
                 assert not slow.done  # all of it while the slow submission was in flight
                 assert done.states == ["STARTING", "RUNNING", "COMPLETED"]
                 assert distinct(done.changed_states) == ["RUNNING", "COMPLETED"]
-                await console.reply(slow, 30)
+                await console.reply(slow, scaled(30))
                 await console.quit()
             await ide.start_events()
-            theirs = await ide.wait_for(lambda: ide.find_job(done.sub_id), 10)
+            theirs = await ide.wait_for(lambda: ide.find_job(done.sub_id), scaled(30))
             assert theirs.states == ["COMPLETED"] and theirs.changed_states == []
             await ide.quit()
             assert ide.violations == []

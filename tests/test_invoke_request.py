@@ -15,6 +15,7 @@ from proxy_agent.frontends.invoke.request import (
     job_from_attributes,
 )
 from proxy_agent.service.jobs import JobState
+from wait_support import scaled
 
 BASE = [
     ("hostname", "node1"),
@@ -267,5 +268,5 @@ def test_protocol_and_request_modules_do_no_io_and_import_no_trio():
         "bad = sorted(m for m in ('trio', 'subprocess', 'socket', 'asyncio') if m in sys.modules)\n"
         "print(','.join(bad))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=True)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=scaled(30), check=True)
     assert out.stdout.strip() == ""

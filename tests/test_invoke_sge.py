@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from sge_support import cell_env, require_cell
+from wait_support import scaled
 from test_invoke_server import _final, attributes, invoke_server, script
 from proxy_agent.frontends.invoke.protocol import InvokeStatus
 
@@ -22,13 +23,13 @@ pytestmark = pytest.mark.sge
 
 require_cell()
 
-TIMEOUT = 90
+TIMEOUT = scaled(90)
 SERVER_ARGS = ("--scheduler", "sge", "--agent-option=--sge-poll-interval=1")
 
 
 def _listed(name: str) -> List[str]:
     """Grid Engine's states of the jobs named ``name`` that qstat still lists."""
-    done = subprocess.run(["qstat", "-u", "*"], capture_output=True, text=True, timeout=30,
+    done = subprocess.run(["qstat", "-u", "*"], capture_output=True, text=True, timeout=scaled(30),
                           env={**cell_env(), "PATH": "/usr/bin:/bin:/usr/local/bin"})
     # qstat truncates names to 10 characters in its table
     return [line.split()[4] for line in done.stdout.splitlines()[2:] if line.split()[2:3] == [name[:10]]]
@@ -45,7 +46,7 @@ def programs(tmp_path):
 
     yield make
     for path in made:
-        subprocess.run(["qdel", path.name], capture_output=True, timeout=30,
+        subprocess.run(["qdel", path.name], capture_output=True, timeout=scaled(30),
                        env={**cell_env(), "PATH": "/usr/bin:/bin:/usr/local/bin"})
 
 

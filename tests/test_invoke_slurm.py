@@ -15,6 +15,7 @@ import pytest
 import trio
 
 from slurm_support import require_cluster, slurm_conf
+from wait_support import scaled
 from test_invoke_protocol import FACTS_NOTIFIES, FACTS_REPLIES
 from test_invoke_server import _final, attributes, invoke_server, script
 from proxy_agent.frontends.invoke.protocol import CreateNotify, InvokeStatus, encode_job_create, parse_notify
@@ -23,7 +24,7 @@ pytestmark = pytest.mark.slurm
 
 require_cluster()
 
-TIMEOUT = 60
+TIMEOUT = scaled(60)
 SERVER_ARGS = ("--scheduler", "slurm", "--agent-option=--slurm-poll-interval=0.5")
 
 
@@ -35,13 +36,13 @@ def _squeue(name: str) -> List[str]:
     """States of the jobs named ``name`` that SLURM still lists."""
     done = subprocess.run(
         ["squeue", "--noheader", "--name", name, "--format", "%T"],
-        capture_output=True, text=True, timeout=15, env={**_slurm_env(), "PATH": "/usr/bin:/bin:/usr/local/bin"},
+        capture_output=True, text=True, timeout=scaled(30), env={**_slurm_env(), "PATH": "/usr/bin:/bin:/usr/local/bin"},
     )
     return done.stdout.split()
 
 
 def _scancel(name: str) -> None:
-    subprocess.run(["scancel", "--name", name], capture_output=True, timeout=15,
+    subprocess.run(["scancel", "--name", name], capture_output=True, timeout=scaled(30),
                    env={**_slurm_env(), "PATH": "/usr/bin:/bin:/usr/local/bin"})
 
 

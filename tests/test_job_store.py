@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from agent_fixtures import subprocess_env
+from wait_support import scaled
 from proxy_agent.service.jobs import JobSpec
 from proxy_agent.service.store import (
     SCHEMA_VERSION,
@@ -217,7 +218,7 @@ def test_one_agent_per_state_directory(tmp_path):
             f"try:\n    StateLock({str(tmp_path)!r}).acquire({{'pid': 1}})\n"
             "except StateDirInUse as exc:\n    print(exc.message); sys.exit(3)\n")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=subprocess_env(),
-                            timeout=30)
+                            timeout=scaled(30))
     assert result.returncode == 3
     assert "in use by proxy-agent process 1234" in result.stdout
     assert "proxy-console --unix /somewhere/agent.sock" in result.stdout
@@ -247,7 +248,7 @@ async def test_jobs_a_backend_cannot_take_back_end_in_the_store(tmp_path):
     service.add_backend(SimBackend(service.model, None, service.context(state_dir=str(tmp_path))))
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
-        with trio.fail_after(10):
+        with trio.fail_after(scaled(30)):
             await service.ready.wait()
         nursery.cancel_scope.cancel()
     reopened = open_store(str(tmp_path))

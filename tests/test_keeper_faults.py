@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 
 import trio
@@ -23,6 +22,7 @@ import trio
 from adoption_support import spawn_agent, start
 from disk_support import fill, small_disk
 from proxy_agent.service.history import read_job_output
+from wait_support import scaled, wait_until
 
 
 def keeper_pids(state: Path) -> dict:
@@ -51,29 +51,29 @@ async def test_a_killed_keeper_is_replaced_and_its_jobs_go_on_with_output_and_ex
     slow = 'i=1; while [ $i -le 40 ]; do echo "line $i"; i=$((i+1)); sleep 0.05; done; exit 5'
     # 200,000 lines in bursts: some sit in the pipe, not yet read, when the keeper dies
     bursts = 'for i in $(seq 0 19); do seq $((i*10000+1)) $((i*10000+10000)); sleep 0.1; done'
-    with trio.fail_after(90):
+    with trio.fail_after(scaled(90)):
         async with await spawn_agent(str(state), "-v", "--log-file", str(log)) as client:
             await start(client)
             job = await client.submit("/bin/sh", ["-c", slow], count=2)
             flood = await client.submit("/bin/sh", ["-c", bursts])
-            await client.wait_for(lambda: len(lines(client, job)) >= 5, 30, description="the first lines")
+            await client.wait_for(lambda: len(lines(client, job)) >= 5, scaled(30), description="the first lines")
             before = keeper_pids(state)
             os.kill(before["keeper"], signal.SIGKILL)
             # a new keeper under the same custodian; the agent is connected to it again
-            await client.wait_for(lambda: keeper_pids(state).get("keeper") not in (None, before["keeper"]), 30,
+            await client.wait_for(lambda: keeper_pids(state).get("keeper") not in (None, before["keeper"]), scaled(30),
                                   description="a new keeper")
             assert keeper_pids(state)["custodian"] == before["custodian"]
             after = await client.submit("/bin/echo", ["after the keeper died"])
-            done_after = await client.wait_job_state(after, "COMPLETED", 30)
+            done_after = await client.wait_job_state(after, "COMPLETED", scaled(30))
             assert done_after.get("jobStatus") == "FINISHED"
             assert lines(client, after) == ["after the keeper died"]
 
-            done = await client.wait_job_state(job, "COMPLETED", 60)
+            done = await client.wait_job_state(job, "COMPLETED", scaled(60))
             assert done.get("jobStatus") == "FAILED", done.attributes  # exit status 5, kept
             for rank in (0, 1):
                 assert client.job_process(done, rank).get("processExitCode") == "5"
                 assert lines(client, done, rank) == [f"line {i}" for i in range(1, 41)], rank
-            flooded = await client.wait_job_state(flood, "COMPLETED", 60)
+            flooded = await client.wait_job_state(flood, "COMPLETED", scaled(60))
             assert flooded.get("jobStatus") == "FINISHED"
             assert lines(client, flooded) == [str(i) for i in range(1, 200001)]
             assert [m.text for m in client.messages] == []  # replaced at once: nothing to tell
@@ -98,29 +98,26 @@ async def test_a_killed_keeper_is_replaced_and_its_jobs_go_on_with_output_and_ex
 
 async def test_a_job_no_keeper_can_take_back_is_reported_failed_with_the_reason(tmp_path):
     state = tmp_path / "state"
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await spawn_agent(str(state)) as client:
             await start(client)
             job = await client.submit("/bin/sleep", ["300"])
-            running = await client.wait_job_state(job, "RUNNING", 30)
+            running = await client.wait_job_state(job, "RUNNING", scaled(30))
             pid = int(client.job_process(running, 0).get("processPID"))
             pids = keeper_pids(state)
             os.kill(pids["custodian"], signal.SIGKILL)  # nothing is left to hold the job...
             while alive(pids["custodian"]):
                 await trio.sleep(0.01)
             os.kill(pids["keeper"], signal.SIGKILL)  # ...when its keeper dies
-            done = await client.wait_job_state(job, "COMPLETED", 30)
+            done = await client.wait_job_state(job, "COMPLETED", scaled(30))
             assert done.get("jobStatus") == "FAILED"
             message = done.get("jobStatusMessage")
             assert "the keeper and the custodian that ran the job both ended" in message, message
             assert "1 of its processes still running were ended" in message, message
-            deadline = time.monotonic() + 10
-            while alive(pid) and time.monotonic() < deadline:
-                await trio.sleep(0.05)
-            assert not alive(pid), "the job's process was left running"
+            await wait_until(lambda: not alive(pid), what="the job's process, not to be left running")
             # the agent goes on with the new keeper
             later = await client.submit("/bin/echo", ["still serving"])
-            assert (await client.wait_job_state(later, "COMPLETED", 30)).get("jobStatus") == "FINISHED"
+            assert (await client.wait_job_state(later, "COMPLETED", scaled(30))).get("jobStatus") == "FINISHED"
             await client.quit()
 
 
@@ -130,11 +127,11 @@ async def test_a_full_disk_drops_output_counted_refuses_new_jobs_and_the_job_run
         state = disk / "state"
         filler = None
         try:
-            with trio.fail_after(120):
+            with trio.fail_after(scaled(120)):
                 async with await spawn_agent(str(state)) as client:
                     await start(client)
                     warm = await client.submit("/bin/echo", ["ready"])
-                    await client.wait_job_state(warm, "COMPLETED", 30)
+                    await client.wait_job_state(warm, "COMPLETED", scaled(30))
                     keeper = keeper_pids(state)
                     filler = fill(disk, leave=3 << 19)
                     # writes its lines, waits to be told the disk is full, then ends normally
@@ -142,7 +139,7 @@ async def test_a_full_disk_drops_output_counted_refuses_new_jobs_and_the_job_run
                     script = f'seq 1 {total}; while [ ! -e "{gate}" ]; do sleep 0.05; done; exit 0'
                     job = await client.submit("/bin/sh", ["-c", script])
                     await client.wait_for(lambda: any("has no room for the output" in m.text for m in client.messages),
-                                          60, description="the notice that output is dropped")
+                                          scaled(60), description="the notice that output is dropped")
                     refused = None
                     try:
                         await client.submit("/bin/echo", ["refused"])
@@ -150,7 +147,7 @@ async def test_a_full_disk_drops_output_counted_refuses_new_jobs_and_the_job_run
                         refused = str(exc)
                     assert refused is not None and ("space" in refused or "full" in refused), refused
                     gate.touch()
-                    done = await client.wait_job_state(job, "COMPLETED", 60)
+                    done = await client.wait_job_state(job, "COMPLETED", scaled(60))
                     assert done.get("jobStatus") == "FINISHED", done.attributes  # it ran on, unharmed
                     got = lines(client, done)
                     notes = lines(client, done, stream="stderr")
@@ -167,14 +164,14 @@ async def test_a_full_disk_drops_output_counted_refuses_new_jobs_and_the_job_run
                     os.unlink(filler)  # room again: new jobs are accepted
                     filler = None
                     after = None
-                    deadline = trio.current_time() + 30
+                    deadline = trio.current_time() + scaled(30)
                     while after is None:
                         try:
                             after = await client.submit("/bin/echo", ["room again"])
                         except Exception:  # noqa: BLE001 - refused until the agent sees the room
                             assert trio.current_time() < deadline, "new jobs still refused with room on the disk"
                             await trio.sleep(0.5)
-                    assert (await client.wait_job_state(after, "COMPLETED", 30)).get("jobStatus") == "FINISHED"
+                    assert (await client.wait_job_state(after, "COMPLETED", scaled(30))).get("jobStatus") == "FINISHED"
                     assert keeper_pids(state) == keeper  # nothing crashed
                     assert client.violations == []
                     await client.quit()

@@ -28,6 +28,7 @@ from proxy_agent.service.service import JobService
 from proxy_agent.service.store import JobStore
 
 from agent_fixtures import subprocess_env
+from wait_support import scaled
 
 # Runs a keeper in its own process, counting what the test asks about; prints the counts.
 _COUNTING_KEEPER = textwrap.dedent("""
@@ -69,7 +70,7 @@ def test_the_keeper_answers_a_round_in_one_write_and_starts_processes_without_po
     keeper = subprocess.Popen([sys.executable, "-c", _COUNTING_KEEPER, str(tmp_path)], env=subprocess_env(),
                               stdout=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while True:
             sock = socket.socket(socket.AF_UNIX)
             try:
@@ -79,7 +80,7 @@ def test_the_keeper_answers_a_round_in_one_write_and_starts_processes_without_po
                 sock.close()
                 assert time.monotonic() < deadline, "the keeper did not open its socket"
                 time.sleep(0.01)
-        sock.settimeout(30)
+        sock.settimeout(scaled(30))
         lines = sock.makefile("rb")
         sock.sendall(b'{"op":"hello"}\n')
         assert json.loads(lines.readline())["op"] == "jobs"
@@ -98,7 +99,7 @@ def test_the_keeper_answers_a_round_in_one_write_and_starts_processes_without_po
         while lines.readline():
             pass
         sock.close()
-        out, _ = keeper.communicate(timeout=30)
+        out, _ = keeper.communicate(timeout=scaled(30))
     finally:
         if keeper.poll() is None:
             os.killpg(keeper.pid, signal.SIGKILL)  # the custodian and its keeper
@@ -131,7 +132,7 @@ async def test_requests_made_while_one_is_written_go_in_one_write():
         for key in range(20):
             nursery.start_soon(link.send, {"op": "spawn", "key": key})
     received = b""
-    b.settimeout(10)
+    b.settimeout(scaled(30))
     while received.count(b"\n") < 20:
         received += b.recv(1 << 16)
     assert sorted(json.loads(line)["key"] for line in received.splitlines()) == list(range(20))

@@ -10,6 +10,7 @@ from proxy_agent.service.jobs import JobSpec
 from proxy_agent.service.model import K
 from proxy_agent.service.service import JobService
 from proxy_agent.service.store import open_store
+from wait_support import scaled
 
 
 async def test_stored_local_jobs_unknown_to_the_keeper(tmp_path):
@@ -25,7 +26,7 @@ async def test_stored_local_jobs_unknown_to_the_keeper(tmp_path):
     model = service.model
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
-        with trio.fail_after(10):
+        with trio.fail_after(scaled(30)):
             await service.ready.wait()
         assert {5, 6} <= service.stored
         assert model.attr(5, K.STATE) == "FINISHED" and model.attr(5, K.EXIT_CODE) == "0"

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 
 import pytest
 
 from agent_fixtures import agent_argv, console_argv, subprocess_env
 from proxy_agent.service.jobs import NEVER_STARTS
 from slurm_support import require_cluster
+from wait_support import scaled
 
 pytestmark = pytest.mark.slurm
 
@@ -25,21 +25,19 @@ require_cluster()
 
 def test_submit_wait_reports_a_job_that_asks_for_more_time_than_its_partition_allows():
     name = f"pa-h16-never-{os.getpid()}"
-    start = time.monotonic()
     try:
+        # (a wait to the end of its --timeout would outlast the run's own deadline)
         run = subprocess.run(
-            console_argv("-q", "-c", f"submit --wait --timeout 120 -q debug jobName={name} timeLimit=3:00:00 /bin/true",
+            console_argv("-q", "-c", f"submit --wait --timeout 3600 -q debug jobName={name} timeLimit=3:00:00 /bin/true",
                          "--spawn", *agent_argv("--scheduler", "slurm")),
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=150, env=subprocess_env(),
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=scaled(150), env=subprocess_env(),
         )
-        elapsed = time.monotonic() - start
     finally:
-        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=30)
+        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=scaled(30))
     assert run.returncode == 1, run.stderr
     last = run.stderr.strip().splitlines()[-1]
     assert NEVER_STARTS in last and "(reason Partition" in last, last
     assert "terminate" in last and "Traceback" not in run.stderr
-    assert elapsed < 60, f"took {elapsed:.0f} s"
 
 
 def test_a_job_terminated_before_it_starts_is_ended_in_the_job_list_at_once(tmp_path):
@@ -53,15 +51,15 @@ def test_a_job_terminated_before_it_starts_is_ended_in_the_job_list_at_once(tmp_
         run = subprocess.run(
             console_argv("-q", "-c", f"submit --sub-id never -q debug jobName={name} timeLimit=3:00:00 /bin/true; "
                          "terminate never", "--spawn", *agent_argv("--scheduler", "slurm", "--state-dir", state)),
-            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=150, env=subprocess_env(),
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=scaled(150), env=subprocess_env(),
         )
     finally:
-        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=30)
+        subprocess.run(["scancel", "--name", name], capture_output=True, timeout=scaled(30))
     assert run.returncode == 0, run.stderr
     listed = subprocess.run(agent_argv("jobs", "--json", "--state-dir", state), capture_output=True, text=True,
-                            timeout=60, env=subprocess_env())
+                            timeout=scaled(60), env=subprocess_env())
     (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
     assert row["state"] == "KILLED" and row["ended"] is not None, row
     forgotten = subprocess.run(agent_argv("forget", str(row["id"]), "--state-dir", state), capture_output=True,
-                               text=True, timeout=60, env=subprocess_env())
+                               text=True, timeout=scaled(60), env=subprocess_env())
     assert forgotten.returncode == 0 and "forgot 1 job" in forgotten.stdout, forgotten.stderr

@@ -24,6 +24,7 @@ import pytest
 import trio
 
 from agent_fixtures import agent_argv, subprocess_env
+from wait_support import scaled
 from proxy_agent.client import AgentClient, CommandFailed
 from proxy_agent.protocol.messages import ErrorCode
 
@@ -31,7 +32,7 @@ FAKE_BIN = Path(__file__).parent / "fake_pbs" / "bin"
 #: the directory of a real PBS server's commands, when the tests are to run against it
 REAL_BIN = os.environ.get("PROXY_AGENT_PBS_BIN") or None
 PY = sys.executable
-TEST_TIMEOUT = 60
+TEST_TIMEOUT = scaled(60)
 DEFAULT_QUEUE = {"openpbs": "workq", "torque": "batch"}
 OTHER_QUEUE = {"openpbs": "long", "torque": "short"}
 
@@ -72,7 +73,7 @@ async def server(tmp_path: Path, family: str, commands: str = "path", **settings
                 await client.init()
                 await client.model_def()
                 await client.start_events()
-                await client.wait_for(lambda: client.queues and len(client.nodes) == len(NODES), 20,
+                await client.wait_for(lambda: client.queues and len(client.nodes) == len(NODES), scaled(30),
                                       description="queues and nodes")
                 yield client
                 await client.quit()
@@ -83,7 +84,7 @@ async def server(tmp_path: Path, family: str, commands: str = "path", **settings
 
 def _real_nodes() -> set:
     import subprocess
-    shown = subprocess.run([os.path.join(REAL_BIN, "pbsnodes"), "-a"], capture_output=True, text=True, timeout=30)
+    shown = subprocess.run([os.path.join(REAL_BIN, "pbsnodes"), "-a"], capture_output=True, text=True, timeout=scaled(30))
     return {line.strip() for line in shown.stdout.splitlines() if line and not line[0].isspace()}
 
 
@@ -95,7 +96,7 @@ def status(client: AgentClient, job: str) -> str:
     return client.job(job).get("jobStatus")
 
 
-async def wait_status(client: AgentClient, job: str, wanted: str, timeout: float = 30) -> None:
+async def wait_status(client: AgentClient, job: str, wanted: str, timeout: float = scaled(30)) -> None:
     await client.wait_for(lambda: status(client, job) == wanted, timeout,
                           description=f"job {job} {wanted} (is {status(client, job)})")
 
@@ -119,18 +120,18 @@ async def test_model_output_and_exit_codes(tmp_path, family):
         job = await client.submit(PY, ["-c", code], name="pa-pbs-fail")
         native = client.job(job).get("nativeId")
         assert native.endswith(".fake-head") if REAL_BIN is None else native.split(".")[0].isdigit()
-        await client.wait_job_state(job, "COMPLETED", timeout=30)
+        await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
         # All output is delivered before the final state (Torque copies it at the end).
         assert client.job_output(job, "stdout") == "out line\n"
         assert client.job_output(job, "stderr") == "err line\n"
         assert status(client, job) == "FAILED" and client.job(job).get("exitCode") == "3"
-        await client.wait_for(lambda: not glob.glob(str(tmp_path / ".proxy-agent" / "pbs" / "*")), 10,
+        await client.wait_for(lambda: not glob.glob(str(tmp_path / ".proxy-agent" / "pbs" / "*")), scaled(30),
                               description="spool files removed")
 
         args = ["two words", "$(touch pwned)", "it's", "", "héllo ✓"]
         ok = await client.submit(PY, ["-c", "import json, sys; print(json.dumps(sys.argv[1:]))", *args],
                                  name="pa-pbs-ok", env={"PA_X": "a 'b'"})
-        await client.wait_job_state(ok, "COMPLETED", timeout=30)
+        await client.wait_job_state(ok, "COMPLETED", timeout=scaled(30))
         assert json.loads(client.job_output(ok, "stdout")) == args
         assert status(client, ok) == "FINISHED" and client.job(ok).get("exitCode") == "0"
         assert not (tmp_path / "pwned").exists()
@@ -153,13 +154,13 @@ async def test_cancel_hold_release_move(tmp_path, family):
         await wait_status(client, running, "KILLED")
 
         held = await client.submit(PY, ["-c", "print('released')"], name="pa-pbs-held", hold=True)
-        await client.wait_for(lambda: client.job(held).get("jobNativeState") == "H", 20, description="held")
+        await client.wait_for(lambda: client.job(held).get("jobNativeState") == "H", scaled(30), description="held")
         assert status(client, held) == "HOLD"
         await client.move_job(held, OTHER_QUEUE[family])
-        await client.wait_for(lambda: client.job(held).get("queueId") == client.queue(OTHER_QUEUE[family]).id, 10,
+        await client.wait_for(lambda: client.job(held).get("queueId") == client.queue(OTHER_QUEUE[family]).id, scaled(30),
                               description="moved")
         await client.change_job(held, hold=False)
-        await client.wait_job_state(held, "COMPLETED", timeout=30)
+        await client.wait_job_state(held, "COMPLETED", timeout=scaled(30))
         assert status(client, held) == "FINISHED"
         assert client.job_output(held, "stdout") == "released\n"
 
@@ -183,7 +184,7 @@ async def test_refusals_are_clear_and_the_agent_serves_on(tmp_path):
         assert failed.value.code == ErrorCode.NOT_SUPPORTED
         assert "qos" in failed.value.message.lower()
         job = await client.submit("true", name="pa-pbs-after")
-        await client.wait_job_state(job, "COMPLETED", timeout=30)
+        await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
         assert status(client, job) == "FINISHED"
 
 
@@ -196,14 +197,14 @@ async def test_the_commands_are_found_where_the_option_says(tmp_path):
         (machine,) = client.machines.values()
         assert "OpenPBS" in machine.get("version")
         job = await client.submit(PY, ["-c", "print('from PBS')"], name="pa-pbs-dir")
-        await client.wait_job_state(job, "COMPLETED", timeout=30)
+        await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
         assert client.job_output(job, "stdout") == "from PBS\n" and status(client, job) == "FINISHED"
 
 
 async def test_a_job_that_can_never_run_says_so_in_the_schedulers_words(tmp_path):
     async with server(tmp_path, "openpbs") as client:
         job = await client.submit("/bin/true", name="pa-pbs-never", count=64)  # more than every node has
-        await client.wait_for(lambda: "Can Never Run" in (client.job(job).get("jobStatusMessage") or ""), 30,
+        await client.wait_for(lambda: "Can Never Run" in (client.job(job).get("jobStatusMessage") or ""), scaled(30),
                               description="the scheduler's comment")
         message = client.job(job).get("jobStatusMessage")
         assert message.startswith("will not start as submitted: Can Never Run: Insufficient amount of resource")
@@ -220,7 +221,7 @@ async def test_a_queue_changed_with_qmgr_reaches_the_client_at_the_next_poll(tmp
 
     def qmgr(setting: str) -> None:
         done = subprocess.run([os.path.join(REAL_BIN or str(FAKE_BIN), "qmgr"), "-c", f"set queue {queue} {setting}"],
-                              capture_output=True, text=True, env=env, timeout=30)
+                              capture_output=True, text=True, env=env, timeout=scaled(30))
         assert done.returncode == 0, done.stderr
 
     async with server(tmp_path, "openpbs") as client:
@@ -228,10 +229,10 @@ async def test_a_queue_changed_with_qmgr_reaches_the_client_at_the_next_poll(tmp
         try:
             qmgr("resources_max.walltime = 30:00:00")
             # the queues are listed at every poll (0.5 s here)
-            await client.wait_for(lambda: client.queue(queue).get("maxTime") == str(30 * 3600), 5,
+            await client.wait_for(lambda: client.queue(queue).get("maxTime") == str(30 * 3600), scaled(30),
                                   description=f"maxTime of {queue} (is {client.queue(queue).get('maxTime')})")
             qmgr("enabled = False")
-            await client.wait_for(lambda: client.queue(queue).get("queueState") == "STOPPED", 5,
+            await client.wait_for(lambda: client.queue(queue).get("queueState") == "STOPPED", scaled(30),
                                   description=f"{queue} stopped")
         finally:
             qmgr("enabled = True")
@@ -244,7 +245,7 @@ async def test_torque_final_state_from_tracejob(tmp_path):
     # Torque forgets completed jobs at once here: the end comes from tracejob.
     async with server(tmp_path, "torque", FAKE_PBS_KEEP_COMPLETED="0") as client:
         job = await client.submit(PY, ["-c", "raise SystemExit(4)"], name="pa-pbs-trace")
-        await client.wait_job_state(job, "COMPLETED", timeout=30)
+        await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
         assert status(client, job) == "FAILED" and client.job(job).get("exitCode") == "4"
 
 
@@ -260,11 +261,11 @@ async def test_no_pbs_here_is_a_clear_error_and_other_schedulers_serve_on(tmp_pa
             await client.init()
             await client.model_def()
             await client.start_events()
-            await client.wait_for(lambda: "cannot tell which PBS" in client.process.stderr_tail(200), 20,
+            await client.wait_for(lambda: "cannot tell which PBS" in client.process.stderr_tail(200), scaled(30),
                                   description="the error")
             assert "SGE 8.1.9" in client.process.stderr_tail(200)  # what the probe saw
             job = await client.submit("/bin/echo", ["still here"])
-            await client.wait_job_state(job, "COMPLETED", timeout=30)
+            await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
             assert client.job_output(job) == "still here\n"
             await client.quit()
         assert "Traceback" not in client.process.stderr_tail(200)

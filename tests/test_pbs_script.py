@@ -30,6 +30,7 @@ from proxy_agent.schedulers.batch.pbs.directives import (
 )
 from proxy_agent.schedulers.batch.script import BatchScriptError
 from proxy_agent.service.jobs import ErrorKind, JobSpec, SubmitError
+from wait_support import scaled
 
 FAKE_BIN = Path(__file__).parent / "fake_pbs" / "bin"
 PRINTER = (
@@ -59,7 +60,7 @@ def run_script(script: str, tmp_path: Path, env_names=(), procs: int = 1):
         "HOME": str(tmp_path),
         "PBS_NODEFILE": str(node_file),
     }
-    result = subprocess.run(["bash", str(path)], cwd=str(tmp_path), env=env, capture_output=True, timeout=30)
+    result = subprocess.run(["bash", str(path)], cwd=str(tmp_path), env=env, capture_output=True, timeout=scaled(30))
     assert result.returncode == 0, result.stderr.decode(errors="replace")
     return [json.loads(line) for line in result.stdout.decode("utf-8").splitlines()]
 

@@ -20,11 +20,12 @@ from pathlib import Path
 from proxy_agent.client import AgentClient
 from proxy_agent.console import launcher
 from pyz_support import SYSTEM_PYTHON, clean_env, copy_pyz
+from wait_support import scaled
 
 LAUNCHER_SOURCE = Path(launcher.__file__).read_text(encoding="utf-8")
 
 
-def run(argv, cwd, env, timeout=60, input_text=None):
+def run(argv, cwd, env, timeout=scaled(60), input_text=None):
     return subprocess.run(
         argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
         input=input_text, stdin=None if input_text is not None else subprocess.DEVNULL,
@@ -146,7 +147,7 @@ async def test_a_stdio_session_with_the_file(tmp_path):
         await client.model_def()
         await client.start_events()
         job = await client.submit("/bin/echo", ["from", "the", "file"])
-        await client.wait_job_state(job, "COMPLETED", timeout=30)
+        await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
         assert client.job_output(job) == "from the file\n"
         await client.quit()
     assert client.violations == []

@@ -23,7 +23,9 @@ from typing import Dict, List, Optional
 import pytest
 import trio
 
-from agent_fixtures import agent_argv, subprocess_env
+from agent_fixtures import agent_argv, stored_jobs, subprocess_env
+from slurm_support import other_user_env
+from wait_support import scaled, wait_until
 
 from proxy_agent.client import AgentClient, AgentProcess, CommandFailed, listen_for_agent
 from proxy_agent.client.state import Traffic
@@ -173,6 +175,11 @@ def check_ranks(wire: Wire) -> None:
             )
 
 
+async def round_trip(client: AgentClient) -> None:
+    """A command and its answer: what the agent had to send before it has come."""
+    await client.raw(CommandId.LIST_FILTERS, [], timeout=scaled(30))
+
+
 async def open_ide_session(*agent_args: str, env: Optional[Dict[str, str]] = None,
                            cwd: Optional[str] = None) -> AgentClient:
     """The real agent over stdio, driven by a reference-mode client."""
@@ -186,7 +193,7 @@ async def ide_handshake(client: AgentClient, base_id: int = IDE_BASE) -> Wire:
     await client.init(base_id=base_id, extra=IDE_EXTRA)
     await client.model_def()
     await client.start_events()
-    await client.wait_for(lambda: client.queues and client.nodes, 10, description="the initial model")
+    await client.wait_for(lambda: client.queues and client.nodes, scaled(30), description="the initial model")
     return wire
 
 
@@ -201,7 +208,7 @@ async def launch_with_arguments(client: AgentClient, wire: Wire, queue: str, **k
     """A launch as the IDE makes it: program arguments and environment.  NEW_JOB must not echo them."""
     job = await client.submit("/bin/sh", ["-c", 'echo a "b c" "$GREETING"'], env={"GREETING": "hi there"},
                               queue=queue, **kwargs)
-    done = await client.wait_job_state(job, "COMPLETED", 60)
+    done = await client.wait_job_state(job, "COMPLETED", scaled(60))
     assert done.get("jobStatus") == "FINISHED"
     attributes = wire.job_attributes(job)
     assert attributes and attributes[0].get("jobSubId") == done.sub_id
@@ -220,13 +227,13 @@ async def two_launches_while_stopped(client: AgentClient, wire: Wire, queue: str
     answers = [(f.msg_id, f.tid) for f in wire.frames[before:]]
     at = answers.index((0, start.tid))
     assert answers[at + 1] == (0, stop.tid)
-    with trio.fail_after(30):
+    with trio.fail_after(scaled(30)):
         subs = [await client.submit_nowait("/bin/echo", [f"held {n}"], queue=queue, **kwargs) for n in range(2)]
     assert all(client.find_job(sub) is None for sub in subs)
     await client.start_events()
     for n, sub in enumerate(subs):
-        job = await client.wait_for(lambda sub=sub: client.find_job(sub), 30)
-        await client.wait_job_state(job, "COMPLETED", 60)
+        job = await client.wait_for(lambda sub=sub: client.find_job(sub), scaled(30))
+        await client.wait_job_state(job, "COMPLETED", scaled(60))
         assert client.job_output(job) == f"held {n}\n"
         # however much was merged while events were stopped, the launch sees each state
         assert client.job(job).states == ["STARTING", "RUNNING", "COMPLETED"]
@@ -246,13 +253,13 @@ async def test_ide_session_on_the_local_scheduler(tmp_path):
 
         # characters beyond ASCII and a backslash: escaped on the wire, undone by the client
         greeting = await client.submit("/bin/sh", ["-c", GREETING_PRINTF], queue=queue)
-        await client.wait_job_state(greeting, "COMPLETED", 30)
+        await client.wait_job_state(greeting, "COMPLETED", scaled(30))
         assert client.job_output(greeting) == GREETING + "\n"
         assert GREETING_ESCAPED in wire.text()
 
         # bytes that are no text at all arrive as the replacement character, escaped, never dropped
         binary = await client.submit("/bin/sh", ["-c", r"printf '\377\n'; echo after"], queue=queue)
-        await client.wait_job_state(binary, "COMPLETED", 30)
+        await client.wait_job_state(binary, "COMPLETED", scaled(30))
         assert client.job_output(binary) == "\ufffd\nafter\n"
         assert "\\ufffd" in wire.text()
 
@@ -261,7 +268,7 @@ async def test_ide_session_on_the_local_scheduler(tmp_path):
         script.write_text("#!/bin/sh\necho named\n")
         script.chmod(0o755)
         named = await client.submit(str(script), queue=queue)
-        await client.wait_job_state(named, "COMPLETED", 30)
+        await client.wait_job_state(named, "COMPLETED", scaled(30))
         assert client.job(named).name == "r\u00e9sum\u00e9"
         assert "name=r\\xe9sum\\xe9" in wire.text()
 
@@ -273,7 +280,7 @@ async def test_ide_session_on_the_local_scheduler(tmp_path):
 
         # four processes: ranks 0-3 under the job, changes by rank
         four = await client.submit("/bin/sh", ["-c", 'echo "rank $PROXY_AGENT_PROCESS_INDEX"'], count=4, queue=queue)
-        await client.wait_job_state(four, "COMPLETED", 30)
+        await client.wait_job_state(four, "COMPLETED", scaled(30))
         assert sorted(p.id for p in client.children(four, "process")) == ["0", "1", "2", "3"]
         assert all(client.job_process(four, r).state == "COMPLETED" for r in range(4))
         changed = {r for e, g in wire.groups(ProcessChange) if e.job_id == four for r in g.ids}
@@ -295,7 +302,7 @@ async def test_native_dialect_keeps_the_design_documents_protocol():
         assert AttrType.ARRAY in {d.type for d in wire.definitions().values()}
         await client.start_events()
         job = await client.submit("/bin/sh", ["-c", GREETING_PRINTF + '; echo "$1"', "sh", "b c"], count=2)
-        await client.wait_job_state(job, "COMPLETED", 30)
+        await client.wait_job_state(job, "COMPLETED", scaled(30))
         progargs = [v for e, g in wire.groups(NewElements, ElementKind.JOB) if int(job) in g.ids
                     for k, v in g.attributes if k == "progArgs"]
         assert progargs == ["-c", GREETING_PRINTF + '; echo "$1"', "sh", "b c"]  # one progArgs= per argument
@@ -305,8 +312,8 @@ async def test_native_dialect_keeps_the_design_documents_protocol():
 
         start = client.state.open_command(CommandId.START_EVENTS)
         stop = await client.send_command(CommandId.STOP_EVENTS)
-        await client.wait_for(lambda: start.done, 10)
-        await trio.sleep(0.3)
+        await client.wait_for(lambda: start.done, scaled(30))
+        await round_trip(client)  # answered after anything the agent had for STOP_EVENTS
         assert not stop.done  # native: held until the next START_EVENTS
         await client.start_events()
         assert stop.ok
@@ -327,13 +334,13 @@ async def test_a_command_on_a_tid_still_open_is_carried_out():
                                                               "progArgs=two", "jobNumProcs=1"], tid=7)
         listed, c = client.state.send(CommandId.LIST_FILTERS, [], tid=7)
         await client.stream.send_all(a.raw + b.raw + c.raw)
-        await client.wait_for(lambda: first.done and second.done and listed.done, 10)
+        await client.wait_for(lambda: first.done and second.done and listed.done, scaled(30))
         assert first.ok and second.ok and listed.ok
         on_tid = [f.msg_id for f in wire.frames if f.tid == 7]
         assert on_tid == [0, 0, 0]  # one OK per command, nothing refused
         for sub, word in (("same-tid-1", "one"), ("same-tid-2", "two")):
-            job = await client.wait_for(lambda sub=sub: client.find_job(sub), 10)
-            await client.wait_job_state(job, "COMPLETED", 10)
+            job = await client.wait_for(lambda sub=sub: client.find_job(sub), scaled(30))
+            await client.wait_job_state(job, "COMPLETED", scaled(30))
             assert client.job_output(job) == word + "\n"
         # the TID is free again; the session goes on as before
         job = await launch_with_arguments(client, wire, first_queue(client))
@@ -352,10 +359,10 @@ async def test_a_command_on_the_events_tid_leaves_events_flowing():
         await client.model_def()
         await client.start_events()
         start = client.state.open_command(CommandId.START_EVENTS)
-        listed = await client.raw(CommandId.LIST_FILTERS, [], tid=start.tid, timeout=10)
+        listed = await client.raw(CommandId.LIST_FILTERS, [], tid=start.tid, timeout=scaled(30))
         assert listed.ok and not start.done and client.events_started
         job = await client.submit("/bin/echo", ["after"])
-        await client.wait_job_state(job, "COMPLETED", 10)
+        await client.wait_job_state(job, "COMPLETED", scaled(30))
         assert client.job_output(job) == "after\n"
         stop = await client.stop_events()
         assert start.ok and stop.ok
@@ -375,11 +382,11 @@ async def test_the_native_dialect_refuses_a_tid_still_open():
                                                                   "progArgs=abandoned", "jobNumProcs=1"])
         refusal, second = client.state.send(CommandId.LIST_FILTERS, [], tid=submit.tid)
         await client.stream.send_all(first.raw + second.raw)
-        await client.wait_for(lambda: refusal.done, 10)
+        await client.wait_for(lambda: refusal.done, scaled(30))
         assert isinstance(refusal.completion, Error) and refusal.completion.code == ErrorCode.TID_IN_USE
         assert submit.abandoned
-        job = await client.wait_for(lambda: client.find_job("abandoned"), 10)
-        await client.wait_job_state(job, "COMPLETED", 10)
+        job = await client.wait_for(lambda: client.find_job("abandoned"), scaled(30))
+        await client.wait_job_state(job, "COMPLETED", scaled(30))
         await client.quit()
     on_tid = [f for f in wire.frames if f.tid == submit.tid]
     assert len(on_tid) == 1 and on_tid[0].msg_id == 5  # the ERROR only, no late OK
@@ -405,9 +412,9 @@ async def test_the_ides_handshake_on_tid_0_in_lower_case_hex():
             command, _ = client.state.send(command_id, args, tid=0)
             await client.stream.send_all(lower_hex_frame(int(command_id), 0, args))
             if command_id is CommandId.START_EVENTS:
-                await client.wait_for(lambda: client.nodes and client.queues, 10)
+                await client.wait_for(lambda: client.nodes and client.queues, scaled(30))
             else:
-                await client.wait_for(lambda: command.done, 10)
+                await client.wait_for(lambda: command.done, scaled(30))
                 assert command.ok
         assert client.events_started and client.state.open_command(CommandId.START_EVENTS).tid == 0
         job = await launch_with_arguments(client, wire, first_queue(client))
@@ -420,33 +427,33 @@ async def test_commands_that_name_no_job_properly_are_refused():
     async with await open_ide_session(*LOCAL) as client:
         wire = await ide_handshake(client)
         job = await client.submit("/bin/sleep", ["30"])
-        await client.wait_job_state(job, "RUNNING", 10)
+        await client.wait_job_state(job, "RUNNING", scaled(30))
         arabic = "".join(chr(0x0660 + int(d)) for d in job)
         for args in ([f"jobId={arabic}"], ["jobId=" + "_".join(job)]):
-            refused = await client.raw(CommandId.TERMINATE_JOB, args, timeout=10)
+            refused = await client.raw(CommandId.TERMINATE_JOB, args, timeout=scaled(30))
             assert isinstance(refused.completion, TerminateJobError)
             assert refused.completion.code == ErrorCode.BAD_ARGUMENTS and "plain decimal digits" in refused.completion.message
         # the IDE's own command 7 (its event filter)
-        filters = await client.raw(CommandId.MOVE_JOB, ["jobState=RUNNING", "filterChildren=true", f"id={job}"], timeout=10)
+        filters = await client.raw(CommandId.MOVE_JOB, ["jobState=RUNNING", "filterChildren=true", f"id={job}"], timeout=scaled(30))
         assert isinstance(filters.completion, Error)
         assert client.job(job).state == "RUNNING"
         await client.terminate(job)
-        await client.wait_job_state(job, "COMPLETED", 10)
+        await client.wait_job_state(job, "COMPLETED", scaled(30))
         await client.quit()
     check_default_dialect(wire, client)
 
 
 async def test_init_takes_unknown_attributes_and_refuses_an_unknown_dialect():
     async with await open_ide_session(*LOCAL) as client:
-        refused = await client.raw(CommandId.INIT, ["version=2.0", f"baseId={IDE_BASE}", "dialect=klingon"], timeout=10)
+        refused = await client.raw(CommandId.INIT, ["version=2.0", f"baseId={IDE_BASE}", "dialect=klingon"], timeout=scaled(30))
         assert isinstance(refused.completion, Error) and "klingon" in refused.completion.message
-        too_big = await client.raw(CommandId.INIT, ["version=2.0", "baseId=2130706433"], timeout=10)
+        too_big = await client.raw(CommandId.INIT, ["version=2.0", "baseId=2130706433"], timeout=scaled(30))
         assert isinstance(too_big.completion, Error) and "2130706432" in too_big.completion.message
         # the highest base id the IDE can hold, with attributes the agent does not know
         wire = await ide_handshake(client, base_id=2130706432)
         assert client.rm.id == "2130706432"
         job = await client.submit("/bin/echo", ["high ids"], count=2)
-        await client.wait_job_state(job, "COMPLETED", 10)
+        await client.wait_job_state(job, "COMPLETED", scaled(30))
         assert int(job) <= JAVA_INT_MAX and client.job_output(job) == "high ids\nhigh ids\n"
         await client.quit()
     check_default_dialect(wire, client)
@@ -459,7 +466,7 @@ async def test_launched_as_the_ide_launches_it():
     async with await listen_for_agent("127.0.0.1", 0) as listener:
         argv = agent_argv("--proxy=tcp", "--host=localhost", f"--port={listener.port}", "--debug=1", *LOCAL)
         process = await AgentProcess.start(argv, env=subprocess_env(), stdio=False)
-        client = await listener.accept(process=process, timeout=15, reference=True)
+        client = await listener.accept(process=process, timeout=scaled(30), reference=True)
         async with client:
             wire = await ide_handshake(client)
             job = await launch_with_arguments(client, wire, first_queue(client))
@@ -470,24 +477,26 @@ async def test_launched_as_the_ide_launches_it():
     check_default_dialect(wire, client)
 
 
-async def test_long_lines_and_output_held_while_events_are_stopped():
+async def test_long_lines_and_output_held_while_events_are_stopped(tmp_path):
     """A line over 64 KiB arrives in pieces of at most 64 KiB; output written while events are
     stopped is kept up to its bound, and the lines given up are counted exactly."""
-    async with await open_ide_session(*LOCAL) as client:
+    env = {"XDG_STATE_HOME": str(tmp_path / "state")}
+    async with await open_ide_session(*LOCAL, env=env) as client:
         wire = await ide_handshake(client)
         long = await client.submit("/bin/sh", ["-c", "head -c 100000 /dev/zero | tr '\\0' x; echo; echo end"])
-        await client.wait_job_state(long, "COMPLETED", 10)
+        await client.wait_job_state(long, "COMPLETED", scaled(30))
         assert [len(line) for line in client.job_output(long).splitlines()] == [65536, 34464, 3]
 
         await client.stop_events()
         total = 300_000  # about 2 MB of lines: more than is kept for a process
         sub = await client.submit_nowait("seq", [str(total)])
-        await trio.sleep(2.0)
+        await wait_until(lambda: any(j["client_ref"] == sub and j["ended"] for j in stored_jobs(subprocess_env(**env))),
+                         what="the job to end while events are stopped")
         await client.start_events()
-        job = await client.wait_for(lambda: client.find_job(sub), 10)
+        job = await client.wait_for(lambda: client.find_job(sub), scaled(30))
         # The job ended while events were stopped: it still goes STARTING, RUNNING, COMPLETED
         # (it is this client's own), and its output follows in the same burst.
-        await client.wait_for(lambda: client.job_output(job).endswith(f"\n{total}\n"), 20)
+        await client.wait_for(lambda: client.job_output(job).endswith(f"\n{total}\n"), scaled(30))
         assert client.job(job).states == ["STARTING", "RUNNING", "COMPLETED"]
         kept = client.job_output(job).splitlines()
         (note,) = client.job_output(job, "stderr").splitlines()
@@ -507,13 +516,13 @@ async def test_ide_session_on_the_simulated_scheduler():
         wire = await ide_handshake(client)
         queue = first_queue(client, "debug")
         job = await client.submit("/bin/sh", ["-c", "true"], env={"A": "b"}, queue=queue, count=4)
-        await client.wait_job_state(job, "COMPLETED", 30)
+        await client.wait_job_state(job, "COMPLETED", scaled(30))
         assert all("progArgs" not in a and "env" not in a for a in wire.job_attributes(job))
         assert sorted(p.id for p in client.children(job, "process")) == ["0", "1", "2", "3"]
 
         # the simulated job names itself and its output after the program: beyond ASCII here
         named = await client.submit("/opt/\u30b8\u30e7\u30d6", queue=queue)
-        await client.wait_job_state(named, "COMPLETED", 30)
+        await client.wait_job_state(named, "COMPLETED", scaled(30))
         assert client.job(named).name == "\u30b8\u30e7\u30d6"
         assert "\u30b8\u30e7\u30d6" in client.job_output(named)
         assert "name=\\u30b8\\u30e7\\u30d6" in wire.text()
@@ -523,8 +532,8 @@ async def test_ide_session_on_the_simulated_scheduler():
         subs = [await client.submit_nowait("lammps", queue=queue) for _ in range(2)]
         await client.start_events()
         for sub in subs:
-            held = await client.wait_for(lambda sub=sub: client.find_job(sub), 30)
-            await client.wait_job_state(held, "COMPLETED", 30)
+            held = await client.wait_for(lambda sub=sub: client.find_job(sub), scaled(30))
+            await client.wait_job_state(held, "COMPLETED", scaled(30))
         await client.quit()
     check_default_dialect(wire, client)
 
@@ -539,8 +548,8 @@ def slurm_cluster():
     return require_cluster()
 
 
-def _slurm(*argv: str) -> subprocess.CompletedProcess:
-    return subprocess.run(list(argv), capture_output=True, text=True, timeout=30, env=subprocess_env(),
+def _slurm(*argv: str, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=scaled(30), env=env or subprocess_env(),
                           stdin=subprocess.DEVNULL)
 
 
@@ -552,18 +561,18 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
     other_name = f"\u30b8\u30e7\u30d6-ide-{os.getpid()}"
     ours_name = f"pa-h9-ide-{os.getpid()}"
     other = _slurm("sbatch", "--parsable", "--uid=nobody", "--gid=nogroup", "-J", other_name, "-p", "long",
-                   "-D", "/tmp", "-o", "/dev/null", "-e", "/dev/null", "--wrap", "sleep 60")
-    if other.returncode != 0:
-        pytest.skip(f"cannot submit a job as another user: {other.stderr.strip()}")
+                   "-D", "/tmp", "-o", "/dev/null", "-e", "/dev/null", "--wrap", "sleep 60",
+                   env=other_user_env(subprocess_env()))
+    assert other.returncode == 0, f"cannot submit a job as another user: {other.stderr.strip()}"
     other_id = other.stdout.strip().split(";")[0]
     ours: List[str] = []
     try:
-        with trio.fail_after(240):  # SLURM's queue may hold others' jobs before ours
+        with trio.fail_after(scaled(240)):  # SLURM's queue may hold others' jobs before ours
             async with await open_ide_session("--scheduler", "slurm", "--slurm-poll-interval", "1",
                                               "--all-users") as client:
                 wire = await ide_handshake(client)
                 theirs = await client.wait_for(
-                    lambda: next((j for j in client.jobs.values() if j.get("nativeId") == other_id), None), 20,
+                    lambda: next((j for j in client.jobs.values() if j.get("nativeId") == other_id), None), scaled(30),
                     description="the other user's job")
                 assert theirs.name == other_name and theirs.get("userId") == "nobody"
                 # while it waits SLURM lists its task count as "no value" (4294967294): the job
@@ -580,7 +589,7 @@ async def test_ide_session_on_slurm(slurm_cluster, tmp_path):
                 ours.append(client.job(job).get("nativeId"))
                 assert client.job_output(job) == "a b c hi there\n"  # there when COMPLETED came
 
-                await client.wait_job_state(greeting, "COMPLETED", 60)
+                await client.wait_job_state(greeting, "COMPLETED", scaled(60))
                 assert client.job_output(greeting) == GREETING + "\n"
                 assert GREETING_ESCAPED in wire.text()
 
@@ -620,13 +629,13 @@ async def test_ide_session_on_grid_engine(tmp_path):
         ).stdout.strip()
     ours: List[str] = []
     try:
-        with trio.fail_after(240):
+        with trio.fail_after(scaled(240)):
             async with await open_ide_session("--scheduler", "sge", "--sge-poll-interval", "1", "--all-users",
                                               env=sge_support.cell_env()) as client:
                 wire = await ide_handshake(client)
                 if other:
                     theirs = await client.wait_for(
-                        lambda: next((j for j in client.jobs.values() if j.get("nativeId") == other), None), 30,
+                        lambda: next((j for j in client.jobs.values() if j.get("nativeId") == other), None), scaled(30),
                         description="the other user's job")
                     assert theirs.get("jobStatus") == "HOLD"
                 queue = first_queue(client, "all.q")
@@ -636,7 +645,7 @@ async def test_ide_session_on_grid_engine(tmp_path):
                 job = await launch_with_arguments(client, wire, queue, cwd=str(tmp_path), jobName="pa-ide-args")
                 ours.append(client.job(job).get("nativeId"))
                 assert client.job_output(job) == "a b c hi there\n"  # there when COMPLETED came
-                await client.wait_job_state(greeting, "COMPLETED", 60)
+                await client.wait_job_state(greeting, "COMPLETED", scaled(60))
                 assert client.job_output(greeting) == GREETING + "\n"
                 assert GREETING_ESCAPED in wire.text()
                 await two_launches_while_stopped(client, wire, queue, cwd=str(tmp_path), jobName="pa-ide-held")
@@ -664,7 +673,7 @@ async def test_ide_session_on_pbs(tmp_path, family):
            "FAKE_PBS_STATE": str(tmp_path / "state"), "FAKE_PBS_QUEUE_SECONDS": "0.3", "HOME": str(tmp_path),
            "FAKE_PBS_USER": getpass.getuser()}
     try:
-        with trio.fail_after(90):
+        with trio.fail_after(scaled(90)):
             async with await open_ide_session("--scheduler", "pbs", "--pbs-poll-interval", "0.5", env=env,
                                               cwd=str(tmp_path)) as client:
                 wire = await ide_handshake(client)
@@ -672,7 +681,7 @@ async def test_ide_session_on_pbs(tmp_path, family):
                 job = await launch_with_arguments(client, wire, queue, cwd=str(tmp_path))
                 assert client.job_output(job) == "a b c hi there\n"
                 greeting = await client.submit("/bin/sh", ["-c", GREETING_PRINTF], queue=queue, cwd=str(tmp_path))
-                await client.wait_job_state(greeting, "COMPLETED", 60)
+                await client.wait_job_state(greeting, "COMPLETED", scaled(60))
                 assert client.job_output(greeting) == GREETING + "\n"
                 assert GREETING_ESCAPED in wire.text()
                 await two_launches_while_stopped(client, wire, queue, cwd=str(tmp_path))

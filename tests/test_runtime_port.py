@@ -19,12 +19,12 @@ import socket
 import struct
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import trio
 
 from agent_fixtures import agent_argv, free_port, service_pid, subprocess_env
+from wait_support import scaled, settle, wait_until
 from proxy_agent.__main__ import parse_arguments, runtime_settings
 from proxy_agent.client import AgentClient
 from proxy_agent.protocol.messages import CommandId
@@ -42,6 +42,17 @@ WAITER = textwrap.dedent("""
 """)
 
 
+def closed_now(stream: trio.SocketStream) -> bool:
+    """Has the other end closed the connection (looked at without waiting)?"""
+    with socket.socket(fileno=os.dup(stream.socket.fileno())) as peek:
+        try:
+            return peek.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except BlockingIOError:
+            return False
+        except OSError:  # reset
+            return True
+
+
 def rss_kib(pid: int) -> int:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -51,7 +62,7 @@ def rss_kib(pid: int) -> int:
 
 
 async def _start(client: AgentClient) -> None:
-    await client.reply(await client.send_command(CommandId.INIT, ["version=2.0", "baseId=1000"]), 30)
+    await client.reply(await client.send_command(CommandId.INIT, ["version=2.0", "baseId=1000"]), scaled(30))
     await client.model_def()
     await client.start_events()
 
@@ -62,7 +73,7 @@ def _parts(script: str, count: int) -> str:
 
 
 async def _runtime_listening(port: int) -> None:
-    with trio.fail_after(30):
+    with trio.fail_after(scaled(30)):
         while True:
             try:
                 stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -79,12 +90,12 @@ async def test_unauthenticated_peers_cost_bounded_memory_and_never_lock_out_loca
     waiter.write_text(WAITER)
     argv = agent_argv("--scheduler", "local", "--runtime-tcp", f"127.0.0.1:{port}")
     env = subprocess_env()
-    with trio.fail_after(120):
+    with trio.fail_after(scaled(120)):
         async with await AgentClient.spawn(argv, env=env) as client:
             await _start(client)
             first = await client.cosubmit(_parts(str(waiter), 1))  # starts the runtime server
             await _runtime_listening(port)
-            await client.wait_for(lambda: client.job(first).get("jobStatus") == "FINISHED", 60,
+            await client.wait_for(lambda: client.job(first).get("jobStatus") == "FINISHED", scaled(60),
                                   description="a first multi-part job")
             pid = service_pid(os.path.join(env["XDG_STATE_HOME"], "proxy-agent"))  # the runtime port's process
             before = rss_kib(pid)
@@ -113,22 +124,13 @@ async def test_unauthenticated_peers_cost_bounded_memory_and_never_lock_out_loca
 
             # hundreds of idle connections: a handful stay, the rest are closed
             idle = [await trio.open_tcp_stream("127.0.0.1", port) for _ in range(300)]
-            await trio.sleep(2.5)  # past the grace a connection has to show its secret
-
-            async def gone(stream) -> bool:
-                with trio.move_on_after(0.2):
-                    try:
-                        return await stream.receive_some(1) == b""
-                    except trio.BrokenResourceError:
-                        return True
-                return False
-
-            still_open = [stream for stream in idle + held if not await gone(stream)]
-            assert len(still_open) <= 8, len(still_open)
+            # (closed once past the grace a connection has to show its secret)
+            await wait_until(lambda: sum(not closed_now(stream) for stream in idle + held) <= 8, interval=0.2,
+                             what="all but a handful of the idle connections closed")
 
             # a local multi-part job's processes, on the Unix socket, pass their barrier
             job = await client.cosubmit(_parts(str(waiter), 3))
-            await client.wait_for(lambda: client.job(job).get("jobStatus") in ("FINISHED", "FAILED"), 60,
+            await client.wait_for(lambda: client.job(job).get("jobStatus") in ("FINISHED", "FAILED"), scaled(60),
                                   description="the job beside the idle connections")
             assert client.job(job).get("jobStatus") == "FINISHED", client.job(job).attributes
             passed = [line for part in client.parts_of(job) for line in client.job_output(part).splitlines()
@@ -140,26 +142,24 @@ async def test_unauthenticated_peers_cost_bounded_memory_and_never_lock_out_loca
 
 
 async def test_a_handful_of_idle_connections_per_peer_are_kept_and_slow_ones_end(nursery, tmp_path):
-    server = RuntimeServer(unix_path=str(tmp_path / "runtime.sock"), tcp_host="127.0.0.1", auth_timeout=3.0)
+    server = RuntimeServer(unix_path=str(tmp_path / "runtime.sock"), tcp_host="127.0.0.1", auth_timeout=scaled(6.0))
     await nursery.start(server.run)
     job = server.register_job(MultiJobDescription(parts=[Part("/bin/a")]))
     host, port = wire.parse_contact(server.tcp_contact)[1]
     idle = [await trio.open_tcp_stream(host, port) for _ in range(30)]
     slow = await trio.open_tcp_stream(host, port)
-    await trio.sleep(1.5)
 
     async def closed(stream) -> bool:
-        with trio.move_on_after(0.1):
-            try:
-                return await stream.receive_some(1) == b""
-            except trio.BrokenResourceError:
-                return True
-        return False
+        await settle()
+        return closed_now(stream)
 
-    kept = [stream for stream in idle if not await closed(stream)]
+    # past AUTH_GRACE the extra idle ones are closed (and the rest at the auth timeout)
+    await wait_until(lambda: sum(not closed_now(stream) for stream in idle) <= server.slow_per_peer,
+                     what="the idle connections beyond a handful closed")
+    kept = [stream for stream in idle if not closed_now(stream)]
     assert len(kept) == server.slow_per_peer - 1 or len(kept) == server.slow_per_peer, len(kept)
     # one that sends a byte now and then is closed once its time to authenticate is over
-    with trio.fail_after(10):
+    with trio.fail_after(scaled(30)):
         while True:
             try:
                 await slow.send_all(b"\x00")
@@ -171,7 +171,7 @@ async def test_a_handful_of_idle_connections_per_peer_are_kept_and_slow_ones_end
     # a process with the job's secret is served meanwhile
     env = server.environment(job, 0, remote=True)
     env["PROXY_AGENT_PROCESS_INDEX"] = "0"
-    answer = await trio.to_thread.run_sync(lambda: Runtime(env, timeout=10).info())
+    answer = await trio.to_thread.run_sync(lambda: Runtime(env, timeout=scaled(30)).info())
     assert answer["part"] == 0
     for stream in idle + [slow]:
         await stream.aclose()
@@ -189,13 +189,13 @@ async def test_a_large_request_goes_through_after_the_secret(nursery, tmp_path):
     payload = os.urandom(3 * AUTH_FRAME)  # base64 in a request several times the first-request limit
 
     def exchange() -> bytes:
-        sender, receiver = Runtime(environments[0], timeout=20), Runtime(environments[1], timeout=20)
+        sender, receiver = Runtime(environments[0], timeout=scaled(30)), Runtime(environments[1], timeout=scaled(30))
         sender.send(1, "big", payload)
         return receiver.receive("big")
 
     assert await trio.to_thread.run_sync(exchange) == payload
     # the same request without the secret first is refused on its length
-    raw = socket.create_connection(wire.parse_contact(server.tcp_contact)[1], timeout=10)
+    raw = socket.create_connection(wire.parse_contact(server.tcp_contact)[1], timeout=scaled(30))
     try:
         body = json.dumps({"v": 1, "op": "send", "job": job, "secret": "x", "part": 0, "rank": 0,
                            "dest": 1, "tag": "t", "data": "A" * (2 * AUTH_FRAME)}).encode()

@@ -22,6 +22,7 @@ from proxy_agent.schedulers.sim import SimBackend, SimOptions
 from proxy_agent.service.model import K, Kind, ServiceModel
 
 from agent_fixtures import start_up_probe, subprocess_env
+from wait_support import scaled
 
 
 def _cluster(jobs: int = 300) -> ServiceModel:
@@ -360,7 +361,7 @@ def test_start_up_imports_only_the_backends_it_runs():
 
     def run(*argv: str) -> str:
         done = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True,
-                              env=subprocess_env(), timeout=60)
+                              env=subprocess_env(), timeout=scaled(60))
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
 
@@ -369,7 +370,7 @@ def test_start_up_imports_only_the_backends_it_runs():
     # another backend's option is still accepted (the full command line is read then)
     assert "local" in run("--stdio", "--sim-nodes", "4")
     bad = subprocess.run([sys.executable, "-m", "proxy_agent", "--no-such-option"], capture_output=True,
-                         text=True, env=subprocess_env(), timeout=60)
+                         text=True, env=subprocess_env(), timeout=scaled(60))
     assert bad.returncode == 2 and "unrecognized arguments: --no-such-option" in bad.stderr
 
 
@@ -443,7 +444,7 @@ def test_the_collector_waits_for_the_start_up_imports_and_then_leaves_them_alone
         "print(repr(started).replace(' ', ''), gc.isenabled(), gc.get_freeze_count() > 10000)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=subprocess_env(),
-                          timeout=60)
+                          timeout=scaled(60))
     assert done.returncode == 0, done.stderr
     started, enabled, frozen = done.stdout.split()
     # No collection ran while trio and the agent's modules were imported (without the pause,
@@ -466,7 +467,7 @@ def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
                               env=subprocess_env())
     try:
         path = tmp_path / "keeper.sock"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + scaled(30)
         while True:
             sock = socket.socket(socket.AF_UNIX)
             try:
@@ -508,7 +509,7 @@ def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
         sock.close()
     finally:
         try:
-            keeper.wait(timeout=10)
+            keeper.wait(timeout=scaled(30))
         except subprocess.TimeoutExpired:
             os.killpg(keeper.pid, signal.SIGKILL)  # the custodian and its keeper
             keeper.wait()
@@ -588,7 +589,7 @@ async def test_an_agent_serving_a_socket_plans_the_initial_model_before_a_client
     path = str(tmp_path / "agent.sock")
     async with BackgroundAgent("--unix", path, "-vv", "--scheduler", "sim", "--sim-nodes", "20",
                                "--sim-jobs", "2000") as agent:
-        with trio.fail_after(15):
+        with trio.fail_after(scaled(30)):
             while "initial model planned ahead" not in stderr_so_far(agent.process):
                 await trio.sleep(0.05)
         # a client of the default dialect (what the agent plans for before any client came)
@@ -597,7 +598,7 @@ async def test_an_agent_serving_a_socket_plans_the_initial_model_before_a_client
             await client.init()
             await client.model_def()
             await client.start_events()
-            await client.wait_for(lambda: len(client.jobs) == 2000, 15, description="the initial model")
+            await client.wait_for(lambda: len(client.jobs) == 2000, scaled(30), description="the initial model")
         log = stderr_so_far(agent.process)
         # planned once, before the client came; the client's START_EVENTS only rendered it
         assert log.count("initial model planned (") == 1, log
@@ -609,14 +610,14 @@ async def test_a_client_that_waits_after_model_def_gets_the_model_planned_meanwh
     from agent_fixtures import agent_argv
 
     argv = agent_argv("-vv", "--scheduler", "sim", "--sim-nodes", "20", "--sim-jobs", "2000")
-    with trio.fail_after(30):
+    with trio.fail_after(scaled(30)):
         async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
             await client.init()
             await client.model_def()
             while "initial model planned ahead" not in client.process.stderr_tail(lines=1000):
                 await trio.sleep(0.05)
             await client.start_events()
-            await client.wait_for(lambda: len(client.jobs) == 2000, 15, description="the initial model")
+            await client.wait_for(lambda: len(client.jobs) == 2000, scaled(30), description="the initial model")
             log = client.process.stderr_tail(lines=1000)
             await client.quit()
     assert log.count("initial model planned (") == 1, log

@@ -8,8 +8,6 @@ import json
 import os
 import socket
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import trio
@@ -18,7 +16,7 @@ from agent_fixtures import agent_argv, subprocess_env
 from proxy_agent.client import AgentClient
 from proxy_agent.frontends.api.client import GoneEvent, JobEvent, OutputEvent, ServiceClient
 from proxy_agent.frontends.api.terms import spec_from_dict, spec_to_dict
-from proxy_agent.frontends.api.wire import Refused, ask, call, encode, socket_path
+from proxy_agent.frontends.api.wire import Refused, ask, call, socket_path
 from proxy_agent.service.jobs import ErrorKind, JobSpec, JobState, ServiceError
 
 DEADLINE = 60

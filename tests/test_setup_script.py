@@ -9,13 +9,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from wait_support import scaled
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = ROOT / "scripts" / "setup"
 
 
 def test_up_to_date_venv_is_one_line_and_the_path():
-    run = subprocess.run([str(SETUP)], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([str(SETUP)], capture_output=True, text=True, timeout=scaled(300))
     assert run.returncode == 0, run.stderr
     assert run.stdout == f"{ROOT}/.venv/bin/python\n"
     assert run.stderr.splitlines()[-1] == "setup: .venv is up to date"
@@ -28,7 +29,7 @@ def test_up_to_date_venv_is_one_line_and_the_path():
 def test_first_run_shows_each_step_and_pips_progress(tmp_path):
     copy = tmp_path / "checkout"
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns(".venv", ".git", "build", "dist", "__pycache__", "*.egg-info"))
-    run = subprocess.run([str(copy / "scripts" / "setup")], capture_output=True, text=True, timeout=600, cwd=copy)
+    run = subprocess.run([str(copy / "scripts" / "setup")], capture_output=True, text=True, timeout=scaled(600), cwd=copy)
     assert run.returncode == 0, run.stderr
     assert run.stdout == f"{copy}/.venv/bin/python\n"
     lines = run.stderr.splitlines()

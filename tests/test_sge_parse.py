@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import subprocess
 import time
@@ -24,6 +23,7 @@ from hypothesis import strategies as st
 from proxy_agent.schedulers.batch.sge import directives as sge_script, parse as sge_parse, system as sge
 from proxy_agent.schedulers.batch.sge.parse import SgeParseError
 from proxy_agent.service.jobs import ErrorKind, JobError, JobSpec, JobState, SubmitError
+from wait_support import scaled
 
 DATA = Path(__file__).parent / "data" / "sge" / "8.1.9"
 ROLES = json.loads((DATA / "roles.json").read_text(encoding="utf-8"))
@@ -592,7 +592,7 @@ def _run_script(spec: JobSpec, tmp_path: Path):
     script = sge_script.render_script(spec)
     path = tmp_path / "job.sh"
     path.write_text(script, encoding="utf-8")
-    return subprocess.run(["bash", str(path)], capture_output=True, timeout=20, cwd=tmp_path)
+    return subprocess.run(["bash", str(path)], capture_output=True, timeout=scaled(30), cwd=tmp_path)
 
 
 def test_hostile_arguments_reach_the_program_verbatim(tmp_path):

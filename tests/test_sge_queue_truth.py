@@ -19,6 +19,7 @@ import trio
 
 import sge_support
 from agent_fixtures import agent_argv, subprocess_env
+from wait_support import scaled
 from proxy_agent.client import AgentClient
 
 pytestmark = pytest.mark.sge
@@ -65,7 +66,7 @@ def throwaway_queues(tmp_path, native_ids: List[str], **queues: Dict[str, str]) 
         if native_ids:
             sge_support.run(["qdel", "-f", *native_ids], timeout=30)
         for name in names:
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + scaled(60)
             while sge_support.run(["qconf", "-dq", name], timeout=30).returncode != 0 and time.monotonic() < deadline:
                 time.sleep(0.5)
 
@@ -85,7 +86,7 @@ def _queue(client: AgentClient, name: str):
     return next((q for q in client.queues.values() if q.name == name), None)
 
 
-async def _attribute(client: AgentClient, queue: str, name: str, value: str, timeout: float = 60) -> None:
+async def _attribute(client: AgentClient, queue: str, name: str, value: str, timeout: float = scaled(60)) -> None:
     await client.wait_for(lambda: _queue(client, queue) is not None and _queue(client, queue).get(name) == value,
                           timeout, description=f"{name}={value} on {queue} "
                           f"(is {_queue(client, queue) and _queue(client, queue).get(name)})")
@@ -93,7 +94,7 @@ async def _attribute(client: AgentClient, queue: str, name: str, value: str, tim
 
 async def test_a_limit_changed_with_qconf_reaches_the_client(tmp_path):
     with throwaway_queues(tmp_path, [], a={"h_rt": "01:00:00", "slots": "2"}) as (queue,):
-        with trio.fail_after(120):
+        with trio.fail_after(scaled(120)):
             async with agent(tmp_path, "--sge-definitions-interval", "2") as client:
                 await _attribute(client, queue, "maxTime", "3600")
                 _qconf("-mattr", "queue", "h_rt", "01:23:00", queue)
@@ -107,7 +108,7 @@ async def test_a_limit_changed_with_qconf_reaches_the_client(tmp_path):
 
 def _master_answers() -> bool:
     try:
-        return sge_support.run(["qstat", "-g", "c"], timeout=10).returncode == 0
+        return sge_support.run(["qstat", "-g", "c"], timeout=30).returncode == 0
     except subprocess.TimeoutExpired:
         return False
 
@@ -115,11 +116,11 @@ def _master_answers() -> bool:
 def restart_master() -> None:
     """Stop the master and start it again at once (the cell is shared: as short as it can be)."""
     _qconf("-km")
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + scaled(30)
     while _master_answers() and time.monotonic() < deadline:
         time.sleep(0.2)
-    subprocess.run(["/etc/init.d/gridengine-master", "start"], capture_output=True, timeout=60)
-    deadline = time.monotonic() + 60
+    subprocess.run(["/etc/init.d/gridengine-master", "start"], capture_output=True, timeout=scaled(60))
+    deadline = time.monotonic() + scaled(60)
     while not _master_answers() and time.monotonic() < deadline:
         time.sleep(0.2)
 
@@ -127,9 +128,9 @@ def restart_master() -> None:
 def wait_for_hosts() -> None:
     """Until the execution host has reported to the restarted master (its queues take jobs
     again), so the shared cell is left as it was found."""
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + scaled(120)
     while time.monotonic() < deadline:
-        lines = sge_support.run(["qstat", "-g", "c"], timeout=10).stdout.splitlines()
+        lines = sge_support.run(["qstat", "-g", "c"], timeout=30).stdout.splitlines()
         if any(line.split()[:1] == ["all.q"] and line.split()[4] != "0" for line in lines):
             return
         time.sleep(1)
@@ -140,18 +141,18 @@ async def test_limits_are_read_again_after_the_master_restarts(tmp_path):
     master restarts still reaches the client: it is read again once the master answers."""
     with throwaway_queues(tmp_path, [], r={"h_rt": "01:00:00", "slots": "2"}) as (queue,):
         try:
-            with trio.fail_after(150):
+            with trio.fail_after(scaled(150)):
                 async with agent(tmp_path) as client:
                     await _attribute(client, queue, "maxTime", "3600")
                     await _attribute(client, "short.q", "maxTime", _short_max_time())
                     _qconf("-mattr", "queue", "h_rt", "02:00:00", queue)
                     await trio.to_thread.run_sync(restart_master)
-                    await _attribute(client, queue, "maxTime", "7200", timeout=90)
+                    await _attribute(client, queue, "maxTime", "7200", timeout=scaled(90))
                     # and what it knew of the other queues is still there
                     assert _queue(client, "short.q").get("maxTime") == _short_max_time()
         finally:
             if not _master_answers():
-                subprocess.run([os.path.join(ROOT, "scripts", "sge-up")], capture_output=True, timeout=600)
+                subprocess.run([os.path.join(ROOT, "scripts", "sge-up")], capture_output=True, timeout=scaled(600))
             wait_for_hosts()
 
 
@@ -168,7 +169,7 @@ async def test_queue_figures_follow_the_agents_own_jobs_and_the_broker_ranks_on_
     at the next poll, and FastestQueue sends the next job to the queue with more free."""
     native_ids: List[str] = []
     with throwaway_queues(tmp_path, native_ids, f={"slots": "4"}, g={"slots": "2"}) as (four, two):
-        with trio.fail_after(150):
+        with trio.fail_after(scaled(150)):
             async with agent(tmp_path) as client:
                 await _attribute(client, four, "freeSlots", "4")
                 await _attribute(client, two, "freeSlots", "2")
@@ -176,14 +177,14 @@ async def test_queue_figures_follow_the_agents_own_jobs_and_the_broker_ranks_on_
                 for _ in range(3):
                     jobs.append(await client.submit("/bin/sleep", ["300"], queue=f"sge:{four}"))
                     native_ids.append(client.job(jobs[-1]).get("nativeId"))
-                await client.wait_for(lambda: all(client.job(j).get("jobStatus") == "RUNNING" for j in jobs), 60,
+                await client.wait_for(lambda: all(client.job(j).get("jobStatus") == "RUNNING" for j in jobs), scaled(60),
                                       description="three jobs running")
-                await _attribute(client, four, "runningJobs", "3", timeout=10)
-                await _attribute(client, four, "freeSlots", "1", timeout=10)
+                await _attribute(client, four, "runningJobs", "3", timeout=scaled(30))
+                await _attribute(client, four, "freeSlots", "1", timeout=scaled(30))
                 chosen = await client.submit("/bin/true", queue=f"sge:{four},sge:{two}", broker="FastestQueue")
                 native_ids.append(client.job(chosen).get("nativeId"))
                 job = await client.wait_for(lambda: client.job(chosen).get("brokerReason") and client.job(chosen),
-                                            20, description="the broker's choice")
+                                            scaled(30), description="the broker's choice")
                 assert client.element(job.parent).name == two, job.get("brokerReason")
                 assert job.get("brokerReason") == "FastestQueue: 0 waiting of 2 slots, 2 free"
 
@@ -194,14 +195,14 @@ async def test_a_job_no_queue_will_ever_run_says_so_in_grid_engines_words(tmp_pa
     own words; a job that only waits its turn hears nothing of the kind."""
     native_ids: List[str] = []
     with throwaway_queues(tmp_path, native_ids, n={"h_rt": "01:00:00", "slots": "1"}) as (queue,):
-        with trio.fail_after(120):
+        with trio.fail_after(scaled(120)):
             async with agent(tmp_path) as client:
                 await _attribute(client, queue, "maxTime", "3600")
                 never = await client.submit("/bin/true", queue=f"sge:{queue}", timeLimit="2:00:00")
                 native_ids.append(client.job(never).get("nativeId"))
                 waits = await client.submit("/bin/sleep", ["60"], queue=f"sge:{queue}", hold=True)
                 native_ids.append(client.job(waits).get("nativeId"))
-                await client.wait_for(lambda: "cannot run" in (client.job(never).get("jobStatusMessage") or ""), 60,
+                await client.wait_for(lambda: "cannot run" in (client.job(never).get("jobStatusMessage") or ""), scaled(60),
                                       description="the reason the job never starts")
                 message = client.job(never).get("jobStatusMessage")
                 assert message.startswith("will not start as submitted: ")
@@ -226,7 +227,7 @@ async def test_an_array_job_is_one_job_with_its_tasks(tmp_path):
     do: never a job per group of waiting tasks (``N.2-4:1``), and nothing left DELETED."""
     native_ids: List[str] = []
     with throwaway_queues(tmp_path, native_ids, t={"slots": "2"}) as (queue,):
-        with trio.fail_after(150):
+        with trio.fail_after(scaled(150)):
             async with agent(tmp_path) as client:
                 await _attribute(client, queue, "freeSlots", "2")
                 job = await client.submit("/bin/sh", ["-c", "sleep 3; echo task $SGE_TASK_ID"], queue=f"sge:{queue}",
@@ -241,10 +242,10 @@ async def test_an_array_job_is_one_job_with_its_tasks(tmp_path):
                     seen.update(elements)
                     return elements
 
-                await client.wait_for(lambda: any("." in n for n in array_elements()), 60,
+                await client.wait_for(lambda: any("." in n for n in array_elements()), scaled(60),
                                       description="a task running")
                 assert client.job(job).get("jobStatus") == "RUNNING"
-                await client.wait_job_state(job, "COMPLETED", timeout=120)
+                await client.wait_job_state(job, "COMPLETED", timeout=scaled(120))
                 elements = array_elements()
                 assert seen <= {number, *(f"{number}.{t}" for t in range(1, 5))}, seen
                 assert {e.get("jobStatus") for e in elements.values()} == {"FINISHED"}

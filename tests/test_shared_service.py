@@ -12,13 +12,11 @@ on an empty directory, and what the launched process does with its stdio.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
-import time
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import List, Optional
 

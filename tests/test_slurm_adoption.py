@@ -13,6 +13,7 @@ from proxy_agent.service.model import K, Kind, ServiceModel
 from proxy_agent.service.service import JobService
 from proxy_agent.service.store import open_store
 from test_slurm_model import FakeSlurm, job
+from wait_support import scaled
 
 
 def _store_job(store, key: int, native: str, out_path: str, *, state: str = "RUNNING", delivered: int = 0,
@@ -64,7 +65,7 @@ async def test_stored_slurm_jobs_are_adopted_by_their_slurm_id(nursery, tmp_path
     service.add_backend(backend)
     await nursery.start(service.run)
     model = service.model
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         await service.ready.wait()
     assert {11, 12, 13, 14} <= service.stored
     for key in (11, 12, 13, 14):
@@ -97,7 +98,7 @@ async def test_stored_slurm_jobs_are_adopted_by_their_slurm_id(nursery, tmp_path
     def state(key):
         return model.attr(key, K.STATE)
 
-    with trio.fail_after(10):
+    with trio.fail_after(scaled(30)):
         while state(11) != "FINISHED" or state(13) != "FAILED":
             await trio.sleep(0.05)
     assert output[11] == ["a2", "a3"] and model.attr(11, K.EXIT_CODE) == "0"
@@ -106,13 +107,13 @@ async def test_stored_slurm_jobs_are_adopted_by_their_slurm_id(nursery, tmp_path
     assert model.attr(process, K.EXIT_CODE) == "3"
     assert any(argv[0] == "sacct" and "--jobs=201" in argv for _, argv in fake.calls)
     # the running one goes on: its output as it comes, its end when SLURM says
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         while output.get(12) != ["b2"]:
             await trio.sleep(0.05)
     with outputs["202"].open("a") as f:
         f.write("b3\n")
     fake.jobs["202"] = job("202", "COMPLETED", exit_code="0:0")
-    with trio.fail_after(5):
+    with trio.fail_after(scaled(30)):
         while state(12) != "FINISHED":
             await trio.sleep(0.05)
     assert output[12] == ["b2", "b3"]

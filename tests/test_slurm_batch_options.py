@@ -7,6 +7,7 @@ import pytest
 from proxy_agent.schedulers.batch.slurm import directives as slurm_options
 from proxy_agent.schedulers.batch.slurm.backend import SlurmSystem
 from proxy_agent.service.jobs import ErrorKind, JobSpec, SubmitError
+from wait_support import scaled
 
 
 def submit(**fields):
@@ -88,7 +89,7 @@ def test_native_option_list_is_sbatchs_own():
     import subprocess
     if not shutil.which("sbatch"):
         pytest.skip("no sbatch here")
-    text = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, timeout=20).stdout
+    text = subprocess.run(["sbatch", "--help"], capture_output=True, text=True, timeout=scaled(30)).stdout
     known = {word.split("=")[0].split("[")[0].rstrip(",") for word in text.split() if word.startswith("--")}
     if len(known) < 50:
         pytest.skip("sbatch --help does not answer here")

@@ -5,7 +5,6 @@ what SLURM got.  Jobs are named ``pa-h12c-*`` and cancelled at the end of each t
 
 from __future__ import annotations
 
-import os
 import subprocess
 from contextlib import asynccontextmanager
 from typing import AsyncIterator, Dict, List
@@ -16,12 +15,13 @@ import trio
 from agent_fixtures import agent_argv, subprocess_env
 from proxy_agent.client import AgentClient, CommandFailed
 from slurm_support import require_cluster, scontrol
+from wait_support import scaled
 
 pytestmark = pytest.mark.slurm
 
 require_cluster()
 
-TEST_TIMEOUT = 90
+TEST_TIMEOUT = scaled(90)
 
 
 class Cluster:
@@ -55,12 +55,12 @@ async def cluster(tmp_path) -> AsyncIterator[Cluster]:
                 await client.init()
                 await client.model_def()
                 await client.start_events()
-                await client.wait_for(lambda: client.queues, 20, description="partitions")
+                await client.wait_for(lambda: client.queues, scaled(30), description="partitions")
                 yield session
                 await client.quit()
     finally:
         if session is not None and session.native_ids:
-            subprocess.run(["scancel", *session.native_ids], capture_output=True, timeout=30)
+            subprocess.run(["scancel", *session.native_ids], capture_output=True, timeout=scaled(30))
 
 
 def job_fields(native_id: str) -> Dict[str, str]:
@@ -102,7 +102,7 @@ async def test_refusals_come_back_with_their_reason(tmp_path):
         assert "qos" in await c.refused(qos="no such; qos")
         # The agent keeps serving.
         job_id = await c.submit("/bin/echo", ["still", "here"], name="pa-h12c-after")
-        await c.client.wait_for(lambda: "still here" in c.client.job_output(job_id), 40,
+        await c.client.wait_for(lambda: "still here" in c.client.job_output(job_id), scaled(40),
                                 description="the output of a job after the refusals")
 
 
@@ -114,7 +114,7 @@ async def test_array_tasks_all_deliver_output_after_the_prologue(tmp_path):
         native = c.client.job(job_id).get("nativeId")
         got = job_fields(native)
         assert got.get("ArrayTaskThrottle") == "2", got
-        await c.client.wait_job_state(job_id, "COMPLETED", timeout=60)
+        await c.client.wait_job_state(job_id, "COMPLETED", timeout=scaled(60))
         out = c.client.job_output(job_id)
         for task in (1, 2, 3):
             assert f"task {task} prologue-42" in out, out

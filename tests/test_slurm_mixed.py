@@ -9,6 +9,7 @@ import trio
 
 from agent_fixtures import agent_argv, subprocess_env
 from slurm_support import require_cluster
+from wait_support import scaled
 
 from proxy_agent.client import AgentClient
 
@@ -20,7 +21,7 @@ require_cluster()
 async def test_local_and_slurm_in_one_agent():
     argv = agent_argv("--scheduler", "local,slurm", "--slurm-poll-interval", "1")
     slurm_ids = []
-    with trio.fail_after(90):
+    with trio.fail_after(scaled(90)):
         async with await AgentClient.spawn(argv, env=subprocess_env()) as client:
             await client.init(1000)
             await client.model_def()
@@ -30,8 +31,8 @@ async def test_local_and_slurm_in_one_agent():
             local = await client.submit("/bin/echo", ["on this machine"])
             batch = await client.submit("/bin/echo", ["in SLURM"], queue="slurm:debug")
             slurm_ids.append(client.job(batch).get("nativeId"))
-            done_local = await client.wait_job_state(local, "COMPLETED", timeout=30)
-            done_batch = await client.wait_job_state(batch, "COMPLETED", timeout=60)
+            done_local = await client.wait_job_state(local, "COMPLETED", timeout=scaled(30))
+            done_batch = await client.wait_job_state(batch, "COMPLETED", timeout=scaled(60))
             # output first, then the final state: it is all there when COMPLETED arrives
             assert client.job_output(local).strip() == "on this machine"
             assert client.job_output(batch).strip() == "in SLURM"
@@ -42,4 +43,4 @@ async def test_local_and_slurm_in_one_agent():
             await client.quit()
             assert client.violations == []
     for slurm_id in filter(None, slurm_ids):
-        subprocess.run(["scancel", slurm_id], capture_output=True, env=subprocess_env(), timeout=30)
+        subprocess.run(["scancel", slurm_id], capture_output=True, env=subprocess_env(), timeout=scaled(30))

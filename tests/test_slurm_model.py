@@ -3,9 +3,9 @@ in a job service driven by a scripted stand-in for SLURM's commands."""
 
 from __future__ import annotations
 
+import gc
 import importlib.util
 import shlex
-import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
@@ -43,6 +43,7 @@ from proxy_agent.service.jobs import ErrorKind, JobError, JobSpec, JobState, Ser
 from proxy_agent.service.model import K, Kind, ServiceModel
 from test_state_tables import SLURM_PTP_STATES
 from service_fixtures import Harness, element_refs, start_backend
+from wait_support import wait_until
 
 DATA = Path(__file__).parent / "data" / "slurm"
 REAL = DATA / "22.05.8"
@@ -263,29 +264,37 @@ def test_line_splitter_holds_partial_lines_and_split_characters():
 # ------------------------------------------------------------------------------------ scale
 
 
-def test_parse_and_diff_of_100k_jobs_is_fast():
+def test_parse_and_diff_of_100k_jobs_run_no_garbage_collection():
     """The per-poll work on a 100,000-job cluster: parse the listing into the engine's
-    records, diff it with the last.
-
-    The project's target is 1 s for both; the bound here is loose so a busy CI machine does
-    not fail it, and the times are printed (pytest -s) for the record.
+    records, diff it with the last.  What keeps the diff fast at that size: the garbage
+    collector is held off while it runs (each collection would walk the records it makes).  How fast it is
+    (target 1 s for both) is measured by scripts/bench_slurm_parse.py.
     """
     text = load_make_large().squeue_text(100_000)
-    t0 = time.perf_counter()
     jobs = [native_job(j) for j in sp.parse_squeue_text(text)]
-    t1 = time.perf_counter()
     table = JobTable()
-    first = table.apply(jobs, 0)
-    t2 = time.perf_counter()
-    again = sp.parse_squeue_text(text)
-    changed = [native_job(attrs.evolve(j, state="COMPLETED") if i % 100 == 0 else j) for i, j in enumerate(again)]
-    t3 = time.perf_counter()
-    steady = table.apply(changed, 0)
-    t4 = time.perf_counter()
+    collections: List[int] = []
+
+    def collection(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    gc.callbacks.append(collection)
+    try:
+        first = table.apply(jobs, 0)
+        in_first = list(collections)
+        again = sp.parse_squeue_text(text)
+        changed = [native_job(attrs.evolve(j, state="COMPLETED") if i % 100 == 0 else j) for i, j in enumerate(again)]
+        del collections[:]
+        steady = table.apply(changed, 0)
+        in_steady = list(collections)
+    finally:
+        gc.callbacks.remove(collection)
     assert len(first.added) == 100_000
     assert len(steady.changed) == sum(1 for j in again[::100] if j.state != "COMPLETED")
-    print(f"\n100k jobs: parse {t1 - t0:.3f} s, first diff {t2 - t1:.3f} s, steady diff {t4 - t3:.3f} s")
-    assert (t1 - t0) + (t4 - t3) < 5.0
+    # (one young collection may start as the diff begins, before it holds the collector off;
+    # left on, the collector runs about 140 times in the first diff)
+    assert len(in_first) <= 1 and len(in_steady) <= 1
 
 
 # ------------------------------------------------------------------------------------ with a stand-in SLURM
@@ -669,21 +678,21 @@ async def test_output_files_are_followed_line_by_line(nursery, tmp_path):
         slurm.sync()
         return slurm.output(process, stream)
 
-    await trio.sleep(0.3)
+    polls = len(fake.command_times("squeue"))
+    await wait_until(lambda: len(fake.command_times("squeue")) >= polls + 3, what="three polls of the pending job")
     assert lines("stdout") == []  # the old file is not the job's output
     fake.jobs[slurm_id] = job(slurm_id, "RUNNING")
     with out.open("w") as f:  # SLURM truncates the file when the job starts
         f.write("first\nsec")
         f.flush()
-        await trio.sleep(0.3)
-        assert lines("stdout") == ["first"]
+        assert await wait_until(lambda: lines("stdout"), what="the first line") == ["first"]
         f.write("ond ✓\nno newline at the end")
     (tmp_path / "job.err").write_text("oops\n")
-    await trio.sleep(0.3)
+    # followed while the job runs: every whole line before the job ends
+    await wait_until(lambda: lines("stdout") == ["first", "second ✓"] and lines("stderr") == ["oops"],
+                     what="the whole lines while the job runs")
     fake.jobs[slurm_id] = job(slurm_id, "COMPLETED")
-    with trio.fail_after(5):
-        while "no newline at the end" not in lines("stdout"):
-            await trio.sleep(0.05)
+    await wait_until(lambda: "no newline at the end" in lines("stdout"), what="the last line once the job ended")
     assert lines("stdout") == ["first", "second ✓", "no newline at the end"]
     assert lines("stderr") == ["oops"]
 

@@ -18,6 +18,7 @@ import trio
 from agent_fixtures import agent_argv, subprocess_env
 from proxy_agent.client import AgentClient
 from slurm_support import node_name, require_cluster, scontrol
+from wait_support import scaled
 
 pytestmark = pytest.mark.slurm
 
@@ -48,18 +49,18 @@ async def _attribute(client: AgentClient, queue: str, name: str, value: str, tim
 
 async def test_a_partition_changed_with_scontrol_update_reaches_the_client_at_the_next_poll(tmp_path):
     argv = agent_argv("--scheduler", "slurm", "--slurm-poll-interval", "1", "--slurm-definitions-interval", "300")
-    with throwaway_partition() as partition, trio.fail_after(120):
+    with throwaway_partition() as partition, trio.fail_after(scaled(120)):
         async with await AgentClient.spawn(argv, env=subprocess_env(HOME=str(tmp_path)), cwd=str(tmp_path)) as client:
             await client.init(1000)
             await client.model_def()
             await client.start_events()
-            await _attribute(client, partition, "maxTime", "3600", 60)
+            await _attribute(client, partition, "maxTime", "3600", scaled(60))
             # Each change shows within a few polls of one second (the partitions are listed at
             # every poll; before, only every half minute).
             assert scontrol("update", f"PartitionName={partition}", "MaxTime=83").returncode == 0
-            await _attribute(client, partition, "maxTime", str(83 * 60), 10)
+            await _attribute(client, partition, "maxTime", str(83 * 60), scaled(30))
             assert scontrol("update", f"PartitionName={partition}", "State=DOWN").returncode == 0
-            await _attribute(client, partition, "queueState", "STOPPED", 10)
+            await _attribute(client, partition, "queueState", "STOPPED", scaled(30))
             assert scontrol("update", f"PartitionName={partition}", "State=UP").returncode == 0
-            await _attribute(client, partition, "queueState", "NORMAL", 10)
+            await _attribute(client, partition, "queueState", "NORMAL", scaled(30))
             await client.quit()

@@ -7,8 +7,8 @@ with a connect-back option (the agent connects to a port the test listens on).  
 console must name that as the cause.  ``proxy-console --ssh`` and ``proxy-console deploy``
 are run the same way.
 
-Marked ``ssh``: skipped when the server is not up, except under CI=true, where the module
-starts it (scripts/sshd-up) and stops it afterwards (scripts/sshd-down).
+Marked ``ssh``: run when PROXY_AGENT_TEST_CLUSTERS asks for them (see ``cluster_support``),
+with the test accounts to this run alone while the module runs (``accounts_of_our_own``).
 """
 
 from __future__ import annotations
@@ -22,20 +22,17 @@ import pytest
 from agent_fixtures import agent_argv, console_argv, subprocess_env
 from proxy_agent.client import AgentClient, AgentProcess, listen_for_agent
 from pyz_support import built_pyz
-from ssh_support import ensure_sshd, sshd_settings, stop_sshd
+from ssh_support import accounts_of_our_own, require_sshd
+from wait_support import scaled
 
 pytestmark = pytest.mark.ssh
 
 
 @pytest.fixture(scope="module")
 def sshd():
-    started = ensure_sshd()
-    settings = sshd_settings()
-    if settings is None:
-        pytest.skip("the test sshd is not up (run scripts/sshd-up)")
-    yield settings
-    if started:
-        stop_sshd()
+    settings = require_sshd()
+    with accounts_of_our_own(settings):
+        yield settings
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +41,7 @@ def remote_pyz(sshd):
     its launches start there (in the users' default state directories) are stopped at the end."""
     pyz = str(built_pyz())
     for user in (sshd.user, sshd.banner_user):
-        result = subprocess.run(sshd.ide_scp(pyz, user, "proxy-agent.pyz"), capture_output=True, text=True, timeout=60)
+        result = subprocess.run(sshd.ide_scp(pyz, user, "proxy-agent.pyz"), capture_output=True, text=True, timeout=scaled(60))
         assert result.returncode == 0, result.stderr
     yield "./proxy-agent.pyz"
     for user in (sshd.user, sshd.banner_user):
@@ -53,10 +50,10 @@ def remote_pyz(sshd):
 
 @lru_cache(maxsize=None)
 def agent_help() -> str:
-    return subprocess.run(agent_argv("--help"), capture_output=True, text=True, env=subprocess_env(), timeout=30).stdout
+    return subprocess.run(agent_argv("--help"), capture_output=True, text=True, env=subprocess_env(), timeout=scaled(30)).stdout
 
 
-def console(*args: str, timeout: float = 90) -> subprocess.CompletedProcess:
+def console(*args: str, timeout: float = scaled(90)) -> subprocess.CompletedProcess:
     return subprocess.run(
         console_argv(*args), capture_output=True, text=True, timeout=timeout,
         stdin=subprocess.DEVNULL, env=subprocess_env(),
@@ -73,7 +70,7 @@ async def test_stdio_session_through_ssh(sshd, remote_pyz):
         await client.model_def()
         await client.start_events()
         job = await client.submit("/usr/bin/id", ["-un"])
-        await client.wait_job_state(job, "COMPLETED", timeout=30)
+        await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
         assert client.job_output(job) == f"{sshd.user}\n"  # the job ran as the ssh user
         await client.quit()
     assert client.violations == []
@@ -84,12 +81,12 @@ async def _connect_back(sshd, remote_pyz, options_for) -> None:
     async with await listen_for_agent("127.0.0.1", 0) as listener:
         command = f"{remote_pyz} " + " ".join(options_for("127.0.0.1", listener.port))
         process = await AgentProcess.start(sshd.ide_ssh(sshd.user, command), stdio=False)
-        async with await listener.accept(process=process, timeout=30) as client:
+        async with await listener.accept(process=process, timeout=scaled(30)) as client:
             await client.init()
             await client.model_def()
             await client.start_events()
             job = await client.submit("/bin/echo", ["called", "back"])
-            await client.wait_job_state(job, "COMPLETED", timeout=30)
+            await client.wait_job_state(job, "COMPLETED", timeout=scaled(30))
             assert client.job_output(job) == "called back\n"
             await client.quit()
         assert client.violations == []
@@ -126,7 +123,7 @@ async def test_banner_seen_by_the_client_library_as_a_framing_violation(sshd, re
 
     async with await AgentClient.spawn(sshd.ide_ssh(sshd.banner_user, f"{remote_pyz} --stdio")) as client:
         with pytest.raises(ProtocolViolationError) as caught:
-            await client.init(timeout=30)
+            await client.init(timeout=scaled(30))
     violation = caught.value.violation
     assert violation.rule == "framing"
     assert violation.raw.startswith(b"Welcome to the proxy-agent test login node.\n")
@@ -138,7 +135,7 @@ def test_text_typed_into_the_agent_over_ssh_is_named_by_the_agent(sshd, remote_p
     # arrived in one ERROR under TID 0 and one log line, and ends the session.
     run = subprocess.run(
         sshd.ide_ssh(sshd.user, f"{remote_pyz} --stdio"), input=b"hello agent, are you there?\n",
-        capture_output=True, timeout=60,
+        capture_output=True, timeout=scaled(60),
     )
     out, err = run.stdout, run.stderr.decode("utf-8", "replace")
     assert out.startswith(b"0000") and b" 0005:00000000:" in out  # ERROR, TID 0
@@ -190,7 +187,7 @@ def test_deploy_copies_finds_python_and_gets_an_answer(sshd):
     assert re.fullmatch(rf"copied \S+proxy-agent\.pyz to {sshd.host}:deployed\.pyz \([\d,]+ bytes\)", lines[0])
     assert re.fullmatch(rf"Python found on {sshd.host}: 3\.\d+\.\d+ \(/\S+\)", lines[1])
     assert lines[2] == f"agent answered INIT on {sshd.host}"
-    check = subprocess.run(sshd.ide_ssh(sshd.user, "test -x deployed.pyz && echo executable"), capture_output=True, text=True, timeout=30)
+    check = subprocess.run(sshd.ide_ssh(sshd.user, "test -x deployed.pyz && echo executable"), capture_output=True, text=True, timeout=scaled(30))
     assert check.stdout == "executable\n"
 
 

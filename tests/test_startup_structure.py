@@ -15,6 +15,7 @@ from proxy_agent.protocol.messages import CommandId
 from proxy_agent.protocol.wire import Decoder, encode_frame
 
 from agent_fixtures import start_up_probe, subprocess_env
+from wait_support import scaled
 
 #: Modules an agent serving one stdio client that only sends INIT never loads.
 WAITING = (
@@ -104,7 +105,7 @@ def test_argparse_still_reads_and_refuses_what_the_simple_reading_leaves():
     args = parse_arguments(["--stdio", "-vv", "--sim-nodes", "4"])
     assert (args.verbose, args.sim_nodes, args.parsed_backends[0]) == (2, 4, "local")
     done = subprocess.run([sys.executable, "-m", "proxy_agent", "--stdio", "--listen", "1"], capture_output=True,
-                          text=True, env=subprocess_env(), timeout=60)
+                          text=True, env=subprocess_env(), timeout=scaled(60))
     assert done.returncode == 2 and "not allowed with argument" in done.stderr
 
 

@@ -17,23 +17,24 @@ from proxy_agent.schedulers.keeper import JOURNAL, read_journal
 from adoption_support import spawn_agent, start
 from agent_fixtures import BackgroundAgent, service_pid, subprocess_env
 from proxy_agent.client import AgentClient
+from wait_support import scaled, wait_until
 
 
-def _run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+def _run(*args: str, timeout: float = scaled(30)) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "proxy_agent", *args], capture_output=True, text=True,
                           timeout=timeout, env=subprocess_env(), stdin=subprocess.DEVNULL)
 
 
 async def _runs_a_job(client) -> None:
     job = await client.submit("/bin/echo", ["still serving"])
-    done = await client.wait_job_state(job, "COMPLETED", 20)
+    done = await client.wait_job_state(job, "COMPLETED", scaled(30))
     assert client.job_process(done, 0).text() == "still serving\n"
 
 
 async def test_a_second_launch_on_the_same_state_dir_joins_the_service_of_the_first(tmp_path):
     state = str(tmp_path / "state")
     path = str(tmp_path / "s")
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await spawn_agent(state) as first:
             await start(first)
             service = service_pid(state)
@@ -58,7 +59,7 @@ async def test_a_damaged_store_is_kept_aside_told_once_and_the_agent_serves_on(t
     state.mkdir()
     garbage = b"\x00not sqlite\xff" * 500
     (state / "jobs.sqlite").write_bytes(garbage)
-    with trio.fail_after(30):
+    with trio.fail_after(scaled(30)):
         async with await spawn_agent(str(state)) as client:
             await start(client)
             await _runs_a_job(client)
@@ -76,7 +77,7 @@ async def test_a_damaged_store_is_kept_aside_told_once_and_the_agent_serves_on(t
 async def test_an_unusable_state_dir_is_told_once_and_the_agent_serves_on(tmp_path):
     (tmp_path / "file").write_text("")
     state = tmp_path / "file" / "state"  # cannot be made: its parent is a file
-    with trio.fail_after(30):
+    with trio.fail_after(scaled(30)):
         async with await spawn_agent(str(state)) as client:
             await start(client)
             await _runs_a_job(client)
@@ -91,16 +92,23 @@ async def test_an_unusable_state_dir_is_told_once_and_the_agent_serves_on(tmp_pa
 
 async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
     state = str(tmp_path / "state")
-    with trio.fail_after(40):
+    with trio.fail_after(scaled(40)):
         async with await spawn_agent(state) as client:
             await start(client)
             quick = await client.submit("/bin/echo", ["hi"], jobName="quick")
-            await client.wait_job_state(quick, "COMPLETED", 20)
+            await client.wait_job_state(quick, "COMPLETED", scaled(30))
             failing = await client.submit("/bin/sh", ["-c", "exit 3"], jobName="failing")
-            await client.wait_job_state(failing, "COMPLETED", 20)
+            await client.wait_job_state(failing, "COMPLETED", scaled(30))
             slow = await client.submit("/bin/sleep", ["60"], jobName="slow")
-            await client.wait_job_state(slow, "RUNNING", 20)
-            await trio.sleep(1.2)  # states reach the store within a second
+            await client.wait_job_state(slow, "RUNNING", scaled(30))
+
+            def stored_states():
+                listed = _run("jobs", "--state-dir", state, "--json").stdout.splitlines()
+                return {json.loads(line)["name"]: json.loads(line)["state"] for line in listed}
+
+            # states reach the store within a second, on a machine that is not busy
+            await wait_until(lambda: stored_states() == {"quick": "FINISHED", "failing": "FAILED", "slow": "RUNNING"},
+                             interval=0.2, what="the jobs' states in the store")
 
             table = _run("jobs", "--state-dir", state)
             assert table.returncode == 0, table.stderr
@@ -132,7 +140,7 @@ async def test_job_list_and_forget_beside_a_running_agent(tmp_path):
             bad = _run("forget", "--state-dir", state, "--ended-before", "someday")
             assert bad.returncode == 2 and "is not a time like" in bad.stderr and "Traceback" not in bad.stderr
             await client.terminate(slow)
-            await client.wait_job_state(slow, "COMPLETED", 20)
+            await client.wait_job_state(slow, "COMPLETED", scaled(30))
             await client.quit()
     missing = _run("jobs", "--state-dir", str(tmp_path / "nowhere"))
     assert missing.returncode == 2 and "no job store in" in missing.stderr
@@ -148,21 +156,20 @@ def _alive(pid: int) -> bool:
 
 async def test_by_default_a_clients_departure_ends_its_local_jobs_and_the_next_agent_says_so(tmp_path):
     state = str(tmp_path / "state")
-    with trio.fail_after(40):
+    with trio.fail_after(scaled(40)):
         async with await spawn_agent(state) as first:
             await start(first)
             job = await first.submit("/bin/sleep", ["60"], jobName="sleeper")
-            running = await first.wait_job_state(job, "RUNNING", 20)
+            running = await first.wait_job_state(job, "RUNNING", scaled(30))
             pid = int(first.job_process(running, 0).get("processPID"))
             sub = running.get("jobSubId")
             await first.stream.send_stream.aclose()  # the client goes away
-            while first.ended is None:
-                await trio.sleep(0.02)
+            await wait_until(lambda: first.ended is not None, what="the agent to end")
         assert first.process.returncode == 0
         assert not _alive(pid), "the job's process outlived the agent"
         async with await spawn_agent(state) as second:
             await start(second)
-            adopted = await second.wait_for(lambda: second.state.jobs_by_sub.get(sub), 20,
+            adopted = await second.wait_for(lambda: second.state.jobs_by_sub.get(sub), scaled(30),
                                             description="the ended job in the next agent")
             assert adopted.get("jobState") == "COMPLETED" and adopted.get("jobStatus") == "KILLED"
             await second.quit()

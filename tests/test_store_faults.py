@@ -31,13 +31,14 @@ from agent_fixtures import subprocess_env
 from proxy_agent.launch import stop_service
 from disk_support import fill, small_disk
 from proxy_agent.client import CommandFailed
+from wait_support import scaled, wait_until
 from proxy_agent.service.jobs import JobSpec
 from proxy_agent.service.store import JobStore, open_store
 
 
 def jobs_command(state: Path, *more: str, command: str = "jobs") -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "proxy_agent", command, "--state-dir", str(state), *more],
-                          capture_output=True, text=True, timeout=60, env=subprocess_env(), stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=scaled(60), env=subprocess_env(), stdin=subprocess.DEVNULL)
 
 
 def a_store_with_jobs(state: Path, count: int = 120) -> Path:
@@ -105,12 +106,12 @@ async def test_a_store_that_cannot_be_read_never_stops_the_agent(tmp_path, kind)
     if kind == "symbolic link":
         assert found["target"].read_bytes() == found["content"]  # nor write through a link
 
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         for start_number in (1, 2):  # moved aside once: the second agent finds the new store
             async with await spawn_agent(str(state)) as client:
                 await start(client)
                 job = await client.submit("/bin/echo", [f"run {start_number}"])
-                await client.wait_job_state(job, "COMPLETED", 30)
+                await client.wait_job_state(job, "COMPLETED", scaled(30))
                 texts = [m.text for m in client.messages]
                 if start_number == 1:
                     assert len(texts) == 1, texts
@@ -146,11 +147,11 @@ async def test_a_store_in_a_path_through_a_file_never_stops_the_agent(tmp_path):
     state = tmp_path / "file" / "state"
     listed = jobs_command(state)
     assert listed.returncode == 2 and len(listed.stderr.strip().splitlines()) == 1, listed.stderr
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await spawn_agent(str(state)) as client:
             await start(client)
             job = await client.submit("/bin/echo", ["serving"])
-            await client.wait_job_state(job, "COMPLETED", 30)
+            await client.wait_job_state(job, "COMPLETED", scaled(30))
             texts = [m.text for m in client.messages]
             assert len(texts) == 1 and "jobs will not survive a restart" in texts[0], texts
             assert "nor will their output be kept" in texts[0]
@@ -168,7 +169,7 @@ async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_
         state = disk / "state"
         filler = None
         try:
-            with trio.fail_after(120):
+            with trio.fail_after(scaled(120)):
                 # three running jobs, kept running by an agent that leaves on purpose
                 async with await spawn_agent(str(state), "--on-disconnect", "keep") as first:
                     await start(first)
@@ -176,7 +177,7 @@ async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_
                     for sub in subs:
                         await first.wait_for(lambda: (first.state.jobs_by_sub.get(sub) is not None and
                                                       first.state.jobs_by_sub[sub].get("jobState") == "RUNNING"),
-                                             30, description="a running job")
+                                             scaled(30), description="a running job")
                     await first.quit()
                 assert stop_service(str(state)) is not None  # the agent leaves; its jobs run on
                 assert not (state / "jobs.sqlite-wal").exists()  # closed cleanly: nothing but the file
@@ -194,7 +195,7 @@ async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_
 
                 async with await spawn_agent(str(state)) as second:
                     await start(second)
-                    jobs = {sub: await second.wait_for(lambda: second.state.jobs_by_sub.get(sub), 30,
+                    jobs = {sub: await second.wait_for(lambda: second.state.jobs_by_sub.get(sub), scaled(30),
                                                        description="an adopted job") for sub in subs}
                     assert all(job.get("jobState") == "RUNNING" for job in jobs.values())
                     texts = [m.text for m in second.messages]
@@ -209,24 +210,28 @@ async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_
                     with pytest.raises(Exception, match="disk is full|no space left"):
                         await second.submit("/bin/echo", ["not recorded, so not run"])
                     await second.terminate(jobs[subs[0]])  # a change the store owes
-                    ended = await second.wait_job_state(jobs[subs[0]], "COMPLETED", 30)
+                    ended = await second.wait_job_state(jobs[subs[0]], "COMPLETED", scaled(30))
                     assert ended.get("jobStatus") == "KILLED"
                     assert not list(state.glob("jobs.sqlite.damaged-*"))
 
                     os.unlink(filler)
                     filler = None
                     await second.wait_for(lambda: any("can be written again" in m.text for m in second.messages),
-                                          30, description="the store written again")
+                                          scaled(30), description="the store written again")
                     job = await second.submit("/bin/echo", ["recorded"])
-                    await second.wait_job_state(job, "COMPLETED", 30)
-                    await trio.sleep(1.2)  # states reach the store within a second
-                    states = {json.loads(line)["name"]: json.loads(line)["state"]
-                              for line in jobs_command(state, "--json").stdout.splitlines()}
-                    assert states == {"sleeper0": "KILLED", "sleeper1": "RUNNING", "sleeper2": "RUNNING",
-                                      "echo": "FINISHED"}, states
+                    await second.wait_job_state(job, "COMPLETED", scaled(30))
+
+                    def stored():
+                        return {json.loads(line)["name"]: json.loads(line)["state"]
+                                for line in jobs_command(state, "--json").stdout.splitlines()}
+
+                    # states reach the store within a second, on a machine that is not busy
+                    await wait_until(lambda: stored() == {"sleeper0": "KILLED", "sleeper1": "RUNNING",
+                                                          "sleeper2": "RUNNING", "echo": "FINISHED"},
+                                     interval=0.2, what=f"the states in the store (now {stored()})")
                     for sub in subs[1:]:
                         await second.terminate(jobs[sub])
-                        await second.wait_job_state(jobs[sub], "COMPLETED", 30)
+                        await second.wait_job_state(jobs[sub], "COMPLETED", scaled(30))
                     assert second.violations == []
                     await second.quit()
                 # one that joins now hears nothing of it: the store is written again
@@ -262,7 +267,7 @@ async def test_a_read_only_store_is_kept_its_writes_owed_and_written_once_it_can
             "and written then (retrying)"]
         async with trio.open_nursery() as nursery:
             await nursery.start(service.run)
-            with trio.fail_after(10):
+            with trio.fail_after(scaled(30)):
                 await service.ready.wait()
             with pytest.raises(SubmitError, match="the job is refused: .*cannot be written now"):
                 await service.submit(JobSpec("/bin/true"))
@@ -277,7 +282,7 @@ async def test_a_read_only_store_is_kept_its_writes_owed_and_written_once_it_can
             assert forget.returncode == 2 and len(forget.stderr.strip().splitlines()) == 1, forget.stderr
             assert "cannot be written now" in forget.stderr and "Traceback" not in forget.stderr
             subprocess.run(["chattr", "-i", str(path)], check=True)
-            with trio.fail_after(10):
+            with trio.fail_after(scaled(30)):
                 while store.unwritable is not None:  # the service retries every half second
                     await trio.sleep(0.1)
             assert not store.owes and service.standing == []
