@@ -107,7 +107,7 @@ def stop_services(roots: Sequence[str]) -> None:
             continue
         for directory in services_under(str(root)):
             try:
-                stop_service(directory, end_jobs=True, timeout=15)
+                stop_service(directory, end_jobs=True, timeout=scaled(15))
             except LaunchError:
                 pid = (lock_holder(directory) or {}).get("pid")
                 if isinstance(pid, int):

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from agent_fixtures import agent_argv, console_argv, subprocess_env
+from wait_support import scaled
 
 
 def _run(argv, env=None, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -65,7 +66,7 @@ def test_each_manual_page_says_what_help_says(program, help_commands):
             assert _normalized(help_text) in text, (invocation, help_text)
     if shutil.which("groff"):
         rendered = subprocess.run(["groff", "-man", "-Tutf8"], input=page.stdout, capture_output=True, text=True,
-                                  timeout=60)
+                                  timeout=scaled(60))
         assert rendered.returncode == 0 and rendered.stderr == "", rendered.stderr
 
 
@@ -86,7 +87,7 @@ def _bash_complete(script: str, *words: str, bin_dir: str = "") -> list:
     env = subprocess_env(PATH=os.pathsep.join(filter(None, [bin_dir, os.path.dirname(sys.executable),
                                                              os.environ.get("PATH", "")])))
     done = subprocess.run(["bash", "--norc", "--noprofile", "-c", program], capture_output=True, text=True,
-                          timeout=60, env=env)
+                          timeout=scaled(60), env=env)
     assert done.returncode == 0, done.stderr
     return [line for line in done.stdout.splitlines() if line]
 
@@ -133,13 +134,13 @@ def test_zsh_completion_loads_and_describes_every_option():
         agent_part.replace('_proxy_agent "$@"', ""),
         "words=(proxy-agent --x); CURRENT=2; _proxy_agent",
     ])
-    done = subprocess.run(["zsh", "-f", "-c", probe], capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["zsh", "-f", "-c", probe], capture_output=True, text=True, timeout=scaled(60))
     assert done.returncode == 0, done.stderr
     specs = done.stdout.splitlines()
     assert any(s.startswith("--scheduler[") and s.endswith(":(local sim slurm sge pbs)") for s in specs), specs
     assert any(s.startswith("--state-dir[") and s.endswith(":_files -/") for s in specs)
     assert "1:command:(jobs forget output stop completion)" in specs
-    check = subprocess.run(["zsh", "-n", "-c", console_part], capture_output=True, text=True, timeout=60)
+    check = subprocess.run(["zsh", "-n", "-c", console_part], capture_output=True, text=True, timeout=scaled(60))
     assert check.returncode == 0, check.stderr
 
 

@@ -17,6 +17,7 @@ from agent_fixtures import ROOT, agent_argv, console_argv, subprocess_env
 from proxy_agent.cli import BROKEN_PIPE_STATUS
 from proxy_agent.service.jobs import JobSpec
 from proxy_agent.service.store import JobStore
+from wait_support import scaled
 
 
 def _with_closed_stdout(argv, env=None, stdin: bytes = b"", timeout: float = 60) -> subprocess.CompletedProcess:
@@ -127,7 +128,7 @@ def test_an_agent_typed_at_a_terminal_says_what_it_is_and_points_to_the_console(
 
 
 def test_a_failed_connect_back_names_its_reason():
-    result = subprocess.run(agent_argv("--connect", "127.0.0.1:1"), capture_output=True, text=True, timeout=30,
+    result = subprocess.run(agent_argv("--connect", "127.0.0.1:1"), capture_output=True, text=True, timeout=scaled(30),
                             env=subprocess_env(), stdin=subprocess.DEVNULL)
     assert result.returncode == 2
     line = result.stderr.strip()
@@ -138,6 +139,6 @@ def test_a_failed_connect_back_names_its_reason():
 @pytest.mark.parametrize("address", ["127.0.0.1:1"])
 def test_the_console_names_the_reason_of_a_failed_connection(address):
     result = subprocess.run(console_argv("--connect", address, "-c", "jobs"), capture_output=True, text=True,
-                            timeout=30, env=subprocess_env(), stdin=subprocess.DEVNULL)
+                            timeout=scaled(30), env=subprocess_env(), stdin=subprocess.DEVNULL)
     assert result.returncode == 3
     assert "refused" in result.stderr.lower(), result.stderr

@@ -28,6 +28,7 @@ from proxy_agent.client import (
     WaitTimeout,
 )
 from proxy_agent.client.sync import Agent
+from wait_support import scaled
 
 
 def spawn(*args: str) -> Agent:
@@ -45,7 +46,7 @@ def test_a_wait_that_runs_out_is_a_timeout_error_as_python_and_trio_know_it():
         job = agent.submit("/bin/sleep", ["60"])
         for caught_as in (WaitTimeout, TimeoutError, trio.TooSlowError):
             with pytest.raises(caught_as) as caught:
-                job.wait(timeout=0.2)
+                job.wait(timeout=scaled(0.2))
             assert "timed out after 0.2 s" in str(caught.value)
         job.cancel()
 
@@ -54,7 +55,7 @@ def test_a_wait_for_a_state_the_job_can_no_longer_reach_fails():
     with spawn() as agent:
         job = agent.submit("/bin/true")
         with pytest.raises(WaitFailed, match="completed without reaching SUSPENDED"):
-            job.wait(timeout=30, state="SUSPENDED")
+            job.wait(timeout=scaled(30), state="SUSPENDED")
 
 
 def test_a_refused_command_is_command_failed_with_the_agents_code():
@@ -123,7 +124,7 @@ def test_an_agent_that_goes_away_is_connection_closed_saying_how():
         job = agent.submit("/bin/sleep", ["60"])
         os.kill(agent._client_now().process.pid, signal.SIGKILL)
         with pytest.raises(ConnectionClosed) as caught:
-            job.wait(timeout=20)
+            job.wait(timeout=scaled(20))
         assert isinstance(caught.value, AgentExited) and "SIGKILL" in str(caught.value)
     with pytest.raises(ConnectError, match="closed"):
         job.state

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from proxy_agent import runtime
 from proxy_agent.runtime import wire
 from proxy_agent.runtime.__main__ import main as runtime_main
+from wait_support import scaled
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**53), 2**53) | st.text(max_size=8),
@@ -142,7 +143,7 @@ def test_an_agent_that_is_not_there_is_reported():
     with pytest.raises(runtime.AgentError, match="cannot reach the agent at unix:///nonexistent/rt.sock"):
         unreachable.barrier()
     with pytest.raises(runtime.Timeout):
-        unreachable.barrier(timeout=0.1)
+        unreachable.barrier(timeout=scaled(0.1))
 
 
 def test_bad_arguments_are_type_errors_before_anything_is_sent():

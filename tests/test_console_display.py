@@ -243,13 +243,13 @@ def test_interactive_console_notices_at_once_when_the_agent_dies(tmp_path):
 
 def test_the_opening_model_is_a_few_lines_however_big_the_cluster():
     sim = agent_argv("--scheduler", "sim", "--sim-jobs", "5000", "--sim-nodes", "200", "--sim-time-scale", "1000")
-    run = console("-c", "sleep 0", "--spawn", *sim, timeout=120)
+    run = console("-c", "sleep 0", "--spawn", *sim, timeout=scaled(120))
     assert run.returncode == 0, run.stderr
     lines = run.stdout.splitlines()
     assert len(lines) == 4, lines[:20]
     assert lines[0] == "machines: 1 (1 UP)" and lines[1].startswith("nodes: 200 (")
     assert lines[2].startswith("queues: ") and re.match(r"jobs: 5000 \(\d+ RUNNING, .*\); \d+ processes$", lines[3])
-    as_json = console("--json", "-c", "sleep 0", "--spawn", *sim, timeout=120)
+    as_json = console("--json", "-c", "sleep 0", "--spawn", *sim, timeout=scaled(120))
     records = [json.loads(line) for line in as_json.stdout.splitlines()]
     kinds = [r["type"] if r["type"] != "event" else r["event"] for r in records]
     assert kinds == ["ATTR_DEF"] * kinds.count("ATTR_DEF") + ["model", "connected", "result"], kinds

@@ -213,7 +213,7 @@ async def _interface_run(base: Path, number: int, victim: str) -> dict:
         async def rows() -> Dict[int, dict]:
             return {row["key"]: row for row in await tool.jobs()}
 
-        with trio.fail_after(60):
+        with trio.fail_after(scaled(60)):
             while True:
                 known = await rows()
                 if all(known.get(key, {}).get("state") in final for key in acknowledged.values()):

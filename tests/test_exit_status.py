@@ -16,11 +16,12 @@ from agent_fixtures import agent_argv, console_argv, subprocess_env
 from proxy_agent.client import AgentClient, WaitTimeout
 from proxy_agent.console.commands import Console
 from proxy_agent.console.terminal import Output
+from wait_support import scaled
 
 
 def _console(script: str, tmp_path) -> subprocess.CompletedProcess:
     return subprocess.run(console_argv("-q", "-c", script, "--spawn", *agent_argv("--state-dir", str(tmp_path / "s"))),
-                          capture_output=True, text=True, timeout=120, env=subprocess_env(), stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=scaled(120), env=subprocess_env(), stdin=subprocess.DEVNULL)
 
 
 @pytest.mark.parametrize("script, status", [
@@ -52,18 +53,18 @@ def test_a_failed_multi_part_job_gives_the_status_of_the_part_that_failed(tmp_pa
 def test_a_json_result_carries_the_exit_status(tmp_path):
     run = subprocess.run(console_argv("--json", "-q", "-c", "submit --wait /bin/sh -c 'exit 6'", "--spawn",
                                       *agent_argv("--state-dir", str(tmp_path / "s"))),
-                         capture_output=True, text=True, timeout=120, env=subprocess_env(), stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, timeout=scaled(120), env=subprocess_env(), stdin=subprocess.DEVNULL)
     assert run.returncode == 6
     result = [json.loads(line) for line in run.stdout.splitlines() if '"result"' in line][-1]
     assert result["ok"] is False and result["exit_status"] == 6 and result["exit_codes"] == [6]
 
 
 async def test_a_wait_that_runs_out_says_the_state_at_that_time(tmp_path):
-    with trio.fail_after(90):
+    with trio.fail_after(scaled(90)):
         async with await AgentClient.spawn(agent_argv("--state-dir", str(tmp_path / "s")), env=subprocess_env()) as client:
             await start(client)
             job = await client.submit("/bin/sleep", ["60"])
-            await client.wait_job_state(job, "RUNNING", 20)
+            await client.wait_job_state(job, "RUNNING", scaled(20))
             key = client.job_key(job)
 
             async def change_soon(suspended: bool) -> None:
@@ -73,7 +74,7 @@ async def test_a_wait_that_runs_out_says_the_state_at_that_time(tmp_path):
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(change_soon, True)
                 with pytest.raises(WaitTimeout) as caught:
-                    await client.wait_job_state(job, "COMPLETED", timeout=3)
+                    await client.wait_job_state(job, "COMPLETED", timeout=scaled(3))
             assert str(caught.value).endswith(f"job {key} to reach COMPLETED (now SUSPENDED)")
 
             errors = io.StringIO()
@@ -83,5 +84,5 @@ async def test_a_wait_that_runs_out_says_the_state_at_that_time(tmp_path):
                 assert await shell.execute(["wait", str(key), "FINISHED", "-t", "3"]) is False
             assert errors.getvalue().strip().endswith(f"job {key} to reach FINISHED (now RUNNING)")
             await client.terminate(job)
-            await client.wait_job_state(job, "COMPLETED", 20)
+            await client.wait_job_state(job, "COMPLETED", scaled(20))
             await client.quit()

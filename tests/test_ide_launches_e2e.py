@@ -116,7 +116,7 @@ def _cancel(native_ids: Dict[str, List[str]]) -> None:
         import sge_support
 
         for native in native_ids["sge"]:
-            sge_support.run(["qdel", native], timeout=30)
+            sge_support.run(["qdel", native], timeout=scaled(30))
 
 
 @asynccontextmanager

@@ -208,7 +208,7 @@ def processes_of(state_dir: Path) -> List[int]:
 async def stop_agent(state_dir: Path) -> None:
     """End the agent of a state directory and its keeper (SIGTERM, then SIGKILL)."""
     # An agent started just before the server ended may not be listed yet.
-    with trio.move_on_after(1.0):
+    with trio.move_on_after(scaled(1.0)):
         while not processes_of(state_dir) and (state_dir / "agent.err").exists():
             await trio.sleep(0.05)
     pids = processes_of(state_dir)

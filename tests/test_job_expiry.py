@@ -22,13 +22,14 @@ from proxy_agent.service.jobs import JobSpec
 from proxy_agent.service.model import K, Kind
 from proxy_agent.service.service import KEEP_ENDED, SHOW_ENDED, JobService
 from proxy_agent.service.store import JobStore, open_store
+from wait_support import scaled
 
 HOUR, DAY = 3600.0, 86400.0
 
 
 def _rows(state: str):
     result = subprocess.run(agent_argv("jobs", "--json", "--state-dir", state), capture_output=True, text=True,
-                            timeout=60, env=subprocess_env(), stdin=subprocess.DEVNULL)
+                            timeout=scaled(60), env=subprocess_env(), stdin=subprocess.DEVNULL)
     return {row["name"]: row for row in map(json.loads, result.stdout.splitlines())}
 
 
@@ -59,7 +60,7 @@ async def _names_in_the_model(client) -> set:
 async def test_clients_see_recent_ended_jobs_and_old_ones_are_forgotten(tmp_path):
     state = str(tmp_path / "state")
     _old_jobs(state)
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await spawn_agent(state) as client:
             await start(client)
             assert await _names_in_the_model(client) == {"an-hour"}
@@ -87,7 +88,7 @@ def test_the_window_and_the_time_kept_are_options_with_units(tmp_path):
     assert (args.keep_ended, args.show_ended) == (KEEP_ENDED, SHOW_ENDED) == (14 * DAY, 24 * HOUR)
     args = parse_arguments(["--keep-ended", "never", "--show-ended", "all", "--keep-ended", "3"])
     assert (args.keep_ended, args.show_ended) == (3 * DAY, None)
-    bad = subprocess.run(agent_argv("--keep-ended", "soon"), capture_output=True, text=True, timeout=30,
+    bad = subprocess.run(agent_argv("--keep-ended", "soon"), capture_output=True, text=True, timeout=scaled(30),
                          env=subprocess_env(), stdin=subprocess.DEVNULL)
     assert bad.returncode == 2 and "--keep-ended: invalid duration value: 'soon'" in bad.stderr
 
@@ -98,7 +99,7 @@ async def test_a_running_agent_hides_then_forgets_what_ended_long_ago(tmp_path):
     service.add_backend(LocalBackend(service.model, None, service.context(state_dir=str(tmp_path))))
     async with trio.open_nursery() as nursery:
         await nursery.start(service.run)
-        with trio.fail_after(30):
+        with trio.fail_after(scaled(30)):
             await service.ready.wait()
             key = await service.submit(JobSpec("/bin/echo", ("kept",)))
             while service.model.attr(key, K.STATE) != "FINISHED":
@@ -128,6 +129,6 @@ def test_forget_takes_an_ended_job_that_never_started(tmp_path, state, native):
     with sqlite3.connect(os.path.join(directory, JobStore.FILE)) as db:
         db.execute("UPDATE jobs SET state=?, native_state=? WHERE key=7", (state, native))
     result = subprocess.run(agent_argv("forget", "7", "--state-dir", directory), capture_output=True, text=True,
-                            timeout=30, env=subprocess_env(), stdin=subprocess.DEVNULL)
+                            timeout=scaled(30), env=subprocess_env(), stdin=subprocess.DEVNULL)
     assert result.returncode == 0 and result.stdout.strip() == "forgot 1 job", result.stderr
     assert _rows(directory) == {}

@@ -17,13 +17,14 @@ import pytest
 from agent_fixtures import subprocess_env
 from proxy_agent.service.jobs import JobSpec
 from proxy_agent.service.store import JobStore
+from wait_support import scaled
 
 HOUR = 3600.0
 DAY = 24 * HOUR
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "proxy_agent", *args], capture_output=True, text=True, timeout=60,
+    return subprocess.run([sys.executable, "-m", "proxy_agent", *args], capture_output=True, text=True, timeout=scaled(60),
                           env=subprocess_env(), stdin=subprocess.DEVNULL)
 
 

@@ -20,6 +20,7 @@ from proxy_agent.client import AgentClient
 from proxy_agent.client.sync import Agent
 from proxy_agent.service import history
 from proxy_agent.service.history import OutputHistory, read_job_output
+from wait_support import scaled
 
 
 def _lines(prefix: str, first: int, last: int):
@@ -150,7 +151,7 @@ def test_a_block_the_disk_refuses_is_taken_back_whole_and_counted_with_the_reaso
 
 
 def _agent_command(*args: str, state: str) -> subprocess.CompletedProcess:
-    return subprocess.run(agent_argv(*args, "--state-dir", state), capture_output=True, text=True, timeout=60,
+    return subprocess.run(agent_argv(*args, "--state-dir", state), capture_output=True, text=True, timeout=scaled(60),
                           env=subprocess_env(), stdin=subprocess.DEVNULL)
 
 
@@ -179,7 +180,7 @@ async def test_a_client_that_comes_back_finds_every_line_kept(tmp_path):
     agent = subprocess.Popen(agent_argv("--unix", socket_path, "--state-dir", state), stdin=subprocess.DEVNULL,
                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env())
     try:
-        with trio.fail_after(60):
+        with trio.fail_after(scaled(60)):
             while True:  # the socket's file is there a moment before it is listened on
                 line = (await trio.to_thread.run_sync(agent.stderr.readline)).decode()
                 assert line, "the agent ended before it listened"
@@ -195,7 +196,7 @@ async def test_a_client_that_comes_back_finds_every_line_kept(tmp_path):
             async with await AgentClient.connect_unix(socket_path) as second:
                 await start(second)
                 again = second.state.jobs_by_sub[first.job(job).sub_id]
-                await second.wait_for(lambda: len(again.output) == 4, 20)
+                await second.wait_for(lambda: len(again.output) == 4, scaled(20))
                 assert again.text("stdout") == "line 3\nline 5\nline 6\n" and again.text("stderr") == "line 4\n"
         key = str((await _rows(state))["six"]["id"])
         out = await trio.to_thread.run_sync(lambda: _agent_command("output", key, state=state))
@@ -206,7 +207,7 @@ async def test_a_client_that_comes_back_finds_every_line_kept(tmp_path):
         # the console's output, from a session that saw none of it live
         shown = await trio.to_thread.run_sync(lambda: subprocess.run(
             [sys.executable, "-m", "proxy_agent.console", "--unix", socket_path, "-q", "-c", f"output {key}"],
-            capture_output=True, text=True, timeout=60, env=subprocess_env(), stdin=subprocess.DEVNULL))
+            capture_output=True, text=True, timeout=scaled(60), env=subprocess_env(), stdin=subprocess.DEVNULL))
         assert shown.returncode == 0, shown.stderr
         assert [line for line in shown.stdout.splitlines() if line.startswith("[")] == [
             f"[{key}.0] line 1", f"[{key}.0] line 2", f"[{key}.0] line 3", f"[{key}.0] line 5", f"[{key}.0] line 6",
@@ -237,11 +238,11 @@ async def test_output_follow_prints_lines_as_the_job_writes_them_until_it_ends(t
     state = str(tmp_path / "state")
     go = tmp_path / "go"
     script = f"echo first; while [ ! -e {go} ]; do sleep 0.05; done; echo second; echo third"
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await spawn_agent(state) as client:
             await start(client)
             job = await client.submit("/bin/sh", ["-c", script], jobName="followed")
-            await client.wait_for(lambda: client.job(job).output, 20)
+            await client.wait_for(lambda: client.job(job).output, scaled(20))
             key = str((await _rows(state))["followed"]["id"])
             follower = await trio.lowlevel.open_process(
                 agent_argv("output", key, "--follow", "--state-dir", state), stdout=subprocess.PIPE,
@@ -268,7 +269,7 @@ async def test_the_kept_output_survives_a_killed_agent_once_per_line(tmp_path):
     go = tmp_path / "go"
     script = (f"i=1; while [ $i -le 200 ]; do echo \"n $i\"; i=$((i+1)); done; while [ ! -e {go} ]; do sleep 0.05; "
               "done; i=201; while [ $i -le 300 ]; do echo \"n $i\"; i=$((i+1)); done")
-    with trio.fail_after(90):
+    with trio.fail_after(scaled(90)):
         async with await spawn_agent(state, "--on-disconnect", "keep") as client:
             await start(client)
             await client.stop_events()  # nothing reaches a client: every line stays undelivered
@@ -301,7 +302,7 @@ async def _ended_named(state: str, name: str) -> bool:
 def test_output_of_a_job_the_list_does_not_know_is_one_line(tmp_path):
     state = str(tmp_path / "state")
     result = subprocess.run([sys.executable, "-m", "proxy_agent", "output", "12", "--state-dir", state],
-                            capture_output=True, text=True, timeout=30, env=subprocess_env(), stdin=subprocess.DEVNULL)
+                            capture_output=True, text=True, timeout=scaled(30), env=subprocess_env(), stdin=subprocess.DEVNULL)
     assert result.returncode == 2 and "no job store in" in result.stderr
 
 
@@ -310,7 +311,7 @@ def test_the_consoles_output_follows_a_running_job_printing_each_line_once(tmp_p
               "output slow")
     run = subprocess.run([sys.executable, "-m", "proxy_agent.console", "-q", "-c", script, "--spawn",
                           *agent_argv("--state-dir", str(tmp_path / "state"))],
-                         capture_output=True, text=True, timeout=60, env=subprocess_env(), stdin=subprocess.DEVNULL)
+                         capture_output=True, text=True, timeout=scaled(60), env=subprocess_env(), stdin=subprocess.DEVNULL)
     assert run.returncode == 0, run.stderr
     lines = [line.split("] ", 1)[1] for line in run.stdout.splitlines() if line.startswith("[")]
     assert sorted(lines) == ["a", "b", "c"]
@@ -323,12 +324,12 @@ async def test_get_output_gives_any_part_of_the_kept_output_in_either_dialect(tm
 
     state = str(tmp_path / "state")
     script = 'echo "été $PROXY_AGENT_PROCESS_INDEX"; echo "second"; echo "oops" >&2'
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         async with await AgentClient.spawn(agent_argv("--state-dir", state), env=subprocess_env(),
                                            dialect=dialect) as client:
             await start(client)
             job = await client.submit("/bin/sh", ["-c", script], count=2)
-            await client.wait_job_state(job, "COMPLETED", 20)
+            await client.wait_job_state(job, "COMPLETED", scaled(20))
             kept = await client.kept_output(job)
             assert [(p.rank, p.stream, p.lines) for p in kept.streams] == [
                 (0, "stdout", ["été 0", "second"]), (0, "stderr", ["oops"]),
@@ -354,27 +355,27 @@ async def test_on_a_full_disk_the_kept_output_counts_what_it_has_no_room_for_and
         state = disk / "state"
         filler = None
         try:
-            with trio.fail_after(150):
+            with trio.fail_after(scaled(150)):
                 async with await spawn_agent(str(state)) as client:
                     await start(client)
                     warm = await client.submit("/bin/echo", ["ready"])
-                    await client.wait_job_state(warm, "COMPLETED", 30)
+                    await client.wait_job_state(warm, "COMPLETED", scaled(30))
                     # its first 1,000 lines while there is room, the rest once the disk is nearly full
                     room, gate = tmp_path / "filled", tmp_path / "go-on"
                     script = (f'seq 1 1000; while [ ! -e "{room}" ]; do sleep 0.05; done; seq 1001 {total}; '
                               f'while [ ! -e "{gate}" ]; do sleep 0.05; done; exit 0')
                     job = await client.submit("/bin/sh", ["-c", script], jobName="flood")
-                    with trio.fail_after(60):
+                    with trio.fail_after(scaled(60)):
                         while len((await client.kept_output(job, stream="stdout")).text()) < len(_source(
                                 map(str, range(1, 1001)))):
                             await trio.sleep(0.1)
                     filler = fill(disk, leave=3 << 19)
                     room.touch()
-                    with trio.fail_after(60):
+                    with trio.fail_after(scaled(60)):
                         while not (await client.kept_output(job, stream="stdout")).dropped("stdout"):
                             await trio.sleep(0.2)
                     gate.touch()
-                    done = await client.wait_job_state(job, "COMPLETED", 60)
+                    done = await client.wait_job_state(job, "COMPLETED", scaled(60))
                     assert done.get("jobStatus") == "FINISHED", done.attributes  # it ran on
                     got = [line.text for line in client.job_process(done, 0).output if line.stream == "stdout"]
                     # the disk is still full: the agent tells the counts it holds
@@ -390,20 +391,20 @@ async def test_on_a_full_disk_the_kept_output_counts_what_it_has_no_room_for_and
                     def told() -> subprocess.CompletedProcess:
                         return _agent_command("output", key, state=str(state))
 
-                    with trio.fail_after(30):
+                    with trio.fail_after(scaled(30)):
                         while "were not kept" not in (result := await trio.to_thread.run_sync(told)).stderr:
                             await trio.sleep(0.2)
                     assert result.returncode == 0 and result.stdout.splitlines() == kept.lines
                     assert result.stderr == (f"proxy-agent output: {kept.dropped} further lines process 0 wrote to "
                                              f"stdout were not kept (the disk of {state} had no room for them)\n")
                     after = None
-                    with trio.fail_after(30):  # refused until the agent sees the room
+                    with trio.fail_after(scaled(30)):  # refused until the agent sees the room
                         while after is None:
                             try:
                                 after = await client.submit("/bin/echo", ["room again"])
                             except CommandFailed:
                                 await trio.sleep(0.5)
-                    assert (await client.wait_job_state(after, "COMPLETED", 30)).get("jobStatus") == "FINISHED"
+                    assert (await client.wait_job_state(after, "COMPLETED", scaled(30))).get("jobStatus") == "FINISHED"
                     assert (await client.kept_output(after)).streams[0].lines == ["room again"]
                     assert client.violations == []
                     await client.quit()

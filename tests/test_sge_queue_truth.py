@@ -30,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _qconf(*args: str, stdin=None) -> subprocess.CompletedProcess:
-    result = sge_support.run(["qconf", *args], timeout=30, stdin=stdin)
+    result = sge_support.run(["qconf", *args], timeout=scaled(30), stdin=stdin)
     assert result.returncode == 0, f"qconf {' '.join(args)}: {result.stderr or result.stdout}"
     return result
 
@@ -62,12 +62,12 @@ def throwaway_queues(tmp_path, native_ids: List[str], **queues: Dict[str, str]) 
         yield names
     finally:
         for name in names:
-            sge_support.run(["qmod", "-d", name], timeout=30)
+            sge_support.run(["qmod", "-d", name], timeout=scaled(30))
         if native_ids:
-            sge_support.run(["qdel", "-f", *native_ids], timeout=30)
+            sge_support.run(["qdel", "-f", *native_ids], timeout=scaled(30))
         for name in names:
             deadline = time.monotonic() + scaled(60)
-            while sge_support.run(["qconf", "-dq", name], timeout=30).returncode != 0 and time.monotonic() < deadline:
+            while sge_support.run(["qconf", "-dq", name], timeout=scaled(30)).returncode != 0 and time.monotonic() < deadline:
                 time.sleep(0.5)
 
 
@@ -108,7 +108,7 @@ async def test_a_limit_changed_with_qconf_reaches_the_client(tmp_path):
 
 def _master_answers() -> bool:
     try:
-        return sge_support.run(["qstat", "-g", "c"], timeout=30).returncode == 0
+        return sge_support.run(["qstat", "-g", "c"], timeout=scaled(30)).returncode == 0
     except subprocess.TimeoutExpired:
         return False
 
@@ -130,7 +130,7 @@ def wait_for_hosts() -> None:
     again), so the shared cell is left as it was found."""
     deadline = time.monotonic() + scaled(120)
     while time.monotonic() < deadline:
-        lines = sge_support.run(["qstat", "-g", "c"], timeout=30).stdout.splitlines()
+        lines = sge_support.run(["qstat", "-g", "c"], timeout=scaled(30)).stdout.splitlines()
         if any(line.split()[:1] == ["all.q"] and line.split()[4] != "0" for line in lines):
             return
         time.sleep(1)

@@ -186,7 +186,7 @@ async def _stop_services_of(state: Path, signum: int) -> None:
     whatever it is doing, and waited for; the launch itself has ended."""
     seen = set()
     signalled = set()
-    with trio.fail_after(60):
+    with trio.fail_after(scaled(60)):
         while True:
             found = processes_of(state)
             for pid, service in found:
@@ -267,7 +267,7 @@ async def test_a_signal_at_any_moment_of_the_services_start_up_ends_it_cleanly(t
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=subprocess_env())
         stderr = b""
         try:
-            with trio.fail_after(60):
+            with trio.fail_after(scaled(60)):
                 if run % 4 == 3:  # right after it serves
                     while lock_holder(str(state)) is None or not (state / "agent.sock").exists():
                         assert process.poll() is None, "the service ended by itself"
@@ -331,5 +331,5 @@ def test_a_signal_that_lands_in_a_finalizer_still_stops_the_start_up(tmp_path):
         "except Stopped:\n"
         "    print('stopped')\n")
     done = subprocess.run([sys.executable, str(probe)], capture_output=True, text=True, env=subprocess_env(),
-                          timeout=60)
+                          timeout=scaled(60))
     assert done.stdout == "stopped\n" and done.stderr == "", done

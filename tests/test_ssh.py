@@ -45,7 +45,7 @@ def remote_pyz(sshd):
         assert result.returncode == 0, result.stderr
     yield "./proxy-agent.pyz"
     for user in (sshd.user, sshd.banner_user):
-        subprocess.run(sshd.ide_ssh(user, "./proxy-agent.pyz stop --end-jobs"), capture_output=True, timeout=60)
+        subprocess.run(sshd.ide_ssh(user, "./proxy-agent.pyz stop --end-jobs"), capture_output=True, timeout=scaled(60))
 
 
 @lru_cache(maxsize=None)

@@ -131,7 +131,7 @@ def test_a_launch_that_joins_a_running_service_loads_only_the_standard_library_a
     state = tmp_path / "state"
     env = subprocess_env()
     started = subprocess.run([sys.executable, "-m", "proxy_agent", "--state-dir", str(state)], input=b"", env=env,
-                             capture_output=True, timeout=60)
+                             capture_output=True, timeout=scaled(60))
     assert started.returncode == 0, started.stderr  # the service now runs, and stays
     out = tmp_path / "loaded"
     probe = "\n".join([
@@ -147,7 +147,7 @@ def test_a_launch_that_joins_a_running_service_loads_only_the_standard_library_a
         f"open({str(out)!r}, 'w').write(repr((ours, outside)))",
     ])
     init = encode_frame(int(CommandId.INIT), 1, ["version=2.0", "baseId=100"])
-    done = subprocess.run([sys.executable, "-c", probe], input=init, capture_output=True, env=env, timeout=60)
+    done = subprocess.run([sys.executable, "-c", probe], input=init, capture_output=True, env=env, timeout=scaled(60))
     assert done.returncode == 0, done.stderr
     decoder = Decoder()
     decoder.feed(done.stdout)

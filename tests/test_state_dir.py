@@ -39,7 +39,7 @@ async def test_a_second_launch_on_the_same_state_dir_joins_the_service_of_the_fi
             await start(first)
             service = service_pid(state)
             job = await first.submit("/bin/echo", ["first"], jobName="first")
-            await first.wait_job_state(job, "COMPLETED", 20)
+            await first.wait_job_state(job, "COMPLETED", scaled(20))
             async with BackgroundAgent("--state-dir", state, "--unix", path, env=subprocess_env()):
                 async with await AgentClient.connect_unix(path) as second:
                     await start(second)
@@ -190,12 +190,12 @@ async def test_every_file_in_the_state_directory_is_the_users_alone(tmp_path):
     state = str(tmp_path / "state")
     old = os.umask(0o022)  # as most users have it
     try:
-        with trio.fail_after(60):
+        with trio.fail_after(scaled(60)):
             async with await spawn_agent(state) as client:
                 await start(client)
                 for text in ("one", "two"):
                     job = await client.submit("/bin/sh", ["-c", f"echo {text}; echo {text} >&2"])
-                    await client.wait_job_state(job, "COMPLETED", 20)
+                    await client.wait_job_state(job, "COMPLETED", scaled(20))
                 assert _shared(state) == []  # the store's log, sockets, the keeper's files, kept output
                 first = client.job_key(job)
                 await client.quit()
@@ -204,7 +204,7 @@ async def test_every_file_in_the_state_directory_is_the_users_alone(tmp_path):
             async with await spawn_agent(state) as client:
                 await start(client)
                 job = await client.submit("/bin/echo", ["three"])
-                await client.wait_job_state(job, "COMPLETED", 20)
+                await client.wait_job_state(job, "COMPLETED", scaled(20))
                 assert _shared(state) == []
                 await client.quit()
     finally:

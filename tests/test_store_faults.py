@@ -304,13 +304,13 @@ async def test_forgetting_through_the_service_on_a_store_it_cannot_write_is_one_
     if subprocess.run(["chattr", "+i", str(path)], capture_output=True).returncode != 0:
         pytest.skip("this file system cannot make a file immutable (chattr +i)")
     try:
-        with trio.fail_after(60):
+        with trio.fail_after(scaled(60)):
             async with await spawn_agent(str(state)) as client:
                 await start(client)
                 await client.wait_for(lambda: client.messages, 10, description="the store's MESSAGE")
                 assert "cannot be written now" in client.messages[0].text
                 done = subprocess.run([sys.executable, "-m", "proxy_agent", "forget", "1", "--state-dir", str(state)],
-                                      capture_output=True, text=True, timeout=60, env=subprocess_env(),
+                                      capture_output=True, text=True, timeout=scaled(60), env=subprocess_env(),
                                       stdin=subprocess.DEVNULL)
                 assert done.returncode != 0 and done.stdout == "", done
                 assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr, done.stderr

@@ -47,7 +47,7 @@ def test_cancel_and_timeouts():
         job = agent.submit("/bin/sleep", ["600"])
         job.wait(timeout=scaled(30), state="RUNNING")
         with pytest.raises(WaitTimeout):
-            job.wait(timeout=0.3)
+            job.wait(timeout=scaled(0.3))
         job.cancel()
         job.wait(timeout=scaled(30))  # (the job would sleep 600 s)
         assert job.status in ("KILLED", "CANCELED")
