@@ -242,9 +242,10 @@ def build_parser(command: str) -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- jobs
 
 
-def _ask_service(state_dir: str, op: str, **fields: Any) -> Optional[Dict[str, Any]]:
+def _ask_service(state_dir: str, op: str, *, refused: bool = False, **fields: Any) -> Optional[Dict[str, Any]]:
     """The running service's answer to a request (None: no service with the interface runs,
-    and the store is read or written as it is)."""
+    and the store is read or written as it is).  Its refusal is a StoreError, or with
+    ``refused`` the interface's own Refused."""
     from .endpoints import lock_holder
     from .frontends.api.wire import Refused, ask, socket_path
 
@@ -253,6 +254,8 @@ def _ask_service(state_dir: str, op: str, **fields: Any) -> Optional[Dict[str, A
     try:
         return ask(socket_path(state_dir), op, **fields)
     except Refused as exc:
+        if refused:
+            raise
         raise StoreError(exc.message) from None
     except (OSError, ValueError):
         return None
@@ -336,6 +339,24 @@ def _job_key(state_dir: str, text: str) -> int:
     raise LookupError(f"{len(named)} jobs are named {text!r} (ids {', '.join(map(str, named))}); give one id")
 
 
+def _kept_output(state_dir: str, key: int, rank: Optional[int], stream: str,
+                 seen: Dict[Tuple[int, str], int]) -> Dict[str, Any]:
+    """A job's kept output after the lines ``seen``: from the running service (which first
+    writes out what it holds), else from the state directory as it is."""
+    from .frontends.api.wire import Refused
+
+    try:
+        answer = _ask_service(state_dir, "kept_output", refused=True, job=key, rank=rank, streams=[stream],
+                              skip=[[r, s, n] for (r, s), n in seen.items()])
+    except Refused as exc:
+        if exc.kind == "NO_SUCH_JOB":
+            raise LookupError(exc.message) from None
+        raise StoreError(exc.message) from None
+    if answer is None:
+        return job_output(state_dir, key, rank=rank, streams=(stream,), skip=seen)
+    return answer
+
+
 def _output(args: argparse.Namespace) -> int:
     try:
         key = _job_key(args.state_dir, args.job)
@@ -347,7 +368,7 @@ def _output(args: argparse.Namespace) -> int:
     told: Dict[Tuple[int, str], int] = {}
     while True:
         try:
-            found = job_output(args.state_dir, key, rank=args.rank, streams=(stream,), skip=seen)
+            found = _kept_output(args.state_dir, key, args.rank, stream, seen)
         except LookupError as exc:
             print(f"proxy-agent output: {exc.args[0]}", file=sys.stderr)
             return 1

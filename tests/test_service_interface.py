@@ -12,14 +12,15 @@ import subprocess
 import pytest
 import trio
 
-from agent_fixtures import agent_argv, subprocess_env
+from wait_support import scaled
+from agent_fixtures import agent_argv, console_argv, subprocess_env
 from proxy_agent.client import AgentClient
 from proxy_agent.frontends.api.client import GoneEvent, JobEvent, OutputEvent, ServiceClient
 from proxy_agent.frontends.api.terms import spec_from_dict, spec_to_dict
 from proxy_agent.frontends.api.wire import Refused, ask, call, socket_path
 from proxy_agent.service.jobs import ErrorKind, JobSpec, JobState, ServiceError
 
-DEADLINE = 60
+DEADLINE = scaled(60)
 
 
 async def _events(service: ServiceClient, key: int):
@@ -160,10 +161,12 @@ async def test_output_from_the_files_then_followed(tmp_path):
             assert isinstance(followed[-1], JobEvent) and followed[-1].state is JobState.FINISHED
 
 
-def test_the_job_list_is_asked_of_the_running_service(tmp_path):
+def test_the_job_list_and_kept_output_are_asked_of_the_running_service(tmp_path):
     state = tmp_path / "state"
-    done = subprocess.run(agent_argv("--state-dir", str(state)), input=b"", env=subprocess_env(), timeout=DEADLINE)
-    assert done.returncode == 0
+    done = subprocess.run(console_argv("-q", "-c", "submit --wait /bin/echo kept-line", "--spawn",
+                                       *agent_argv("--state-dir", str(state))),
+                          capture_output=True, text=True, env=subprocess_env(), timeout=DEADLINE)
+    assert done.returncode == 0, done.stderr
     # the service runs; without its store file a reader of the store finds nothing
     store = state / "jobs.sqlite"
     os.rename(store, state / "aside.sqlite")
@@ -171,6 +174,14 @@ def test_the_job_list_is_asked_of_the_running_service(tmp_path):
         listed = subprocess.run(agent_argv("jobs", "--state-dir", str(state), "--json"), capture_output=True,
                                 text=True, env=subprocess_env(), timeout=DEADLINE)
         assert listed.returncode == 0, listed.stderr
+        (row,) = [json.loads(line) for line in listed.stdout.splitlines()]
+        assert row["name"] == "echo" and row["state"] == "FINISHED"
+        printed = subprocess.run(agent_argv("output", "--state-dir", str(state), str(row["id"])), capture_output=True,
+                                 text=True, env=subprocess_env(), timeout=DEADLINE)
+        assert (printed.returncode, printed.stdout) == (0, "kept-line\n"), printed.stderr
+        unknown = subprocess.run(agent_argv("output", "--state-dir", str(state), "12345"), capture_output=True,
+                                 text=True, env=subprocess_env(), timeout=DEADLINE)
+        assert unknown.returncode == 1 and "12345" in unknown.stderr and "Traceback" not in unknown.stderr
         forgot = subprocess.run(agent_argv("forget", "--state-dir", str(state), "12345"), capture_output=True,
                                 text=True, env=subprocess_env(), timeout=DEADLINE)
         assert forgot.returncode == 1 and "no job 12345 in the list" in forgot.stderr

@@ -23,6 +23,7 @@ from typing import List, Optional
 import pytest
 import trio
 
+from wait_support import scaled
 from agent_fixtures import BackgroundAgent, agent_argv, console_argv, service_pid, subprocess_env
 from proxy_agent.client import AgentClient, AgentProcess, listen_for_agent
 from proxy_agent.endpoints import lock_holder
@@ -34,7 +35,7 @@ from test_invoke_server import InvokeClient, alive, attributes, processes_of
 from test_reference_client_e2e import IDE_BASE, check_default_dialect, ide_handshake
 
 #: Generous: a loaded two-core machine starts Pythons slowly.
-DEADLINE = 60
+DEADLINE = scaled(60)
 
 
 def _services(state: Path) -> List[int]:

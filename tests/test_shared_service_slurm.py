@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 import trio
 
+from wait_support import scaled
 from agent_fixtures import agent_argv, subprocess_env
 from proxy_agent.client import AgentClient
 from slurm_support import require_cluster
@@ -16,7 +17,7 @@ pytestmark = pytest.mark.slurm
 
 require_cluster()
 
-DEADLINE = 60
+DEADLINE = scaled(60)
 
 
 def _launch(state, *args: str):

@@ -162,9 +162,14 @@ def job_output(state_dir: str, key: int, *, rank: Optional[int] = None,
     if job is None:
         raise LookupError(f"no job {key} in the list")
     kept = history.read_job_output(state_dir, key, rank=rank, streams=streams, skip=skip)
+    return output_answer(kept, job.ended is not None)
+
+
+def output_answer(kept: "history.JobOutput", ended: bool) -> Dict[str, Any]:
+    """A job's kept output as :func:`job_output` gives it (and the service's interface sends it)."""
     return {
-        "id": key,
-        "ended": job.ended is not None,
+        "id": kept.key,
+        "ended": ended,
         "streams": [{"rank": part.rank, "stream": part.stream, "first": part.first, "lines": list(part.lines),
                      "dropped": part.dropped, "why_dropped": part.why_dropped} for part in kept.streams],
     }

@@ -524,6 +524,31 @@ class ApiSession:
             self.send({"event": "end", "job": key})
         return {"job": key, "files": bool(files)}
 
+    async def _kept_output(self, message: Dict[str, Any]) -> Dict[str, Any]:
+        """A job's kept output (every line it wrote, as the state directory keeps it) from the
+        line after those the reader has (``skip``: ``[[rank, stream, lines], ...]``), and
+        whether the job has ended; what ``proxy-agent output`` prints."""
+        from ...service.statedir import output_answer
+
+        key = _key(message.get("job"))
+        streams = message.get("streams") or ["stdout", "stderr"]
+        if not (isinstance(streams, list) and set(streams) <= {"stdout", "stderr"}):
+            raise ServiceError("streams must name stdout and/or stderr", ErrorKind.BAD_REQUEST)
+        rank = message.get("rank")
+        if rank is not None and (not isinstance(rank, int) or isinstance(rank, bool) or rank < 0):
+            raise ServiceError("rank must be a process's rank (0 or more)", ErrorKind.BAD_REQUEST)
+        skip: Dict[Tuple[int, str], int] = {}
+        for item in message.get("skip") or []:
+            if not (isinstance(item, list) and len(item) == 3 and isinstance(item[0], int)
+                    and item[1] in ("stdout", "stderr") and isinstance(item[2], int) and item[2] >= 0):
+                raise ServiceError("skip must list [rank, stream, lines]", ErrorKind.BAD_REQUEST)
+            skip[(item[0], item[1])] = item[2]
+        if self.service.store is not None and self._store_record(key) is None:
+            raise JobError(f"no job {key} in the list", ErrorKind.NO_SUCH_JOB)  # (as the job list says it)
+        kept = await self.service.job_output(key, streams=streams, rank=rank, skip=skip)
+        record = self._store_record(key)
+        return output_answer(kept, record is not None and record.ended is not None)
+
     def _send_file(self, key: int, rank: int, stream: str, path: str) -> int:
         """Send the complete lines of an output file (its last FILE_LIMIT bytes, the lines
         before them counted as dropped), in events of OUTPUT_CHUNK bytes at most; returns
@@ -587,6 +612,7 @@ _REQUESTS: Dict[str, Callable[[ApiSession, Dict[str, Any]], Awaitable[Dict[str, 
     "jobs": ApiSession._jobs,
     "forget": ApiSession._forget,
     "output": ApiSession._output,
+    "kept_output": ApiSession._kept_output,
 }
 
 
