@@ -982,6 +982,11 @@ def _serve(argv: Sequence[str], signals: Signals, where: List[str]) -> int:
         return 1
     finally:
         signals.hold()
+        if state.store is not None:
+            try:
+                state.store.close()  # closed, not left to the interpreter's exit: nothing but the file stays
+            except Exception as exc:  # noqa: BLE001 - what it still owes was said while it served
+                log.warning("the job store did not close cleanly: %s", exc)
         log.info("left after %.0f s", time.time() - started)
     return 0
 

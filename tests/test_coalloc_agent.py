@@ -59,18 +59,22 @@ MESH = textwrap.dedent(
             time.sleep(0.05)
 
     stay()
-    print("SEEN", me, "|".join(sorted(everyone)), "connected", connected, flush=True)
-    print("HANDLES", os.environ["GLOBUS_GRAM_MULTIJOB_HANDLE"], os.environ["GLOBUS_GRAM_JOB_HANDLE"],
-          os.environ["GLOBUS_GRAM_SUBJOB_RANK"], flush=True)
+    # each line in one write: the processes of a part may share one output file (unbuffered)
+    sys.stdout.write(" ".join(["SEEN", me, "|".join(sorted(everyone)), "connected", str(connected)]) + "\\n")
+    sys.stdout.write(" ".join(["HANDLES", os.environ["GLOBUS_GRAM_MULTIJOB_HANDLE"],
+                               os.environ["GLOBUS_GRAM_JOB_HANDLE"], os.environ["GLOBUS_GRAM_SUBJOB_RANK"]]) + "\\n")
+    sys.stdout.flush()
     """
 )
 
 #: Waits at the barrier, then prints its part index and rank.
 WAITER = textwrap.dedent(
     """
+    import sys
     from proxy_agent import runtime
     passed = runtime.barrier(timeout=120)
-    print("PASSED", passed.part_index, passed.parts, runtime.rank(), flush=True)
+    sys.stdout.write(f"PASSED {passed.part_index} {passed.parts} {runtime.rank()}\\n")
+    sys.stdout.flush()
     """
 )
 

@@ -95,7 +95,7 @@ def test_script_file_with_comments_and_several_jobs(tmp_path):
             submit --sub-id first -n 3 -d /tmp /bin/sh -c 'echo "$PROXY_AGENT_PROCESS_INDEX in $(pwd)"' --wait
             submit --sub-id second /bin/sleep 600
             wait second RUNNING -t {scaled(60):g}; terminate second
-            wait second -t {scaled(60):g}
+            wait second KILLED -t {scaled(60):g}
             show second
             output first
             jobs

@@ -153,6 +153,6 @@ def test_a_launch_that_joins_a_running_service_loads_only_the_standard_library_a
     decoder.feed(done.stdout)
     assert [(frame.msg_id, frame.tid) for frame in decoder] == [(0, 1)]  # the service's OK for INIT
     ours, outside = eval(out.read_text())
-    assert ours == ["proxy_agent", "proxy_agent.endpoints", "proxy_agent.frontends", "proxy_agent.frontends.api",
-                    "proxy_agent.frontends.api.wire", "proxy_agent.launch"]
+    assert ours == ["proxy_agent", "proxy_agent.cli", "proxy_agent.config", "proxy_agent.endpoints", "proxy_agent.frontends",
+                    "proxy_agent.frontends.api", "proxy_agent.frontends.api.wire", "proxy_agent.launch"]
     assert outside == []

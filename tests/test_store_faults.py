@@ -27,7 +27,8 @@ import pytest
 import trio
 
 from adoption_support import spawn_agent, start
-from agent_fixtures import subprocess_env
+from agent_fixtures import agent_argv, subprocess_env
+from proxy_agent.endpoints import lock_holder
 from proxy_agent.launch import stop_service
 from disk_support import fill, small_disk
 from proxy_agent.client import CommandFailed
@@ -244,6 +245,10 @@ async def test_a_full_disk_keeps_a_sound_store_and_what_is_owed_is_written_once_
         finally:
             if filler is not None and filler.exists():
                 filler.unlink()
+            if lock_holder(str(state)) is None and (state / "local").exists():
+                # (a failure while no service ran: one adopts the sleepers, to end them)
+                subprocess.run(agent_argv("--state-dir", str(state)), input=b"", env=subprocess_env(),
+                               capture_output=True, timeout=scaled(60))
             stop_service(str(state), end_jobs=True)  # before the disk goes
 
 

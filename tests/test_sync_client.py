@@ -123,7 +123,8 @@ def test_start_failures_are_clear():
 
 def test_an_agent_that_goes_away_ends_waits():
     env = subprocess_env()
-    with Agent.spawn(agent_argv(), env=env) as agent:
+    # (its jobs outlive the launch that goes: the service keeps them for the next client)
+    with Agent.spawn(agent_argv("--on-disconnect", "keep"), env=env) as agent:
         job = agent.submit("/bin/sleep", ["600"])
         sub_id = job.sub_id
         pid = agent._client_now().process.pid

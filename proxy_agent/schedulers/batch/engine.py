@@ -1113,8 +1113,9 @@ class BatchBackend(Backend):
         node = self._node_of(job)
         if node is not None:
             tracked.node = process[K.NODE] = node
-        if state.final and tracked.followers:
-            # Output is still being read: the end shows after it.
+        if state.final and tracked.followers and not (tracked.deleted and self._shown_ended(tracked)):
+            # Output is still being read: the end shows after it (a job shown ended when it
+            # was deleted before it started stays ended: it wrote nothing to wait for).
             tracked.held = ({k: values.pop(k) for k in _FINAL_KEYS if k in values},
                             {k: process.pop(k) for k in _FINAL_KEYS if k in process})
             values[K.STATE] = process[K.STATE] = JobState.FINISHING.value
