@@ -35,6 +35,10 @@ def _qconf(*args: str, stdin=None) -> subprocess.CompletedProcess:
     return result
 
 
+#: The access list (root alone) that scripts/sge-up makes for the queues the tests make.
+TEST_ACCESS_LIST = "proxy_agent_tests"
+
+
 @contextmanager
 def throwaway_queues(tmp_path, native_ids: List[str], **queues: Dict[str, str]) -> Iterator[List[str]]:
     """Queues named after the test process, each configured like all.q but for the given
@@ -43,7 +47,9 @@ def throwaway_queues(tmp_path, native_ids: List[str], **queues: Dict[str, str]) 
     (``native_ids``) are gone."""
     template = _qconf("-sq", "all.q").stdout
     names = []
-    queues = {suffix: {"seq_no": "1000", **settings} for suffix, settings in queues.items()}
+    # only the tests' own jobs run there (scripts/sge-up makes the access list): other users'
+    # jobs, however many, cannot fill a queue a test counts on
+    queues = {suffix: {"seq_no": "1000", "user_lists": TEST_ACCESS_LIST, **settings} for suffix, settings in queues.items()}
     try:
         for suffix, settings in queues.items():
             name = f"pa{os.getpid()}{suffix}.q"
