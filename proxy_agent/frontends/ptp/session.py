@@ -107,7 +107,11 @@ class PtpSession:
         self.view: Optional[ModelView] = None
         self.rules: RenderRules = NATIVE_RULES
         self.quit_requested = False
-        self.authenticated = config.token is None
+        #: set once the client has given the token (at once when none is required); the front
+        #: door waits on it to count the connection as a session
+        self.authenticated = trio.Event()
+        if config.token is None:
+            self.authenticated.set()
         self._out = bytearray()
         #: what goes out before ``_out``: bytes, and the initial model as an iterator of chunks
         #: rendered as the writer gets to them (the client reads the first while the agent
@@ -512,7 +516,7 @@ class PtpSession:
                           transaction)
                 self._closing = True
                 return
-        self.authenticated = True
+        self.authenticated.set()
         self.rules = render_rules(self.session.dialect, self.service.attributes())
         global _latest_rules
         _latest_rules = self.rules
