@@ -9,7 +9,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from proxy_agent.frontends.ptp import mapping, view as view_module
+from proxy_agent.frontends.ptp import mapping, render as render_module, snapshot as snapshot_module, view as view_module
 from proxy_agent.frontends.ptp.view import HELD_OUTPUT_LIMIT, ModelView, RenderRules
 from proxy_agent.protocol.messages import (
     EventId,
@@ -511,7 +511,7 @@ def test_clients_subscribing_to_an_unchanged_model_share_one_rendering():
     assert late.subscribe_plan() is not plan  # the model changed: a new rendering
     again = late.subscribe_plan()
     assert again.base is None  # clients of other base ids are about: one plan for all of them
-    assert view_module._PLANS[model] == {(id(late.rules), None): again}  # older ones let go
+    assert snapshot_module._PLANS[model] == {(id(late.rules), None): again}  # older ones let go
     other.unsubscribe()
     third.unsubscribe()
     del other, third
@@ -635,8 +635,8 @@ def _runs_oracle(keys: List[int], base: int) -> bytes:
 def test_ids_of_a_group_are_written_as_the_range_set_of_their_runs(keys, base):
     ordered = sorted(keys)
     expected = _runs_oracle(ordered, base)
-    assert view_module._ids_bytes(ordered, base) == expected
-    assert view_module._Ranges(list(ordered)).data(base) == expected
+    assert render_module.ids_bytes(ordered, base) == expected
+    assert render_module.Ranges(list(ordered)).data(base) == expected
 
 
 # --------------------------------------------------------------------------- the client's own jobs

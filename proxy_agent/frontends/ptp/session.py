@@ -47,7 +47,9 @@ from ...service.model import Kind, UnknownElement
 from ...service.service import JobService, describe
 from ...transport import write_now
 from . import mapping
-from .view import NATIVE_RULES, STALL_SECONDS, ModelView, RenderRules, prepare_snapshot
+from .render import NATIVE_RULES, RenderRules
+from .snapshot import prepare_snapshot
+from .view import STALL_SECONDS, ModelView
 
 log = logging.getLogger("proxy_agent.frontends.ptp")
 
