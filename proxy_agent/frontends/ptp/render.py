@@ -11,7 +11,7 @@ from __future__ import annotations
 from array import array
 from itertools import groupby, repeat
 from operator import add, sub
-from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ...protocol.messages import ElementKind
 from ...protocol.rangeset import RangeSet
@@ -126,7 +126,8 @@ class Renderer:
         self.schema = schema
         self.rules = rules
         self.base = base
-        self.plan: List[object] = []
+        # per slot: a prefix text, a checked or id-prefixed entry, or a function of the value
+        self.plan: List[Any] = []
         self.version = -1
         self._caches = []
         self._rows = 0
@@ -268,37 +269,37 @@ class Renderer:
                 continue
             if entry.__class__ is str:
                 if value.__class__ is str:
-                    arg = entry + value  # type: ignore[operator]
+                    arg = entry + value
                     if len(arg) < _SHORT and arg.isascii():
                         hit = (_ARG_PREFIXES[len(arg)] + arg).encode()
                     else:
                         hit = encode_args((arg,))
                 else:
-                    args = [entry + item for item in value]  # type: ignore[operator]
+                    args = [entry + item for item in value]
                     hit = (len(args), (encode_args(args),) if args else ())
             elif entry.__class__ is _Checked:
                 if value.__class__ is str:
-                    text = entry.check(value)  # type: ignore[attr-defined]
+                    text = entry.check(value)
                     if text is None:
                         hit = (0, ())
                     else:
-                        arg = entry.prefix + text  # type: ignore[attr-defined]
+                        arg = entry.prefix + text
                         if len(arg) < _SHORT and arg.isascii():
                             hit = (_ARG_PREFIXES[len(arg)] + arg).encode()
                         else:
                             hit = encode_args((arg,))
                 else:
-                    args = entry.other(value)  # type: ignore[attr-defined]
+                    args = entry.other(value)
                     hit = (len(args), tuple(_encode_parts(args)))
             elif entry.__class__ is _IdPrefix:
                 if value.__class__ is int:
-                    arg = entry.prefix + str(entry.base + value)  # type: ignore[attr-defined]
+                    arg = entry.prefix + str(entry.base + value)
                     hit = (_ARG_PREFIXES[len(arg)] + arg).encode()
                 else:
-                    args = entry.other(value)  # type: ignore[attr-defined]
+                    args = entry.other(value)
                     hit = (len(args), tuple(_encode_parts(args)))
             else:
-                args = entry(value)  # type: ignore[operator]
+                args = entry(value)
                 hit = (len(args), tuple(_encode_parts(args)))
             if cache is not None:
                 cache[value] = hit
@@ -309,8 +310,8 @@ class Renderer:
                 count += 1
                 parts.append(hit)
             else:
-                count += hit[0]  # type: ignore[index]
-                parts += hit[1]  # type: ignore[index]
+                count += hit[0]
+                parts += hit[1]
         return count
 
     def args(self, values: Sequence) -> list:
@@ -323,16 +324,16 @@ class Renderer:
                 continue
             if entry.__class__ is str:
                 if value.__class__ is str:
-                    out.append(entry + value)  # type: ignore[operator]
+                    out.append(entry + value)
                 else:
-                    out.extend(entry + item for item in value)  # type: ignore[operator]
+                    out.extend(entry + item for item in value)
             elif entry.__class__ is _IdPrefix:
                 if value.__class__ is int:
-                    out.append(entry.prefix + str(entry.base + value))  # type: ignore[attr-defined]
+                    out.append(entry.prefix + str(entry.base + value))
                 else:
-                    out.extend(entry.other(value))  # type: ignore[attr-defined]
+                    out.extend(entry.other(value))
             else:
-                out.extend(entry(value))  # type: ignore[operator]
+                out.extend(entry(value))
         return out
 
 

@@ -14,7 +14,7 @@ import gc
 import logging
 import weakref
 from itertools import islice
-from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ...protocol.messages import ElementKind
 from ...protocol.wire import assemble_frame, encode_args
@@ -175,7 +175,7 @@ def _id_piece(element_id: int) -> bytes:
     return _PREFIXES[len(text)] + text
 
 
-def _written(part: object, base: int, written: Dict[object, bytes]) -> bytes:
+def _written(part: Any, base: int, written: Dict[object, bytes]) -> bytes:
     """A marker of a shared snapshot as one encoded argument for the client with ``base``:
     remembered in ``written``, except a range group's (each is met once)."""
     piece = written.get(part)
@@ -183,13 +183,13 @@ def _written(part: object, base: int, written: Dict[object, bytes]) -> bytes:
         return piece
     cls = part.__class__
     if cls is int:
-        text = str(base + part)  # type: ignore[operator]
+        text = str(base + part)
         piece = written[part] = _PREFIXES[len(text)] + text.encode()
     elif cls is Ranges:
-        text = part.data(base)  # type: ignore[attr-defined]
+        text = part.data(base)
         piece = b" %08X:%s" % (len(text), text)
     else:  # Ref
-        text = (part.prefix + str(base + part.key)).encode()  # type: ignore[attr-defined]
+        text = (part.prefix + str(base + part.key)).encode()
         piece = written[part] = b" %08X:%s" % (len(text), text)
     return piece
 
@@ -432,28 +432,30 @@ def _grouped_kind(model: ServiceModel, kind: Kind, ascending: bool) -> Dict[int,
     if not process:
         return _by_row(elements)
     by_parent: Dict[int, Union[list, Dict[int, list]]] = {}
-    last_parent = last_row = last_group = None
+    last_parent = last_row = None
+    last_group: Any = None
+    entry: Any
     for element in elements:
         parent = element.parent
         row = element.values
         member = element.rank
         if row is last_row and parent == last_parent:
-            last_group.append(member)  # type: ignore[union-attr]
+            last_group.append(member)
             continue
         entry = by_parent.get(parent)
         if entry is None:
             last_group = by_parent[parent] = [row, member]
         elif entry.__class__ is list:
-            if entry[0] is row:  # type: ignore[index]
-                entry.append(member)  # type: ignore[union-attr]
+            if entry[0] is row:
+                entry.append(member)
                 last_group = entry
             else:
                 last_group = [row, member]
-                by_parent[parent] = {id(entry[0]): entry, id(row): last_group}  # type: ignore[index]
+                by_parent[parent] = {id(entry[0]): entry, id(row): last_group}
         else:
-            group = entry.get(id(row))  # type: ignore[union-attr]
+            group = entry.get(id(row))
             if group is None:
-                last_group = entry[id(row)] = [row, member]  # type: ignore[index]
+                last_group = entry[id(row)] = [row, member]
             else:
                 group.append(member)
                 last_group = group
@@ -492,9 +494,9 @@ def _by_row(elements: Iterable[Element]) -> Dict[int, Union[list, Dict[int, list
         if entry is None:
             by_parent[parent] = group
         elif entry.__class__ is list:
-            by_parent[parent] = {id(entry[0]): entry, id(group[0]): group}  # type: ignore[index]
+            by_parent[parent] = {id(entry[0]): entry, id(group[0]): group}
         else:
-            entry[id(group[0])] = group  # type: ignore[index]
+            entry[id(group[0])] = group
     return by_parent
 
 
@@ -521,11 +523,11 @@ def _emit(grouped: list, renderers: Dict[Kind, "Renderer"], base: Optional[int] 
         by_parent.clear()
         for i in range(len(items)):
             parent, entry = items[i]
-            items[i] = None  # type: ignore[call-overload]  # its groups go once its events are made
+            items[i] = None  # its groups go once its events are made
             if entry.__class__ is list:
                 # one group (a job's processes, a queue's jobs all alike): the event refers to
                 # the pieces its values share with others, nothing copied
-                group = entry  # type: ignore[assignment]
+                group = entry
                 row_parts: list = []
                 nargs = encode_row(group[0], row_parts)
                 if len(group) == 2:
@@ -533,7 +535,7 @@ def _emit(grouped: list, renderers: Dict[Kind, "Renderer"], base: Optional[int] 
                     if process:
                         ids = _encoded_number(member)
                     elif direct:
-                        text = b"%d" % (base + member)  # type: ignore[operator]
+                        text = b"%d" % (base + member)
                         ids = _PREFIXES[len(text)] + text
                     else:
                         ids = member
@@ -542,27 +544,27 @@ def _emit(grouped: list, renderers: Dict[Kind, "Renderer"], base: Optional[int] 
                     if process:
                         ids = encode_args((ids_text(members),))
                     elif direct:
-                        text = ids_bytes(members, base)  # type: ignore[arg-type,assignment]
+                        text = ids_bytes(members, base)  # type: ignore[arg-type]
                         ids = b" %08X:%s" % (len(text), text)
                     else:
-                        ids = Ranges(members)
+                        ids = Ranges(members)  # type: ignore[assignment]
                 count = _SMALL_NUMBERS[nargs] if nargs < 256 else _encoded_number(nargs)
                 if direct:
                     if process:  # a job has one such event: its id is not kept
-                        text = b"%d" % (base + parent)  # type: ignore[operator]
+                        text = b"%d" % (base + parent)
                         head = _PREFIXES[len(text)] + text
                     else:
                         head = written.get(parent) or _written(parent, base, written)  # type: ignore[arg-type]
-                    yield event_id, 4 + nargs, (b"".join([head, _ONE, ids, count, *row_parts]),)  # type: ignore[list-item]
+                    yield event_id, 4 + nargs, (b"".join([head, _ONE, ids, count, *row_parts]),)
                 elif process:
-                    yield event_id, 4 + nargs, (parent, *joined_parts([_ONE + ids + count, *row_parts]))  # type: ignore[operator]
+                    yield event_id, 4 + nargs, (parent, *joined_parts([_ONE + ids + count, *row_parts]))
                 else:
                     yield event_id, 4 + nargs, tuple(joined_parts([parent, _ONE, ids, count, *row_parts]))
                 continue
             else:
                 unsorted: Set[int] = set()
                 same: Dict[tuple, list] = {}
-                for group in entry.values():  # type: ignore[union-attr]
+                for group in entry.values():
                     bucket = same.get(group[0])
                     if bucket is None:
                         same[group[0]] = group
@@ -583,7 +585,7 @@ def _emit(grouped: list, renderers: Dict[Kind, "Renderer"], base: Optional[int] 
                         if process:
                             parts.append(_encoded_number(member))
                         elif direct:
-                            text = b"%d" % (base + member)  # type: ignore[operator]
+                            text = b"%d" % (base + member)
                             parts.append(_PREFIXES[len(text)] + text)
                         else:
                             parts.append(member)
@@ -597,7 +599,7 @@ def _emit(grouped: list, renderers: Dict[Kind, "Renderer"], base: Optional[int] 
                             text = ids_bytes(members, base)  # type: ignore[arg-type]
                             parts.append(b" %08X:%s" % (len(text), text))
                         else:
-                            parts.append(Ranges(members))
+                            parts.append(Ranges(members))  # type: ignore[arg-type]
                     at = len(parts)
                     parts.append(b"")
                     nargs = encode_row(row, parts)  # the row's pieces go in after its count

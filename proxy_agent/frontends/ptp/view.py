@@ -44,7 +44,7 @@ from __future__ import annotations
 import sys
 import weakref
 from collections import deque
-from typing import Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ...protocol.messages import EventId
 from ...service.jobs import JobState
@@ -352,9 +352,9 @@ class ModelView(ChangeSink):
         the connection takes them (of a plan grouped already, the first chunk).  The chunks
         returned are the rest."""
         plan = self.subscribe_plan(defer=early is not None)
-        chunks = plan.chunks(self.base, tid)
+        chunks: Any = plan.chunks(self.base, tid)  # a _Reader: its rendering is shared
         if early is not None:
-            rendering = chunks.rendering  # type: ignore[attr-defined]
+            rendering = chunks.rendering
             rendering.head = sys.maxsize  # what is taken now stays, for others asking meanwhile
             try:
                 while True:
@@ -362,7 +362,7 @@ class ModelView(ChangeSink):
                     if chunk is None or not early(chunk) or plan.settled:
                         break
             finally:
-                rendering.head = max(1, chunks.position)  # type: ignore[attr-defined]
+                rendering.head = max(1, chunks.position)
                 plan.settle()  # the snapshot is of this instant: grouped before anything else runs
         return chunks
 
@@ -800,12 +800,12 @@ def _joined(blocks: Deque[Tuple[str, str]]) -> Iterator[Tuple[str, str]]:
     """Held output as (key, text) values: consecutive blocks of one stream joined into texts
     of at most :data:`_OUTPUT_CHUNK` characters where the lines allow, a bigger block cut at
     its line ends (a line is never cut: the splitter already made every line short enough)."""
-    key = None
+    key: Any = None
     buf: List[str] = []
     size = 0
     for k, text in blocks:
         if buf and (k != key or size + len(text) > _OUTPUT_CHUNK):
-            yield key, "\n".join(buf)  # type: ignore[misc]
+            yield key, "\n".join(buf)
             buf, size = [], 0
         key = k
         while len(text) > _OUTPUT_CHUNK:
@@ -813,11 +813,11 @@ def _joined(blocks: Deque[Tuple[str, str]]) -> Iterator[Tuple[str, str]]:
             if cut < 0:
                 break  # one line longer than a chunk: it travels whole
             if buf:
-                yield key, "\n".join(buf)  # type: ignore[misc]
+                yield key, "\n".join(buf)
                 buf, size = [], 0
-            yield key, text[:cut]  # type: ignore[misc]
+            yield key, text[:cut]
             text = text[cut + 1:]
         buf.append(text)
         size += len(text) + 1
     if buf:
-        yield key, "\n".join(buf)  # type: ignore[misc]
+        yield key, "\n".join(buf)
