@@ -440,7 +440,6 @@ def joined_parts(parts: list) -> list:
     return out
 
 
-
 def ids_text(members: List[int]) -> str:
     """Range-set text for ids (usually ascending runs, often a single id)."""
     if len(members) == 1:

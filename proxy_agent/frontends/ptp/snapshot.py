@@ -19,7 +19,9 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequ
 from ...protocol.messages import ElementKind
 from ...protocol.wire import assemble_frame, encode_args
 from ...service.model import CREATE_ORDER, Element, Kind, ServiceModel
-from .render import MAX_GROUPS_PER_EVENT, PTP_KIND, RenderRules, Renderer, Ranges, WireEvent, ids_bytes, ids_text, joined_parts
+from .render import (
+    MAX_GROUPS_PER_EVENT, PTP_KIND, RenderRules, Renderer, Ranges, WireEvent, ids_bytes, ids_text, joined_parts,
+)
 
 log = logging.getLogger("proxy_agent.frontends.ptp")
 
@@ -295,7 +297,6 @@ PREPARE_QUIET = 0.05
 
 #: The snapshot plans of each model's latest version: model -> {(id of rules, base id or None): plan}
 _PLANS: "weakref.WeakKeyDictionary[ServiceModel, Dict[Tuple[int, Optional[int]], SnapshotPlan]]" = weakref.WeakKeyDictionary()
-
 
 
 def snapshot_plan(model: ServiceModel, rules: RenderRules, base: Optional[int] = None,

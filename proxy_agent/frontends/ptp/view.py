@@ -795,7 +795,6 @@ class ModelView(ChangeSink):
         return events
 
 
-
 def _joined(blocks: Deque[Tuple[str, str]]) -> Iterator[Tuple[str, str]]:
     """Held output as (key, text) values: consecutive blocks of one stream joined into texts
     of at most :data:`_OUTPUT_CHUNK` characters where the lines allow, a bigger block cut at

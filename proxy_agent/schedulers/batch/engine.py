@@ -110,7 +110,6 @@ def _cpu_seconds() -> float:
     return time.process_time() + children.ru_utime + children.ru_stime
 
 
-
 class BatchBackend(BatchCommandLine, QueuesAndNodes, Adoption, OutputFollowing, Backend):
     """A backend over one :class:`BatchSystem` (see the module documentation).  A batch
     system's backend is this class with :meth:`make_system` and its options."""

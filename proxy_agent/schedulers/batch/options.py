@@ -29,7 +29,6 @@ class BatchOptions:
     cpu_budget: Optional[float] = None
 
 
-
 class BatchCommandLine:
     """The command line of a batch backend: its options, from its arguments."""
 

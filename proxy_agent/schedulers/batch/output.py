@@ -111,7 +111,6 @@ class OutputFollowing:
         tracked.spool_files = ()
 
 
-
 def file_signature(path: str) -> Optional[tuple]:
     try:
         st = os.stat(path)

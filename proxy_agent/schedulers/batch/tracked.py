@@ -7,7 +7,6 @@ import attrs
 import trio
 
 
-
 @attrs.define(eq=False)
 class TrackedJob:
     """A job submitted or adopted here: its elements, its output files and how far its end is shown."""
