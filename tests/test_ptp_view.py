@@ -9,7 +9,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from proxy_agent.frontends.ptp import mapping, render as render_module, snapshot as snapshot_module, view as view_module
+from proxy_agent.frontends.ptp import mapping, own_jobs as own_jobs_module, render as render_module, snapshot as snapshot_module
 from proxy_agent.frontends.ptp.view import HELD_OUTPUT_LIMIT, ModelView, RenderRules
 from proxy_agent.protocol.messages import (
     EventId,
@@ -760,9 +760,9 @@ def test_a_long_pause_keeps_few_states_of_a_job():
         model.update(job, {K.STATE: "RUNNING"})
         model.update(job, {K.STATE: "SUSPENDED"})
     model.update(job, {K.STATE: "FINISHED"})
-    assert len(client.view._own[job].steps) <= view_module._MAX_STEPS
+    assert len(client.view._own[job].steps) <= own_jobs_module._MAX_STEPS
     states = [s for _, _, s, _ in job_states(client.drain(), str(BASE + job))]
-    assert states[0] == "RUNNING" and states[-1] == "COMPLETED" and len(states) <= view_module._MAX_STEPS
+    assert states[0] == "RUNNING" and states[-1] == "COMPLETED" and len(states) <= own_jobs_module._MAX_STEPS
     assert all(a != b for a, b in zip(states, states[1:]))
 
 
@@ -935,7 +935,7 @@ def test_jobs_of_the_clients_own_are_told_every_state_whatever_happens(operation
         states = [state for _, state in events]
         states = [s for i, s in enumerate(states) if i == 0 or states[i - 1] != s]
         expected = _normalised(history, ran)
-        if len(expected) <= view_module._MAX_STEPS:
+        if len(expected) <= own_jobs_module._MAX_STEPS:
             assert states == expected, (history, ran)
         else:
             assert states[0] == expected[0] and states[-1] == expected[-1] and _subsequence(states, expected)

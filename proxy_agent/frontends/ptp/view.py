@@ -21,7 +21,7 @@ followed by its REMOVE vanishes, a CHANGE followed by a REMOVE is just the REMOV
 The jobs a client submitted itself are the exception to coalescing: their launch in the IDE
 completes only on a JOB_CHANGE that says RUNNING, so every such job reaches its client as a
 NEW_JOB saying STARTING, then one JOB_CHANGE per state it went through (RUNNING, SUSPENDED,
-COMPLETED...), in order, however much else is merged meanwhile (:class:`_OwnJob`).  A job that
+COMPLETED...), in order, however much else is merged meanwhile (:class:`OwnJob`).  A job that
 ran but ended before its client was told still goes STARTING, RUNNING, COMPLETED; one that
 never ran (cancelled while queued) gets no RUNNING.  While its submission is being carried
 out, the job (with its processes and output) is held back from the client alone, so that the
@@ -47,9 +47,9 @@ from collections import deque
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
 
 from ...protocol.messages import EventId
-from ...service.jobs import JobState
 from ...service.model import CREATE_ORDER, ChangeSink, Element, K, Kind, ServiceModel
 from . import mapping
+from .own_jobs import COMPLETED, STARTING_STATUS, OwnJob
 from .render import MAX_GROUPS_PER_EVENT, NATIVE_RULES, PTP_KIND, RenderRules, Renderer, WireEvent, ids_text
 from .snapshot import SnapshotPlan, snapshot_plan
 
@@ -68,82 +68,6 @@ _REMOVE_ORDER = tuple(reversed(CREATE_ORDER))
 _CHANGE_ORDER = (Kind.MACHINE, Kind.QUEUE, Kind.NODE, Kind.PROCESS, Kind.JOB)
 
 _NEW = 1  # pending record: the client has not seen this element yet
-
-#: PTP's state before a job runs, and the service state a job is shown in when its client is
-#: told of it only once it was already further on
-_STARTING = "STARTING"
-_RUNNING = "RUNNING"
-_COMPLETED = "COMPLETED"
-_STARTING_STATUS = JobState.ACCEPTED.value
-#: State changes kept per job of the client's own between two drains; beyond, repeated
-#: suspend/resume pairs in the middle are merged (the first and last states stay).
-_MAX_STEPS = 8
-
-
-def _ran(state: str) -> bool:
-    """A service state that says the job's processes began to run."""
-    try:
-        return JobState(state).started
-    except ValueError:
-        return False
-
-
-class _OwnJob:
-    """A job this view's client submitted: the PTP states (``jobState``) it went through that
-    the client has not been told yet, each with the service state (``jobStatus``) it was last
-    in, so that none is merged away (see the module documentation)."""
-
-    __slots__ = ("steps", "told", "told_running", "ran")
-
-    def __init__(self, state: Optional[str]) -> None:
-        #: (PTP state, service state) not yet told, oldest first; no two in a row alike
-        self.steps: List[Tuple[str, str]] = []
-        #: the PTP state the client was told last (None: it has not been told of the job)
-        self.told: Optional[str] = None
-        #: the client has been told RUNNING
-        self.told_running = False
-        #: the job has been in a state that says it ran
-        self.ran = False
-        if state is not None:
-            self.note(state)
-
-    def note(self, state: str) -> None:
-        """The job is now in service state ``state``."""
-        if not self.ran and _ran(state):
-            self.ran = True
-        coarse = mapping.PTP_JOB_STATE.get(state, _STARTING)
-        steps = self.steps
-        if steps:
-            if steps[-1][0] == coarse:
-                steps[-1] = (coarse, state)
-                return
-        elif coarse == self.told:
-            return  # a finer change within the state the client has: an ordinary change
-        steps.append((coarse, state))
-        if len(steps) > _MAX_STEPS:
-            for i in range(1, len(steps) - 2):
-                if steps[i - 1][0] == steps[i + 1][0]:
-                    del steps[i:i + 2]  # A B A C -> A C: a suspension and its resumption
-                    break
-
-    def sequence(self, current: str, new: bool) -> List[Tuple[str, str]]:
-        """The states to tell the client now, the last being the job's current one.  A job the
-        client is told of first (``new``) begins with STARTING; a job that ran and ended
-        before its client was told RUNNING has RUNNING before its end."""
-        steps = list(self.steps) or [(mapping.PTP_JOB_STATE.get(current, _STARTING), current)]
-        if new and steps[0][0] != _STARTING:
-            steps.insert(0, (_STARTING, _STARTING_STATUS))
-        if (steps[-1][0] == _COMPLETED and not self.told_running and all(c != _RUNNING for c, _ in steps)
-                and (self.ran or _ran(current))):
-            steps.insert(len(steps) - 1, (_RUNNING, JobState.RUNNING.value))
-        return steps
-
-    def told_all(self, sequence: List[Tuple[str, str]]) -> None:
-        self.steps = []
-        self.told = sequence[-1][0]
-        if any(coarse == _RUNNING for coarse, _ in sequence):
-            self.told_running = True
-
 
 #: The client views of each model (see :meth:`ModelView.plan_base`)
 _VIEWS: "weakref.WeakKeyDictionary[ServiceModel, weakref.WeakSet[ModelView]]" = weakref.WeakKeyDictionary()
@@ -192,7 +116,7 @@ class ModelView(ChangeSink):
         # Their output: withheld job key -> [(process key, stream, text, offset)]
         self._held_output: Dict[int, List[Tuple[int, str, str, Optional[int]]]] = {}
         # Jobs this client submitted, until it has been told they completed
-        self._own: Dict[int, _OwnJob] = {}
+        self._own: Dict[int, OwnJob] = {}
         self._job_schema = model.schema(Kind.JOB)
 
     # ------------------------------------------------------------------ flow
@@ -244,7 +168,7 @@ class ModelView(ChangeSink):
                 if key in self._withheld:
                     self._release(key)
                 elif key not in self._own:
-                    self._own[key] = _OwnJob(self._state_of(element))
+                    self._own[key] = OwnJob(self._state_of(element))
                     if self.subscribed and self._known(element):
                         # Its scheduler listed it before its submit command answered, and the
                         # client was told of it as of anybody's job: told again, as its own.
@@ -275,7 +199,7 @@ class ModelView(ChangeSink):
             return False
         key = element.key
         self._withheld[key] = sub_id
-        self._own[key] = _OwnJob(self._state_of(element))
+        self._own[key] = OwnJob(self._state_of(element))
         held = self._held
         for member in (key, *(element.children or ())):
             if self._pending.get(member) is not _NEW:
@@ -625,7 +549,7 @@ class ModelView(ChangeSink):
             record = own.get(element.key)
             if record is None:
                 continue
-            sequence = record.sequence(self._state_of(element) or _STARTING_STATUS, new=True)
+            sequence = record.sequence(self._state_of(element) or STARTING_STATUS, new=True)
             values = list(element.values)
             values[slot] = sequence[0][1]
             rows[element.key] = tuple(values)
@@ -633,17 +557,17 @@ class ModelView(ChangeSink):
             if len(sequence) > 1:
                 changes.append((element, {slot}))
             record.told_all(sequence)
-            if record.told == _COMPLETED:
+            if record.told == COMPLETED:
                 done.append(element.key)
         for element, slots in changes:
             record = own.get(element.key)
             if record is None or not record.steps:
                 continue
-            sequence = record.sequence(self._state_of(element) or _STARTING_STATUS, new=False)
+            sequence = record.sequence(self._state_of(element) or STARTING_STATUS, new=False)
             steps.append((element, sequence[:-1]))
             slots.add(slot)
             record.told_all(sequence)
-            if record.told == _COMPLETED:
+            if record.told == COMPLETED:
                 done.append(element.key)
         for key in done:
             del own[key]
@@ -820,3 +744,4 @@ def _joined(blocks: Deque[Tuple[str, str]]) -> Iterator[Tuple[str, str]]:
         size += len(text) + 1
     if buf:
         yield key, "\n".join(buf)
+
