@@ -120,6 +120,8 @@ class PtpSession(JobCommands):
         self._gone = False
         #: when the write in progress began (None: none in progress)
         self._sending_since: Optional[float] = None
+        #: set when a write begins (what the stall watch waits for)
+        self._write_began = trio.Event()
         #: the client has not taken anything for STALL_SECONDS
         self._stalled = False
         #: the backends this session waits for: those of the service when it began
@@ -234,6 +236,7 @@ class PtpSession(JobCommands):
             # killed once the client has read them never sends them again.
             undo = self.service.delivered(delivered) if delivered else None
             self._sending_since = trio.current_time()
+            self._write_began.set()
             try:
                 try:
                     whole = await self._write(data, sent, first_at_once=bool(undo), cut=not final)
@@ -350,13 +353,16 @@ class PtpSession(JobCommands):
         return self.quit_requested
 
     async def _watch_stall(self) -> None:
-        """A client whose connection takes nothing for STALL_SECONDS no longer holds jobs back."""
+        """A client whose connection takes nothing for STALL_SECONDS no longer holds jobs back:
+        each write that begins is given until then to end."""
         while True:
-            await trio.sleep(1.0)
+            await self._write_began.wait()
+            self._write_began = trio.Event()
             since = self._sending_since
-            if since is None or self._stalled or self.view is None:
+            if since is None:
                 continue
-            if trio.current_time() - since >= STALL_SECONDS:
+            await trio.sleep_until(since + STALL_SECONDS)
+            if self._sending_since == since and not self._stalled and self.view is not None:
                 self._stalled = True
                 log.warning("%s has not read anything for %g s; its output is now bounded and dropped lines counted",
                             self.peer, STALL_SECONDS)
