@@ -467,19 +467,38 @@ class ClientState(ModelEvents):
                 Violation("unknown-tid", f"{name} with TID {tid}{after}, which matches no open command", tid)
             )
             return None, False
-        if eid in COMPLETING_EVENTS:
-            refused = self._reuse_refusal(event)
-            if refused is not None:
-                # The command that held the TID is abandoned: the agent says no more about it.
-                del self.open[tid]
-                command.done = command.abandoned = True
-                command.failure = f"abandoned: TID {tid} was reused by {refused.name} while it was open"
-                queued = self._reusing[tid]
-                queued.remove(refused)
-                if not queued:
-                    del self._reusing[tid]
-                self.open[tid] = refused
-                command = refused
+        if eid not in COMPLETING_EVENTS:
+            self._progress(command, event, problems)
+            return command, False
+        command = self._answered_by_reuse(command, event)
+        self._check_completion(command, event, problems)
+        self._close(command)
+        command.completion = event
+        return command, True
+
+    def _answered_by_reuse(self, command: OpenCommand, event: Event) -> OpenCommand:
+        """A completing event for a command queued on a reused TID: the command that held the
+        TID is abandoned, and the event is the queued one's (see ``_reuse_refusal``)."""
+        tid = event.tid
+        refused = self._reuse_refusal(event)
+        if refused is not None:
+            # The command that held the TID is abandoned: the agent says no more about it.
+            del self.open[tid]
+            command.done = command.abandoned = True
+            command.failure = f"abandoned: TID {tid} was reused by {refused.name} while it was open"
+            queued = self._reusing[tid]
+            queued.remove(refused)
+            if not queued:
+                del self._reusing[tid]
+            self.open[tid] = refused
+            command = refused
+        return command
+
+    def _progress(self, command: OpenCommand, event: Event, problems: List[Violation]) -> None:
+        """An event that completes nothing: model events, messages, definitions, output."""
+        eid = event.event_id
+        tid = event.tid
+        name = eid.name
         cid = command.command_id
         if eid in MODEL_EVENTS:
             if cid != CommandId.START_EVENTS:
@@ -492,17 +511,7 @@ class ClientState(ModelEvents):
                 )
             command.events.append(event)
             self._apply(event, problems)
-            return command, False
-        if eid is EventId.ERROR and self.reference and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
-            problems.append(
-                Violation(
-                    "tid-refused",
-                    f"ERROR TID_IN_USE (TID {tid}): the PTP 4.0 client gives it to the oldest command on the TID "
-                    f"({command.name}), fails every pending submission and puts its resource manager into ERROR; "
-                    "a command on a TID still open must be carried out",
-                    tid,
-                )
-            )
+            return
         if eid is EventId.MESSAGE:
             self.messages.append(event)  # type: ignore[arg-type]
             if self.reference and event.code == ErrorCode.TID_IN_USE and event.level in ("ERROR", "FATAL"):  # type: ignore[attr-defined]
@@ -515,7 +524,7 @@ class ClientState(ModelEvents):
                     )
                 )
             command.events.append(event)
-            return command, False
+            return
         if eid is EventId.ATTR_DEF:
             if cid != CommandId.MODEL_DEF:
                 problems.append(Violation("attr-def-tid", f"ATTR_DEF under TID {tid} of {command.name}, not MODEL_DEF", tid))
@@ -536,12 +545,12 @@ class ClientState(ModelEvents):
                         )
                     )
             command.events.append(event)
-            return command, False
+            return
         if eid is EventId.OUTPUT:
             if cid != CommandId.GET_OUTPUT:
                 problems.append(Violation("output-tid", f"OUTPUT under TID {tid} of {command.name}, not GET_OUTPUT", tid))
             command.events.append(event)
-            return command, False
+            return
         if eid is EventId.FILTER_DEF:
             if cid not in (CommandId.MODEL_DEF, CommandId.LIST_FILTERS):
                 problems.append(Violation("filter-def-tid", f"FILTER_DEF under TID {tid} of {command.name}", tid))
@@ -551,11 +560,24 @@ class ClientState(ModelEvents):
                 )
             self.filter_defs.append(event)  # type: ignore[arg-type]
             command.events.append(event)
-            return command, False
-        if eid not in COMPLETING_EVENTS:  # pragma: no cover - every event id is covered above
-            problems.append(Violation("unexpected-event", f"unexpected {name} (TID {tid})", tid))
-            return command, False
-        # completing events
+            return
+        problems.append(Violation("unexpected-event", f"unexpected {name} (TID {tid})", tid))  # pragma: no cover
+
+    def _check_completion(self, command: OpenCommand, event: Event, problems: List[Violation]) -> None:
+        """What a completing event (OK, ERROR, SHUTDOWN, the job errors) must agree with, and what it does."""
+        eid = event.event_id
+        tid = event.tid
+        cid = command.command_id
+        if eid is EventId.ERROR and self.reference and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
+            problems.append(
+                Violation(
+                    "tid-refused",
+                    f"ERROR TID_IN_USE (TID {tid}): the PTP 4.0 client gives it to the oldest command on the TID "
+                    f"({command.name}), fails every pending submission and puts its resource manager into ERROR; "
+                    "a command on a TID still open must be carried out",
+                    tid,
+                )
+            )
         if eid is EventId.OK:
             at_once = self.dialect.stop_events_at_once and cid == CommandId.STOP_EVENTS
             # (on a TID that holds several commands the OK may be another's: the client cannot tell)
@@ -577,23 +599,7 @@ class ClientState(ModelEvents):
             if cid == CommandId.INIT:
                 self._initialized()
         elif eid is EventId.SHUTDOWN:
-            left = [c for c in self.open_commands() if c is not command]
-            if cid == CommandId.QUIT and left:
-                names = ", ".join(f"{c.name} (TID {c.tid})" for c in left)
-                problems.append(Violation("shutdown-open", f"SHUTDOWN while commands were still open: {names}", tid))
-            # Under another open command it is the agent stopping on its own (a signal, after a
-            # MESSAGE saying so): every command still open ends with it.
-            self.agent_stopped = cid != CommandId.QUIT
-            for other in left:
-                other.done = True
-                other.failure = "the agent shut down without answering it"
-            for queued in self._reusing.values():
-                for other in queued:
-                    other.done = True
-                    other.failure = "the agent shut down without answering it"
-            self._reusing.clear()
-            self.open = {tid: command}
-            self.shutdown = True
+            self._shut_down(command, tid, problems)
         elif eid is EventId.SUBMITJOB_ERROR:
             if cid != CommandId.SUBMIT_JOB:
                 problems.append(Violation("error-tid", f"SUBMITJOB_ERROR under TID {tid} of {command.name}", tid))
@@ -618,9 +624,28 @@ class ClientState(ModelEvents):
                         tid,
                     )
                 )
-        self._close(command)
-        command.completion = event
-        return command, True
+
+    def _shut_down(self, command: OpenCommand, tid: int, problems: List[Violation]) -> None:
+        """SHUTDOWN (under ``tid``), under QUIT or (the agent stopping on its own) under another
+        open command."""
+        cid = command.command_id
+        left = [c for c in self.open_commands() if c is not command]
+        if cid == CommandId.QUIT and left:
+            names = ", ".join(f"{c.name} (TID {c.tid})" for c in left)
+            problems.append(Violation("shutdown-open", f"SHUTDOWN while commands were still open: {names}", tid))
+        # Under another open command it is the agent stopping on its own (a signal, after a
+        # MESSAGE saying so): every command still open ends with it.
+        self.agent_stopped = cid != CommandId.QUIT
+        for other in left:
+            other.done = True
+            other.failure = "the agent shut down without answering it"
+        for queued in self._reusing.values():
+            for other in queued:
+                other.done = True
+                other.failure = "the agent shut down without answering it"
+        self._reusing.clear()
+        self.open = {tid: command}
+        self.shutdown = True
 
     def _initialized(self) -> None:
         self.initialized = True
