@@ -149,9 +149,8 @@ async def serve_connection(
                 async def watch_authentication() -> None:
                     nonlocal counted
                     with trio.move_on_after(limits.auth_timeout):
-                        while not session.authenticated:
-                            await trio.sleep(0.05)
-                    if not session.authenticated:
+                        await session.authenticated.wait()
+                    if not session.authenticated.is_set():
                         log.info("%s did not authenticate within %g s; closing", peer, limits.auth_timeout)
                         nursery.cancel_scope.cancel()
                         return

@@ -254,7 +254,8 @@ def bench_unique_in_process(jobs: int, nodes: int) -> dict:
     """
     import gc
 
-    from proxy_agent.frontends.ptp.view import NATIVE_RULES, snapshot_plan
+    from proxy_agent.frontends.ptp.render import NATIVE_RULES
+    from proxy_agent.frontends.ptp.snapshot import snapshot_plan
     from proxy_agent.service.model import K, Kind, ServiceModel
 
     model = ServiceModel()

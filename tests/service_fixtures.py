@@ -23,7 +23,8 @@ import attrs
 import trio
 
 from proxy_agent.frontends.ptp import mapping
-from proxy_agent.frontends.ptp.view import NATIVE_RULES, ModelView, RenderRules, WireEvent
+from proxy_agent.frontends.ptp.render import NATIVE_RULES, RenderRules, WireEvent
+from proxy_agent.frontends.ptp.view import ModelView
 from proxy_agent.protocol.attributes import AttributeSet
 from proxy_agent.protocol.messages import (
     ElementChange,

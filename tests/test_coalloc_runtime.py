@@ -716,7 +716,7 @@ async def test_tcp_contact_names_this_host_as_other_hosts_reach_it(nursery):
     """Listening on every interface, the contact given to processes on other hosts names
     this host by a name or address that is not loopback (a host whose own name resolves to
     127.0.0.1 must not send compute nodes to themselves), and the runtime answers there."""
-    from proxy_agent.service.coalloc.server import _interface_addresses
+    from proxy_agent.service.coalloc.contact import _interface_addresses
     if not _interface_addresses():
         pytest.skip("this machine has no address other than loopback")
     server = RuntimeServer(tcp_host="0.0.0.0")

@@ -30,7 +30,7 @@ from adoption_support import spawn_agent, start
 from agent_fixtures import service_pid
 from wait_support import scaled
 from proxy_agent.client import AgentClient
-from proxy_agent.client.connection import job_attributes
+from proxy_agent.client.kept import job_attributes
 from proxy_agent.frontends.api.client import ServiceClient, ServiceGone
 from proxy_agent.protocol.messages import CommandId, Ok
 from proxy_agent.service.jobs import JobSpec, ServiceError

@@ -37,7 +37,7 @@ from agent_fixtures import agent_argv, subprocess_env
 from wait_support import scaled
 
 from proxy_agent.client import AgentClient
-from proxy_agent.client.connection import job_attributes
+from proxy_agent.client.kept import job_attributes
 from proxy_agent.client.state import Element, Traffic
 from proxy_agent.protocol.messages import CommandId, ElementChange, ElementKind, NewElements
 

@@ -9,7 +9,7 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given, settings
 
-from proxy_agent.frontends.ptp import mapping, view as view_module
+from proxy_agent.frontends.ptp import mapping, own_jobs as own_jobs_module, render as render_module, snapshot as snapshot_module
 from proxy_agent.frontends.ptp.view import HELD_OUTPUT_LIMIT, ModelView, RenderRules
 from proxy_agent.protocol.messages import (
     EventId,
@@ -511,7 +511,7 @@ def test_clients_subscribing_to_an_unchanged_model_share_one_rendering():
     assert late.subscribe_plan() is not plan  # the model changed: a new rendering
     again = late.subscribe_plan()
     assert again.base is None  # clients of other base ids are about: one plan for all of them
-    assert view_module._PLANS[model] == {(id(late.rules), None): again}  # older ones let go
+    assert snapshot_module._PLANS[model] == {(id(late.rules), None): again}  # older ones let go
     other.unsubscribe()
     third.unsubscribe()
     del other, third
@@ -635,8 +635,8 @@ def _runs_oracle(keys: List[int], base: int) -> bytes:
 def test_ids_of_a_group_are_written_as_the_range_set_of_their_runs(keys, base):
     ordered = sorted(keys)
     expected = _runs_oracle(ordered, base)
-    assert view_module._ids_bytes(ordered, base) == expected
-    assert view_module._Ranges(list(ordered)).data(base) == expected
+    assert render_module.ids_bytes(ordered, base) == expected
+    assert render_module.Ranges(list(ordered)).data(base) == expected
 
 
 # --------------------------------------------------------------------------- the client's own jobs
@@ -760,9 +760,9 @@ def test_a_long_pause_keeps_few_states_of_a_job():
         model.update(job, {K.STATE: "RUNNING"})
         model.update(job, {K.STATE: "SUSPENDED"})
     model.update(job, {K.STATE: "FINISHED"})
-    assert len(client.view._own[job].steps) <= view_module._MAX_STEPS
+    assert len(client.view._own[job].steps) <= own_jobs_module._MAX_STEPS
     states = [s for _, _, s, _ in job_states(client.drain(), str(BASE + job))]
-    assert states[0] == "RUNNING" and states[-1] == "COMPLETED" and len(states) <= view_module._MAX_STEPS
+    assert states[0] == "RUNNING" and states[-1] == "COMPLETED" and len(states) <= own_jobs_module._MAX_STEPS
     assert all(a != b for a, b in zip(states, states[1:]))
 
 
@@ -935,7 +935,7 @@ def test_jobs_of_the_clients_own_are_told_every_state_whatever_happens(operation
         states = [state for _, state in events]
         states = [s for i, s in enumerate(states) if i == 0 or states[i - 1] != s]
         expected = _normalised(history, ran)
-        if len(expected) <= view_module._MAX_STEPS:
+        if len(expected) <= own_jobs_module._MAX_STEPS:
             assert states == expected, (history, ran)
         else:
             assert states[0] == expected[0] and states[-1] == expected[-1] and _subsequence(states, expected)

@@ -13,7 +13,7 @@ import sys
 import pytest
 import trio
 
-from proxy_agent.frontends.ptp import view as view_module
+from proxy_agent.frontends.ptp import render as render_module, snapshot as snapshot_module
 from proxy_agent.frontends.ptp.view import ModelView
 from proxy_agent.protocol.dialect import DEFAULT
 from proxy_agent.protocol.messages import EventId, decode_event
@@ -100,15 +100,15 @@ def test_equal_process_rows_of_many_jobs_are_encoded_once(monkeypatch, base):
     rows = {id(model.get(p).values) for p in model.keys(Kind.PROCESS)}
     assert len(rows) == 400  # one row object per job, three distinct rows in all
     encoded = []
-    original = view_module._Renderer._encoded
+    original = render_module.Renderer._encoded
 
     def counting(self, values, parts):
         if self.kind is Kind.PROCESS:
             encoded.append(values)
         return original(self, values, parts)
 
-    monkeypatch.setattr(view_module._Renderer, "_encoded", counting)
-    plan = view_module.snapshot_plan(model, view_module.NATIVE_RULES, base)
+    monkeypatch.setattr(render_module.Renderer, "_encoded", counting)
+    plan = snapshot_module.snapshot_plan(model, render_module.NATIVE_RULES, base)
     events = _decoded(plan.frames(1000, 3))
     assert len(encoded) == len(set(encoded)) == 3
     procs = {}
@@ -126,12 +126,13 @@ def test_a_plan_for_any_base_id_works_out_each_group_s_range_set_once(monkeypatc
     queue = model.keys(Kind.QUEUE)[0]
     model.add_many(Kind.JOB, queue, [{K.NAME: "run", K.STATE: "RUNNING", K.QUEUE: queue}] * 50)  # one run
     expected = {base: _decoded(ModelView(model, base).subscribe_chunks(3)) for base in (1000, 5_000_000)}
-    plan = view_module.snapshot_plan(model, view_module.NATIVE_RULES)
-    groups = [part for _, _, parts in plan.events for part in parts if isinstance(part, view_module._Ranges)]
+    plan = snapshot_module.snapshot_plan(model, render_module.NATIVE_RULES)
+    groups = [part for _, _, parts in plan.events for part in parts if isinstance(part, render_module.Ranges)]
     assert len(groups) == 6 and sorted(len(g.numbers) for g in groups) == [2, 60, 60, 60, 60, 60]
     # a client's rendering only adds its base id and formats: no range set is worked out anew
-    monkeypatch.setattr(view_module, "_ids_bytes", None)
-    monkeypatch.setattr(view_module, "_range_layout", None)
+    monkeypatch.setattr(snapshot_module, "ids_bytes", None)
+    monkeypatch.setattr(render_module, "ids_bytes", None)
+    monkeypatch.setattr(render_module, "_range_layout", None)
     for base, events in expected.items():
         assert _decoded(plan.frames(base, 3)) == events
 
@@ -150,9 +151,10 @@ def test_checked_values_of_a_dialect_are_encoded_without_the_general_encoder(mon
     numbers = [str(i) for i in range(50)] + ["7", "99999999999"]
     nodes = model.add_many(Kind.NODE, machine, [{K.NAME: n, K.STATE: "UP", K.NUMBER: c} for n, c in zip(names, numbers)])
     calls = []
-    original = view_module.encode_args
-    monkeypatch.setattr(view_module, "encode_args", lambda args: calls.append(args) or original(args))
-    plan = view_module.snapshot_plan(model, rules, 1000)
+    original = snapshot_module.encode_args
+    for module in (render_module, snapshot_module):
+        monkeypatch.setattr(module, "encode_args", lambda args: calls.append(args) or original(args))
+    plan = snapshot_module.snapshot_plan(model, rules, 1000)
     frames = plan.frames(1000, 3)
     assert calls == []
     got = {}
@@ -168,16 +170,16 @@ def test_checked_values_of_a_dialect_are_encoded_without_the_general_encoder(mon
 
 
 def test_two_clients_asking_at_once_share_one_encoding_streamed_chunk_by_chunk(monkeypatch):
-    monkeypatch.setattr(view_module, "SNAPSHOT_CHUNK_BYTES", 1)  # a chunk per frame
+    monkeypatch.setattr(snapshot_module, "SNAPSHOT_CHUNK_BYTES", 1)  # a chunk per frame
     model = _cluster()
     renders = []
-    original = view_module.SnapshotPlan._render
+    original = snapshot_module.SnapshotPlan._render
 
     def counting(self, base, tid):
         renders.append((base, tid))
         return original(self, base, tid)
 
-    monkeypatch.setattr(view_module.SnapshotPlan, "_render", counting)
+    monkeypatch.setattr(snapshot_module.SnapshotPlan, "_render", counting)
     first, second = ModelView(model, 1000), ModelView(model, 1000)
     one, two = first.subscribe_chunks(7), second.subscribe_chunks(7)
     assert renders == [(1000, 7)]  # one rendering for both
@@ -188,7 +190,7 @@ def test_two_clients_asking_at_once_share_one_encoding_streamed_chunk_by_chunk(m
         assert a is b  # the same bytes object: encoded once for both
     assert list(one) == [] and list(two) == []
     assert renders == [(1000, 7)] and len(got_one) > 3
-    plan = view_module.snapshot_plan(model, first.rules, 1000)
+    plan = snapshot_module.snapshot_plan(model, first.rules, 1000)
     (rendering,) = plan._renderings.values()
     # nothing held once both have it, but the small first chunk
     assert rendering.chunks[0] is got_one[0] and all(chunk is None for chunk in rendering.chunks[1:])
@@ -205,10 +207,10 @@ def test_two_clients_asking_at_once_share_one_encoding_streamed_chunk_by_chunk(m
 
 def test_a_plan_for_one_base_id_has_its_ids_written_in_and_its_first_chunks_are_small():
     model = _cluster(3000)
-    plan = view_module.snapshot_plan(model, view_module.NATIVE_RULES, 1000)
+    plan = snapshot_module.snapshot_plan(model, render_module.NATIVE_RULES, 1000)
     # every event one piece of bytes: rendering only frames it, nothing is looked up per id
     assert plan.events and all(len(parts) == 1 and type(parts[0]) is bytes for _, _, parts in plan.events)
-    shared = view_module.snapshot_plan(model, view_module.NATIVE_RULES, 2000)
+    shared = snapshot_module.snapshot_plan(model, render_module.NATIVE_RULES, 2000)
     assert shared.base is None and any(type(part) is not bytes for _, _, parts in shared.events for part in parts)
     assert b"".join(shared.frames(1000, 7)) == b"".join(plan.frames(1000, 7))
     # the first chunk goes out after a few frames, the next ones grow up to the full size:
@@ -216,7 +218,7 @@ def test_a_plan_for_one_base_id_has_its_ids_written_in_and_its_first_chunks_are_
     for job in model.keys(Kind.JOB):
         model.add_many(Kind.PROCESS, job, [{K.STATE: "QUEUING"}])
     sizes = [len(chunk) for chunk in ModelView(model, 1000).subscribe_chunks(7)]
-    first = view_module.FIRST_CHUNK_BYTES
+    first = snapshot_module.FIRST_CHUNK_BYTES
     assert len(sizes) >= 3 and first <= sizes[0] < first + 200
     assert 2 * first <= sizes[1] < 2 * first + 200
 
@@ -230,15 +232,15 @@ def test_a_new_plan_s_first_chunks_go_out_before_jobs_and_processes_are_grouped(
     model.add_many(Kind.NODE, model.keys(Kind.MACHINE)[0],
                    [{K.NAME: f"node-{i}", K.STATE: "UP"} for i in range(6000)])
     expected = b"".join(ModelView(model, 1000).subscribe_chunks(7))
-    view_module._PLANS.clear()
+    snapshot_module._PLANS.clear()
     steps = []
-    original = view_module._grouped_kind
+    original = snapshot_module._grouped_kind
 
     def grouping(model_, kind, ascending):
         steps.append(kind)
         return original(model_, kind, ascending)
 
-    monkeypatch.setattr(view_module, "_grouped_kind", grouping)
+    monkeypatch.setattr(snapshot_module, "_grouped_kind", grouping)
     early = []
 
     def write(chunk):
@@ -276,7 +278,7 @@ def test_a_new_plan_s_first_chunks_go_out_before_jobs_and_processes_are_grouped(
 
 def test_values_that_do_not_recur_are_written_exactly_and_a_node_has_one_marker(monkeypatch):
     # a slot whose values hardly recur stops being remembered: make that happen after a few
-    monkeypatch.setattr(view_module, "_CACHE_TRIAL", 8)
+    monkeypatch.setattr(render_module, "_CACHE_TRIAL", 8)
     model = ServiceModel()
     machine = model.add(Kind.MACHINE, None, {K.NAME: "m", K.STATE: "UP"})
     nodes = model.add_many(Kind.NODE, machine, [{K.NAME: f"n{i}", K.STATE: "UP"} for i in range(40)])
@@ -286,8 +288,8 @@ def test_values_that_do_not_recur_are_written_exactly_and_a_node_has_one_marker(
     jobs = model.add_many(Kind.JOB, queue, [{K.NAME: name, K.STATE: "RUNNING", K.QUEUE: queue} for name in names])
     for i, job in enumerate(jobs):  # one process each, on one node of the 40, a pid of its own
         model.add_many(Kind.PROCESS, job, [{K.STATE: "RUNNING", K.PID: str(5000 + i), K.NODE: nodes[i % 40]}])
-    plan = view_module.snapshot_plan(model, view_module.NATIVE_RULES)
-    markers = [part for _, _, parts in plan.events for part in parts if isinstance(part, view_module._Ref)]
+    plan = snapshot_module.snapshot_plan(model, render_module.NATIVE_RULES)
+    markers = [part for _, _, parts in plan.events for part in parts if isinstance(part, render_module.Ref)]
     # every process refers to its node, and every job to its queue: one marker per element
     assert len({id(m) for m in markers}) == len({(m.prefix, m.key) for m in markers}) == 41
     events = _decoded(ModelView(model, 1000).subscribe_chunks(3))
@@ -310,7 +312,7 @@ def test_values_that_do_not_recur_are_written_exactly_and_a_node_has_one_marker(
 def test_a_plan_and_its_chunks_do_not_leave_young_objects_for_the_collector(monkeypatch):
     import gc
 
-    monkeypatch.setattr(view_module, "SNAPSHOT_CHUNK_BYTES", 4096)
+    monkeypatch.setattr(snapshot_module, "SNAPSHOT_CHUNK_BYTES", 4096)
     model = ServiceModel()
     queue = model.add(Kind.QUEUE, None, {K.NAME: "q", K.STATE: "NORMAL"})
     jobs = model.add_many(Kind.JOB, queue, [{K.NAME: f"run-{i}", K.STATE: "RUNNING"} for i in range(3000)])
@@ -318,7 +320,7 @@ def test_a_plan_and_its_chunks_do_not_leave_young_objects_for_the_collector(monk
         model.add_many(Kind.PROCESS, job, [{K.STATE: "RUNNING"}])
     view = ModelView(model, 1000)
     gc.collect()
-    plan = view_module.snapshot_plan(model, view.rules)
+    plan = snapshot_module.snapshot_plan(model, view.rules)
 
     def young() -> int:  # objects the next young collections would walk
         counted = gc.get_count()[0]  # (first: what follows allocates, which may collect)
@@ -518,25 +520,25 @@ def test_the_keeper_makes_output_files_only_for_streams_that_wrote(tmp_path):
 def _plans_built(monkeypatch, note) -> list:
     """A list that gets ``note(model, base id)`` of every snapshot plan made from now on."""
     builds = []
-    original = view_module._build_plan
+    original = snapshot_module.build_plan
 
     def counting(model_, rules_, base=None, defer=False):
         builds.append(note(model_, base))
         return original(model_, rules_, base, defer)
 
-    monkeypatch.setattr(view_module, "_build_plan", counting)
+    monkeypatch.setattr(snapshot_module, "build_plan", counting)
     return builds
 
 
 async def test_a_quiet_model_is_planned_ahead_and_a_plan_of_an_older_version_is_never_served(monkeypatch, autojump_clock):
     model = _cluster()
-    rules = view_module.NATIVE_RULES
+    rules = render_module.NATIVE_RULES
     builds = _plans_built(monkeypatch, lambda model_, base: model_.version)
     wanted = True
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(view_module.prepare_snapshot, model, lambda: rules, lambda: wanted)
+        nursery.start_soon(snapshot_module.prepare_snapshot, model, lambda: rules, lambda: wanted)
         await trio.sleep(1)
-        plan = view_module.snapshot_plan(model, rules)
+        plan = snapshot_module.snapshot_plan(model, rules)
         assert builds == [model.version] and plan.prepared  # every event made before anyone asked
         first = b"".join(ModelView(model, 1000, rules).subscribe_chunks(7))
         assert builds == [model.version]  # the client only had its ids filled in
@@ -544,16 +546,16 @@ async def test_a_quiet_model_is_planned_ahead_and_a_plan_of_an_older_version_is_
         job = model.keys(Kind.JOB)[0]
         model.update(job, {K.STATE: "RUNNING"})
         changed = _decoded(ModelView(model, 1000, rules).subscribe_chunks(7))
-        assert view_module.snapshot_plan(model, rules) is not plan
+        assert snapshot_module.snapshot_plan(model, rules) is not plan
         states = [e for e in changed if e.event_id == EventId.NEW_JOB]
         assert "RUNNING" in repr(states) and "RUNNING" not in repr(_decoded([first]))
         # and once the model is quiet again, its new version is planned ahead
         model.update(job, {K.STATE: "QUEUING"})
         await trio.sleep(1)
-        assert builds[-1] == model.version and view_module.snapshot_plan(model, rules).prepared
+        assert builds[-1] == model.version and snapshot_module.snapshot_plan(model, rules).prepared
         # the same bytes as planned on demand
         ahead = b"".join(ModelView(model, 1000, rules).subscribe_chunks(7))
-        view_module._PLANS.clear()
+        snapshot_module._PLANS.clear()
         assert b"".join(ModelView(model, 1000, rules).subscribe_chunks(7)) == ahead
         wanted = False
         await trio.sleep(1)  # the task ends once it is no longer wanted
@@ -562,13 +564,13 @@ async def test_a_quiet_model_is_planned_ahead_and_a_plan_of_an_older_version_is_
 
 async def test_a_plan_made_ahead_for_a_client_s_base_id_has_its_ids_in_and_is_served_to_it(monkeypatch, autojump_clock):
     model = _cluster()
-    rules = view_module.NATIVE_RULES
+    rules = render_module.NATIVE_RULES
     builds = _plans_built(monkeypatch, lambda model_, base: base)
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(functools.partial(view_module.prepare_snapshot, model, lambda: rules, lambda: True,
+        nursery.start_soon(functools.partial(snapshot_module.prepare_snapshot, model, lambda: rules, lambda: True,
                                              base=lambda: 1000))
         await trio.sleep(1)
-        plan = view_module.snapshot_plan(model, rules, 1000)
+        plan = snapshot_module.snapshot_plan(model, rules, 1000)
         assert builds == [1000] and plan.prepared and plan.base == 1000
         chunks = b"".join(ModelView(model, 1000, rules).subscribe_chunks(7))
         assert builds == [1000]  # nothing made again: the client's ids were already in
@@ -576,7 +578,7 @@ async def test_a_plan_made_ahead_for_a_client_s_base_id_has_its_ids_in_and_is_se
         assert _decoded([b"".join(ModelView(model, 2000, rules).subscribe_chunks(7))])
         await trio.sleep(1)
         assert builds == [1000, None]
-        view_module._PLANS.clear()
+        snapshot_module._PLANS.clear()
         assert b"".join(ModelView(model, 1000, rules).subscribe_chunks(7)) == chunks
         nursery.cancel_scope.cancel()
 

@@ -7,20 +7,10 @@
   bytes by hand.
 """
 
-from .connection import (
-    AgentClient,
-    AgentListener,
-    AgentProcess,
-    KeptOutput,
-    KeptStream,
-    connect_tcp,
-    connect_unix,
-    default_agent_argv,
-    from_stream,
-    job_attributes,
-    listen_for_agent,
-    spawn,
-)
+from .connection import AgentClient, connect_tcp, connect_unix, from_stream, spawn
+from .kept import KeptOutput, KeptStream, job_attributes
+from .listener import AgentListener, listen_for_agent
+from .process import AgentProcess, default_agent_argv
 from .errors import (
     AgentExited,
     ClientError,

@@ -6,7 +6,8 @@ For every frame it returns a :class:`Traffic` record saying what the frame
 was, which open command it belongs to, whether it completed that command,
 and which rules of the protocol the agent broke by sending it.  Along the
 way it keeps a mirror of the agent's model (machines, nodes, queues, jobs,
-processes and their attributes, process output).
+processes and their attributes, process output): the model events are
+applied in :mod:`.mirror_events`, and what the state is made of is in :mod:`.records`.
 
 The dialect is the one the client asked for in its INIT (``dialect=...``;
 none: the default dialect).  In the default dialect every argument received
@@ -63,38 +64,24 @@ how loudly to complain.
 
 from __future__ import annotations
 
-from typing import Dict, Hashable, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, Union
+from typing import Dict, Hashable, List, Optional, Sequence, Set, Tuple, Union
 
 import attrs
 
-from ..protocol.attributes import STANDARD_ATTRIBUTES, AttrType
-from ..protocol.dialect import CLIENT_ARRAY_ATTRIBUTES, DEFAULT, Dialect, DialectError, EscapeError, dialect_named
+from ..protocol.dialect import DEFAULT, Dialect, EscapeError
 from ..protocol.ids import is_decimal
 from ..protocol.messages import (
-    COMPLETING_EVENTS,
-    ArgumentError,
-    Command,
-    CommandId,
-    ElementChange,
-    ElementKind,
-    ErrorCode,
-    Event,
-    EventId,
-    FilterDef,
-    Message,
-    NewElements,
-    Ok,
-    ProcessChange,
-    RemoveAll,
-    RemoveElements,
-    RemoveProcesses,
-    Shutdown,
-    decode_event,
-    parse_init,
+    COMPLETING_EVENTS, ArgumentError, Command, CommandId, ErrorCode, Event, EventId, FilterDef, Message, decode_event,
 )
-from ..protocol.rangeset import RangeSet
 from ..protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, ErrorKind, Frame, FrameError, encode_frame
+from .mirror_events import ModelEvents
+from .records import (
+    COMPLETING_IDS, DEFAULT_ARRAY_KEYS, Element, MODEL_EVENTS, OUTPUT_KEYS, OpenCommand, OutputLine,
+    PROTOCOL_VERSION, REFERENCE_TID_POOL, RM, STANDARD_INTEGERS, STATE_KEYS, Traffic, Violation, base_id_of,
+    canonical_id, dialect_of, event_name, type_name,
+)
 
+# The state's face: the records' names its users need come from here too.
 __all__ = [
     "ClientState",
     "Element",
@@ -105,215 +92,13 @@ __all__ = [
     "canonical_id",
     "RM",
     "PROTOCOL_VERSION",
+    "OUTPUT_KEYS",
+    "REFERENCE_TID_POOL",
+    "STATE_KEYS",
 ]
 
-PROTOCOL_VERSION = "2.0"
-#: Kind name of the resource-manager element (the base id).
-RM = "rm"
-#: Attributes that carry process output rather than state.
-OUTPUT_KEYS = {"processStdout": "stdout", "processStderr": "stderr"}
-#: Attributes known to repeat (one value per argument / variable) before MODEL_DEF says so.
-DEFAULT_ARRAY_KEYS = frozenset({"progArgs", "env"})
-#: The attribute holding each kind's state.
-STATE_KEYS = {
-    "machine": "machineState",
-    "node": "nodeState",
-    "queue": "queueState",
-    "job": "jobState",
-    "process": "processState",
-}
-#: Element ids one event may make the client expand; more is treated as hostile.
-MAX_IDS_PER_EVENT = 1_000_000
-#: How many TIDs a reference-mode client goes round (see :meth:`ClientState.new_tid`).
-REFERENCE_TID_POOL = 4
-#: Job states (``jobStatus``) that say the job ran: its launch must have seen RUNNING.
-RAN_STATUSES = frozenset({"RUNNING", "SUSPENDED", "FINISHING", "FINISHED", "FAILED"})
-#: How a process is keyed in the mirror: (job id, rank).
-ProcessKey = Tuple[str, str]
 
-_PARENT_KIND = {
-    ElementKind.MACHINE: RM,
-    ElementKind.QUEUE: RM,
-    ElementKind.NODE: "machine",
-    ElementKind.JOB: "queue",
-    ElementKind.PROCESS: "job",
-}
-_MODEL_EVENTS = frozenset(e for e in EventId if EventId.NEW_JOB <= e <= EventId.REMOVE_QUEUE)
-_COMPLETING_IDS = frozenset(int(e) for e in COMPLETING_EVENTS)
-# INTEGER attributes the PTP 4.0 client knows without being told (its own definitions).
-_STANDARD_INTEGERS = frozenset(d.id for d in STANDARD_ATTRIBUTES if d.type is AttrType.INTEGER)
-
-
-def canonical_id(text: str) -> str:
-    """Element ids as the mirror keys them: decimal ids without leading zeros."""
-    if is_decimal(text):
-        return str(int(text))
-    return text
-
-
-@attrs.frozen
-class Violation:
-    """One rule of the protocol the agent broke."""
-
-    rule: str
-    message: str
-    tid: Optional[int] = None
-    raw: bytes = b""
-
-    def __str__(self) -> str:
-        return self.message
-
-
-@attrs.frozen
-class OutputLine:
-    #: the process's key in the mirror: (job id, rank)
-    process: ProcessKey
-    stream: str  # "stdout" or "stderr"
-    text: str
-
-
-@attrs.define(eq=False, repr=False)
-class Element:
-    """One element of the mirrored model.
-
-    ``id`` is the id the agent uses on the wire: an element id, or for a
-    process its rank within its job.  ``key`` is how the mirror holds it:
-    the id, or for a process ``(job id, rank)``.  ``attributes`` maps
-    attribute ids to strings, or to lists of strings for ARRAY attributes
-    (``progArgs``, ``env``...).  Processes and jobs collect ``output`` (a
-    job's holds the lines of all its processes in arrival order).
-    ``states`` is the sequence of distinct states the element went through,
-    as seen by the client; ``changed_states`` the states carried by its
-    CHANGE events, one per event, in order (a launch in the PTP 4.0 client
-    completes only on a JOB_CHANGE saying RUNNING).
-    """
-
-    id: str
-    kind: str
-    parent: Optional[str]
-    attributes: Dict[str, Union[str, List[str]]] = attrs.Factory(dict)
-    children: Dict[Hashable, None] = attrs.Factory(dict)
-    output: List[OutputLine] = attrs.Factory(list)
-    states: List[str] = attrs.Factory(list)
-    removed: bool = False
-    changed_states: List[str] = attrs.Factory(list)
-
-    @property
-    def key(self) -> Hashable:
-        if self.kind == "process":
-            return (self.parent, self.id)
-        return self.id
-
-    @property
-    def rank(self) -> Optional[int]:
-        """A process's rank within its job (None for other kinds)."""
-        return int(self.id) if self.kind == "process" and is_decimal(self.id) else None
-
-    def get(self, key: str, default=None):
-        return self.attributes.get(key, default)
-
-    @property
-    def name(self) -> str:
-        value = self.attributes.get("name", "")
-        return value if isinstance(value, str) else " ".join(value)
-
-    @property
-    def state(self) -> Optional[str]:
-        key = STATE_KEYS.get(self.kind)
-        value = self.attributes.get(key) if key else None
-        return value if isinstance(value, str) else None
-
-    @property
-    def sub_id(self) -> Optional[str]:
-        value = self.attributes.get("jobSubId")
-        return value if isinstance(value, str) else None
-
-    def text(self, stream: str = "stdout") -> str:
-        """Output of one stream, one line per received line, newline-terminated."""
-        return "".join(line.text + "\n" for line in self.output if line.stream == stream)
-
-    def __repr__(self) -> str:
-        extra = f" {self.name!r}" if self.name else ""
-        state = f" {self.state}" if self.state else ""
-        gone = " (removed)" if self.removed else ""
-        where = f" of job {self.parent}" if self.kind == "process" else ""
-        return f"<{self.kind} {self.id}{where}{extra}{state}{gone}>"
-
-
-@attrs.define(eq=False)
-class OpenCommand:
-    """A command sent to the agent, with what came back for it so far."""
-
-    tid: int
-    command_id: Union[CommandId, int]
-    args: Tuple[str, ...]
-    #: non-completing events received under this TID (ATTR_DEF, MESSAGE, model events)
-    events: List[Event] = attrs.Factory(list)
-    #: the event that completed it (None while open, or if the completion was malformed)
-    completion: Optional[Event] = None
-    done: bool = False
-    #: why it completed without a usable event (malformed reply, abandoned, session over)
-    failure: Optional[str] = None
-    #: START_EVENTS: a STOP_EVENTS or QUIT was sent after it (so OK is now due);
-    #: STOP_EVENTS (native dialect): a START_EVENTS or QUIT was sent after it.
-    released: bool = False
-    #: START_EVENTS: the TID of the STOP_EVENTS that released it (default dialect)
-    released_by: Optional[int] = None
-    #: a later command reused this one's TID while it was open, so the agent
-    #: sends nothing more for it
-    abandoned: bool = False
-
-    @property
-    def name(self) -> str:
-        if isinstance(self.command_id, CommandId):
-            return self.command_id.name
-        return f"command 0x{int(self.command_id):04X}"
-
-    def attribute(self, key: str) -> Optional[str]:
-        for arg in self.args:
-            k, sep, v = arg.partition("=")
-            if sep and k == key:
-                return v
-        return None
-
-    @property
-    def ok(self) -> bool:
-        return self.done and isinstance(self.completion, (Ok, Shutdown))
-
-
-@attrs.frozen(eq=False)
-class Traffic:
-    """One frame on the wire, in either direction, with what it meant."""
-
-    direction: str  # "out" (client to agent) or "in"
-    raw: bytes
-    frame: Union[Frame, FrameError, None] = None
-    #: the decoded Command (out) or Event (in), None if it could not be decoded
-    message: Union[Command, Event, None] = None
-    #: the open command an incoming event belongs to
-    command: Optional[OpenCommand] = None
-    completed: bool = False
-    violations: Tuple[Violation, ...] = ()
-
-    @property
-    def fatal(self) -> bool:
-        """The stream can no longer be decoded after this."""
-        return isinstance(self.frame, FrameError) and self.frame.fatal
-
-
-def _id_count(ids: Union[RangeSet, str]) -> int:
-    return 1 if isinstance(ids, str) else len(ids)
-
-
-def _ids(ids: Union[RangeSet, str]) -> Iterator[str]:
-    if isinstance(ids, str):
-        yield canonical_id(ids)
-    else:
-        for n in ids:
-            yield str(n)
-
-
-class ClientState:
+class ClientState(ModelEvents):
     """Session bookkeeping, protocol checks and the mirrored model, without I/O.
 
     ``reference``: also check what the Eclipse PTP 4.0 client needs, and
@@ -352,7 +137,7 @@ class ClientState:
         self.by_kind: Dict[str, Dict[Hashable, Element]] = {k: {} for k in (RM, *STATE_KEYS)}
         self.jobs_by_sub: Dict[str, Element] = {}
         self._array_keys = set(DEFAULT_ARRAY_KEYS)
-        self._integer_keys: Set[str] = set(_STANDARD_INTEGERS)
+        self._integer_keys: Set[str] = set(STANDARD_INTEGERS)
         # commands sent under a TID still open, oldest first (native dialect: on purpose, to be refused)
         self._reusing: Dict[int, List[OpenCommand]] = {}
         # default dialect: the TID of the STOP_EVENTS whose OK must be the very next frame
@@ -501,8 +286,8 @@ class ClientState:
                 if other.command_id in (CommandId.START_EVENTS, CommandId.STOP_EVENTS):
                     other.released = True
         elif cid == CommandId.INIT:
-            self.base_id = _base_id_of(args)
-            self.dialect = _dialect_of(args)
+            self.base_id = base_id_of(args)
+            self.dialect = dialect_of(args)
             if self.reference and self.dialect is not DEFAULT:
                 raise ValueError(f"a reference-mode client speaks the default dialect only, not {self.dialect.name!r}")
         if cid == CommandId.SUBMIT_JOB:
@@ -585,11 +370,11 @@ class ClientState:
             try:
                 item = Frame(item.msg_id, item.tid, tuple(self.dialect.unescape(arg) for arg in item.args))
             except EscapeError as exc:
-                problems.append(Violation("bad-escape", f"{_event_name(item.msg_id)} (TID {tid}): {exc}", tid, raw))
+                problems.append(Violation("bad-escape", f"{event_name(item.msg_id)} (TID {tid}): {exc}", tid, raw))
         try:
             event = decode_event(item)
         except (ArgumentError, ValueError) as exc:
-            name = _event_name(item.msg_id)
+            name = event_name(item.msg_id)
             problems.append(Violation("malformed-event", f"malformed {name} (TID {item.tid}): {exc}", item.tid, raw))
             command, completed = self._complete_broken(item.msg_id, item.tid, f"malformed {name}: {exc}")
             self.violations.extend(problems)
@@ -605,7 +390,7 @@ class ClientState:
         # A malformed reply that would have completed an open command still
         # completes it, so that nobody waits forever for a reply already sent.
         command = self.open.get(tid) if tid is not None else None
-        if command is None or msg_id not in _COMPLETING_IDS:
+        if command is None or msg_id not in COMPLETING_IDS:
             return command, False
         self._close(command)
         command.failure = why
@@ -637,7 +422,7 @@ class ClientState:
         if len(held) <= 1 or self.reference or not self.dialect.open_tid_reuse:
             return held[0] if held else None
         eid = event.event_id
-        if eid in _MODEL_EVENTS:
+        if eid in MODEL_EVENTS:
             fits = [c for c in held if c.command_id == CommandId.START_EVENTS]
         elif eid is EventId.ATTR_DEF:
             fits = [c for c in held if c.command_id == CommandId.MODEL_DEF]
@@ -682,21 +467,40 @@ class ClientState:
                 Violation("unknown-tid", f"{name} with TID {tid}{after}, which matches no open command", tid)
             )
             return None, False
-        if eid in COMPLETING_EVENTS:
-            refused = self._reuse_refusal(event)
-            if refused is not None:
-                # The command that held the TID is abandoned: the agent says no more about it.
-                del self.open[tid]
-                command.done = command.abandoned = True
-                command.failure = f"abandoned: TID {tid} was reused by {refused.name} while it was open"
-                queued = self._reusing[tid]
-                queued.remove(refused)
-                if not queued:
-                    del self._reusing[tid]
-                self.open[tid] = refused
-                command = refused
+        if eid not in COMPLETING_EVENTS:
+            self._progress(command, event, problems)
+            return command, False
+        command = self._answered_by_reuse(command, event)
+        self._check_completion(command, event, problems)
+        self._close(command)
+        command.completion = event
+        return command, True
+
+    def _answered_by_reuse(self, command: OpenCommand, event: Event) -> OpenCommand:
+        """A completing event for a command queued on a reused TID: the command that held the
+        TID is abandoned, and the event is the queued one's (see ``_reuse_refusal``)."""
+        tid = event.tid
+        refused = self._reuse_refusal(event)
+        if refused is not None:
+            # The command that held the TID is abandoned: the agent says no more about it.
+            del self.open[tid]
+            command.done = command.abandoned = True
+            command.failure = f"abandoned: TID {tid} was reused by {refused.name} while it was open"
+            queued = self._reusing[tid]
+            queued.remove(refused)
+            if not queued:
+                del self._reusing[tid]
+            self.open[tid] = refused
+            command = refused
+        return command
+
+    def _progress(self, command: OpenCommand, event: Event, problems: List[Violation]) -> None:
+        """An event that completes nothing: model events, messages, definitions, output."""
+        eid = event.event_id
+        tid = event.tid
+        name = eid.name
         cid = command.command_id
-        if eid in _MODEL_EVENTS:
+        if eid in MODEL_EVENTS:
             if cid != CommandId.START_EVENTS:
                 problems.append(
                     Violation(
@@ -707,17 +511,7 @@ class ClientState:
                 )
             command.events.append(event)
             self._apply(event, problems)
-            return command, False
-        if eid is EventId.ERROR and self.reference and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
-            problems.append(
-                Violation(
-                    "tid-refused",
-                    f"ERROR TID_IN_USE (TID {tid}): the PTP 4.0 client gives it to the oldest command on the TID "
-                    f"({command.name}), fails every pending submission and puts its resource manager into ERROR; "
-                    "a command on a TID still open must be carried out",
-                    tid,
-                )
-            )
+            return
         if eid is EventId.MESSAGE:
             self.messages.append(event)  # type: ignore[arg-type]
             if self.reference and event.code == ErrorCode.TID_IN_USE and event.level in ("ERROR", "FATAL"):  # type: ignore[attr-defined]
@@ -730,13 +524,13 @@ class ClientState:
                     )
                 )
             command.events.append(event)
-            return command, False
+            return
         if eid is EventId.ATTR_DEF:
             if cid != CommandId.MODEL_DEF:
                 problems.append(Violation("attr-def-tid", f"ATTR_DEF under TID {tid} of {command.name}, not MODEL_DEF", tid))
             for definition in event.definitions:  # type: ignore[attr-defined]
                 self.attr_defs[definition.id] = definition
-                kind = _type_name(definition)
+                kind = type_name(definition)
                 if kind == "ARRAY":
                     self._array_keys.add(definition.id)
                 elif kind == "INTEGER":
@@ -751,12 +545,12 @@ class ClientState:
                         )
                     )
             command.events.append(event)
-            return command, False
+            return
         if eid is EventId.OUTPUT:
             if cid != CommandId.GET_OUTPUT:
                 problems.append(Violation("output-tid", f"OUTPUT under TID {tid} of {command.name}, not GET_OUTPUT", tid))
             command.events.append(event)
-            return command, False
+            return
         if eid is EventId.FILTER_DEF:
             if cid not in (CommandId.MODEL_DEF, CommandId.LIST_FILTERS):
                 problems.append(Violation("filter-def-tid", f"FILTER_DEF under TID {tid} of {command.name}", tid))
@@ -766,11 +560,24 @@ class ClientState:
                 )
             self.filter_defs.append(event)  # type: ignore[arg-type]
             command.events.append(event)
-            return command, False
-        if eid not in COMPLETING_EVENTS:  # pragma: no cover - every event id is covered above
-            problems.append(Violation("unexpected-event", f"unexpected {name} (TID {tid})", tid))
-            return command, False
-        # completing events
+            return
+        problems.append(Violation("unexpected-event", f"unexpected {name} (TID {tid})", tid))  # pragma: no cover
+
+    def _check_completion(self, command: OpenCommand, event: Event, problems: List[Violation]) -> None:
+        """What a completing event (OK, ERROR, SHUTDOWN, the job errors) must agree with, and what it does."""
+        eid = event.event_id
+        tid = event.tid
+        cid = command.command_id
+        if eid is EventId.ERROR and self.reference and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
+            problems.append(
+                Violation(
+                    "tid-refused",
+                    f"ERROR TID_IN_USE (TID {tid}): the PTP 4.0 client gives it to the oldest command on the TID "
+                    f"({command.name}), fails every pending submission and puts its resource manager into ERROR; "
+                    "a command on a TID still open must be carried out",
+                    tid,
+                )
+            )
         if eid is EventId.OK:
             at_once = self.dialect.stop_events_at_once and cid == CommandId.STOP_EVENTS
             # (on a TID that holds several commands the OK may be another's: the client cannot tell)
@@ -792,23 +599,7 @@ class ClientState:
             if cid == CommandId.INIT:
                 self._initialized()
         elif eid is EventId.SHUTDOWN:
-            left = [c for c in self.open_commands() if c is not command]
-            if cid == CommandId.QUIT and left:
-                names = ", ".join(f"{c.name} (TID {c.tid})" for c in left)
-                problems.append(Violation("shutdown-open", f"SHUTDOWN while commands were still open: {names}", tid))
-            # Under another open command it is the agent stopping on its own (a signal, after a
-            # MESSAGE saying so): every command still open ends with it.
-            self.agent_stopped = cid != CommandId.QUIT
-            for other in left:
-                other.done = True
-                other.failure = "the agent shut down without answering it"
-            for queued in self._reusing.values():
-                for other in queued:
-                    other.done = True
-                    other.failure = "the agent shut down without answering it"
-            self._reusing.clear()
-            self.open = {tid: command}
-            self.shutdown = True
+            self._shut_down(command, tid, problems)
         elif eid is EventId.SUBMITJOB_ERROR:
             if cid != CommandId.SUBMIT_JOB:
                 problems.append(Violation("error-tid", f"SUBMITJOB_ERROR under TID {tid} of {command.name}", tid))
@@ -833,9 +624,28 @@ class ClientState:
                         tid,
                     )
                 )
-        self._close(command)
-        command.completion = event
-        return command, True
+
+    def _shut_down(self, command: OpenCommand, tid: int, problems: List[Violation]) -> None:
+        """SHUTDOWN (under ``tid``), under QUIT or (the agent stopping on its own) under another
+        open command."""
+        cid = command.command_id
+        left = [c for c in self.open_commands() if c is not command]
+        if cid == CommandId.QUIT and left:
+            names = ", ".join(f"{c.name} (TID {c.tid})" for c in left)
+            problems.append(Violation("shutdown-open", f"SHUTDOWN while commands were still open: {names}", tid))
+        # Under another open command it is the agent stopping on its own (a signal, after a
+        # MESSAGE saying so): every command still open ends with it.
+        self.agent_stopped = cid != CommandId.QUIT
+        for other in left:
+            other.done = True
+            other.failure = "the agent shut down without answering it"
+        for queued in self._reusing.values():
+            for other in queued:
+                other.done = True
+                other.failure = "the agent shut down without answering it"
+        self._reusing.clear()
+        self.open = {tid: command}
+        self.shutdown = True
 
     def _initialized(self) -> None:
         self.initialized = True
@@ -844,353 +654,3 @@ class ClientState:
             self.elements[rm.id] = rm
             self.by_kind[RM][rm.id] = rm
 
-    # ------------------------------------------------------------------ model
-
-    def _apply(self, event: Event, problems: List[Violation]) -> None:
-        self.model_events += 1
-        name = event.event_id.name
-        total = 0
-        for ids in _event_id_sets(event):
-            total += _id_count(ids)
-        if total > MAX_IDS_PER_EVENT:
-            problems.append(
-                Violation("too-many-ids", f"{name} names {total} elements (more than {MAX_IDS_PER_EVENT}); not applied")
-            )
-            return
-        if self.dialect.ascii_only:
-            self._check_ids(event, problems)
-        if isinstance(event, NewElements):
-            if event.kind is ElementKind.PROCESS:
-                self._new_processes(event, problems)
-            else:
-                self._new(event, problems)
-        elif isinstance(event, ProcessChange):
-            self._process_change(event, problems)
-        elif isinstance(event, ElementChange):
-            self._change(event, problems)
-        elif isinstance(event, RemoveProcesses):
-            self._remove_processes(event, problems)
-        elif isinstance(event, RemoveElements):
-            for eid in _ids(event.ids):
-                element = self._expect(eid, event.kind.value, name, problems)
-                if element is not None:
-                    self._remove(element)
-        elif isinstance(event, RemoveAll):
-            for element in list(self.elements.values()):
-                if element.kind != RM:
-                    self._remove(element)
-
-    def _check_ids(self, event: Event, problems: List[Violation]) -> None:
-        """Default dialect: element ids are numbers the client can hold as a Java int."""
-        name = event.event_id.name
-        highest = self.dialect.max_element_id
-        scoped = isinstance(event, (ProcessChange, RemoveProcesses)) or (
-            isinstance(event, NewElements) and event.kind is ElementKind.PROCESS
-        )
-        # The id in front (parent, or the job of a process event) is an element id too.
-        head = getattr(event, "parent_id", None) or getattr(event, "job_id", None)
-        texts = [head] if head is not None else []
-        for text in texts:
-            if not is_decimal(text) or int(text) > highest:
-                problems.append(Violation("element-id", f"{name} names element {text!r}: {_id_rule(highest)}"))
-        for ids in _event_id_sets(event):
-            if isinstance(ids, str):
-                problems.append(Violation("element-id", f"{name} names element {ids!r}: {_id_rule(highest)}"))
-            elif ids and ids.last > highest:
-                what = "process rank" if scoped else "element id"
-                problems.append(Violation("element-id", f"{name} names {what} {ids.last}: {_id_rule(highest)}"))
-
-    def _expect(self, eid: Hashable, kind: str, event: str, problems: List[Violation]) -> Optional[Element]:
-        element = self.elements.get(eid)
-        if element is None:
-            problems.append(Violation("unknown-element", f"{event} for unknown {kind} {eid}"))
-            return None
-        if element.kind != kind:
-            problems.append(Violation("wrong-kind", f"{event} for {eid}, which is a {element.kind}, not a {kind}"))
-            return None
-        return element
-
-    def _parent(self, event: NewElements, problems: List[Violation]) -> Tuple[str, Optional[Element]]:
-        name = event.event_id.name
-        kind = event.kind.value
-        parent_id = canonical_id(event.parent_id)
-        parent = self.elements.get(parent_id)
-        wanted = _PARENT_KIND[event.kind]
-        if parent is None:
-            problems.append(Violation("unknown-parent", f"{name} with unknown parent {parent_id}"))
-        elif parent.kind != wanted:
-            what = "the resource manager" if wanted == RM else f"a {wanted}"
-            problems.append(
-                Violation("wrong-parent", f"{name} with parent {parent_id}, a {parent.kind}; a {kind}'s parent is {what}")
-            )
-            parent = None
-        return parent_id, parent
-
-    def _new(self, event: NewElements, problems: List[Violation]) -> None:
-        name = event.event_id.name
-        kind = event.kind.value
-        parent_id, parent = self._parent(event, problems)
-        for group in event.groups:
-            values = self._values(group.attributes, name, problems)
-            for eid in _ids(group.ids):
-                existing = self.elements.get(eid)
-                if existing is not None:
-                    problems.append(Violation("duplicate-id", f"{name} for id {eid}, already a {existing.kind} in the model"))
-                    if existing.kind != kind:
-                        continue
-                    self._set(existing, values)
-                    continue
-                element = Element(eid, kind, parent_id)
-                self.elements[eid] = element
-                self.by_kind[kind][eid] = element
-                if parent is not None:
-                    parent.children[eid] = None
-                self._set(element, values)
-                if self.reference and kind == "job" and element.sub_id in self.submitted:
-                    self._check_launch(element, name, problems)
-
-    def _new_processes(self, event: NewElements, problems: List[Violation]) -> None:
-        job_id, job = self._parent(event, problems)
-        if job is None:
-            return
-        for group in event.groups:
-            values = self._values(group.attributes, "NEW_PROCESS", problems)
-            self._check_ranks(job, group.ids, "NEW_PROCESS", problems)
-            for rank in _ids(group.ids):
-                key = (job_id, rank)
-                existing = self.elements.get(key)
-                if existing is not None:
-                    problems.append(Violation("duplicate-id", f"NEW_PROCESS for rank {rank} of job {job_id}, already in the model"))
-                    self._set(existing, values)
-                    continue
-                process = Element(rank, "process", job_id)
-                self.elements[key] = process
-                self.by_kind["process"][key] = process
-                job.children[key] = None
-                self._set(process, values)
-
-    def _check_ranks(self, job: Element, ids: Union[RangeSet, str], event: str, problems: List[Violation]) -> None:
-        """Reference mode: ranks are below the job's process count, as the PTP 4.0 client indexes them."""
-        if not self.reference or isinstance(ids, str) or not ids:
-            return
-        count_text = job.get("jobNumProcs")
-        if not isinstance(count_text, str) or not is_decimal(count_text):
-            problems.append(
-                Violation(
-                    "process-rank",
-                    f"{event} for job {job.id}, whose process count (jobNumProcs) the client was not told",
-                )
-            )
-            return
-        if ids.last >= int(count_text):
-            problems.append(
-                Violation(
-                    "process-rank",
-                    f"{event} names rank {ids.last} of job {job.id}, which has {count_text} processes "
-                    f"(ranks 0..{int(count_text) - 1})",
-                )
-            )
-
-    def _change(self, event: ElementChange, problems: List[Violation]) -> None:
-        name = event.event_id.name
-        kind = RM if event.kind is None else event.kind.value
-        for group in event.groups:
-            values = self._values(group.attributes, name, problems)
-            state = values.get(STATE_KEYS.get(kind, ""))
-            for eid in _ids(group.ids):
-                element = self._expect(eid, kind, name, problems)
-                if element is not None:
-                    self._set(element, values)
-                    if isinstance(state, str):
-                        element.changed_states.append(state)
-                        if self.reference and kind == "job" and element.sub_id in self.submitted:
-                            self._check_launch(element, name, problems)
-
-    def _check_launch(self, job: Element, event: str, problems: List[Violation]) -> None:
-        """Reference mode, a job this client submitted: the PTP 4.0 client finishes its launch
-        only on a JOB_CHANGE saying RUNNING, so its NEW_JOB must say STARTING, and a job that
-        ran must have had that JOB_CHANGE by the time its end arrives."""
-        state = job.state
-        status = job.get("jobStatus")
-        if event == "NEW_JOB":
-            if state != "STARTING":
-                problems.append(
-                    Violation(
-                        "launch-state",
-                        f"NEW_JOB for job {job.id} (jobSubId {job.sub_id}), submitted by this client, says "
-                        f"jobState={state}: it must say STARTING, then a JOB_CHANGE must say RUNNING "
-                        "(the PTP 4.0 client's launch waits for that JOB_CHANGE)",
-                    )
-                )
-            return
-        if state == "COMPLETED" and status in RAN_STATUSES and "RUNNING" not in job.changed_states:
-            problems.append(
-                Violation(
-                    "launch-hangs",
-                    f"job {job.id} (jobSubId {job.sub_id}), submitted by this client, ended ({status}) "
-                    "without a JOB_CHANGE saying RUNNING: the PTP 4.0 client's launch of it would wait until "
-                    "cancelled",
-                )
-            )
-
-    def _process_change(self, event: ProcessChange, problems: List[Violation]) -> None:
-        job = self._expect(canonical_id(event.job_id), "job", "PROCESS_CHANGE", problems)
-        if job is None:
-            return
-        for group in event.groups:
-            output = [(OUTPUT_KEYS[k], v) for k, v in group.attributes if k in OUTPUT_KEYS]
-            if self.dialect.ascii_only and len({stream for stream, _ in output}) != len(output):
-                problems.append(
-                    Violation(
-                        "array-value",
-                        f"PROCESS_CHANGE for job {job.id} repeats an output attribute in one group: the default "
-                        "dialect joins a process's lines into one value",
-                    )
-                )
-            values = self._values([(k, v) for k, v in group.attributes if k not in OUTPUT_KEYS], "PROCESS_CHANGE", problems)
-            self._check_ranks(job, group.ids, "PROCESS_CHANGE", problems)
-            for rank in _ids(group.ids):
-                key = (job.id, rank)
-                process = self._expect(key, "process", "PROCESS_CHANGE", problems)
-                if process is None:
-                    continue
-                self._set(process, values)
-                for stream, value in output:
-                    for text in value.split("\n"):
-                        line = OutputLine(key, stream, text)
-                        process.output.append(line)
-                        job.output.append(line)
-
-    def _remove_processes(self, event: RemoveProcesses, problems: List[Violation]) -> None:
-        job = self._expect(canonical_id(event.job_id), "job", "REMOVE_PROCESS", problems)
-        if job is None:
-            return
-        self._check_ranks(job, event.ids, "REMOVE_PROCESS", problems)
-        for rank in _ids(event.ids):
-            process = self._expect((job.id, rank), "process", "REMOVE_PROCESS", problems)
-            if process is not None:
-                self._remove(process)
-
-    def _remove(self, element: Element) -> None:
-        key = element.key
-        for child in list(element.children):
-            node = self.elements.get(child)
-            if node is not None and node.parent == element.id:
-                self._remove(node)
-        self.elements.pop(key, None)
-        self.by_kind[element.kind].pop(key, None)
-        parent = self.elements.get(element.parent) if element.parent is not None else None
-        if parent is not None:
-            parent.children.pop(key, None)
-        sub = element.sub_id
-        if sub is not None and self.jobs_by_sub.get(sub) is element:
-            del self.jobs_by_sub[sub]
-        element.removed = True
-
-    def _values(
-        self, pairs: Iterable[Tuple[str, str]], event: str = "", problems: Optional[List[Violation]] = None
-    ) -> Dict[str, Union[str, List[str]]]:
-        grouped: Dict[str, List[str]] = {}
-        for key, value in pairs:
-            grouped.setdefault(key, []).append(value)
-        if problems is not None and (self.dialect.ascii_only or self.reference):
-            self._check_values(grouped, event, problems)
-        return {
-            key: (values if len(values) > 1 or key in self._array_keys else values[0])
-            for key, values in grouped.items()
-        }
-
-    def _check_values(self, grouped: Dict[str, List[str]], event: str, problems: List[Violation]) -> None:
-        """Default dialect (and reference mode): the values of one group of a NEW or CHANGE event."""
-        dialect = self.dialect
-        for key, values in grouped.items():
-            if len(values) > 1 or key in CLIENT_ARRAY_ATTRIBUTES or _type_name(self.attr_defs.get(key)) == "ARRAY":
-                problems.append(
-                    Violation(
-                        "array-value",
-                        f"{event} carries {key!r} ({len(values)} value{'s' if len(values) > 1 else ''}): the default "
-                        "dialect sends no multi-valued attribute in element events (the PTP 4.0 client's merge "
-                        "of array values stops its event thread)",
-                    )
-                )
-            if key in self._integer_keys:
-                for value in values:
-                    if dialect.integer_text(value) != value:
-                        problems.append(
-                            Violation(
-                                "integer-range",
-                                f"{event} carries {key}={value!r}: INTEGER values are plain decimal within a Java int "
-                                f"({dialect.integer_bounds[0]}..{dialect.integer_bounds[1]})",  # type: ignore[index]
-                            )
-                        )
-            if self.reference:
-                definition = self.attr_defs.get(key)
-                legal = getattr(definition, "values", ())
-                if legal and _type_name(definition) == "ENUMERATED":
-                    for value in values:
-                        if value not in legal:
-                            problems.append(
-                                Violation(
-                                    "enum-value",
-                                    f"{event} carries {key}={value!r}, not one of the declared values "
-                                    f"({', '.join(legal)}): the PTP 4.0 client drops it",
-                                )
-                            )
-
-    def _set(self, element: Element, values: Dict[str, Union[str, List[str]]]) -> None:
-        element.attributes.update((k, list(v) if isinstance(v, list) else v) for k, v in values.items())
-        key = STATE_KEYS.get(element.kind)
-        if key is not None:
-            state = values.get(key)
-            if isinstance(state, str) and (not element.states or element.states[-1] != state):
-                element.states.append(state)
-        sub = values.get("jobSubId")
-        if element.kind == "job" and isinstance(sub, str):
-            self.jobs_by_sub[sub] = element
-
-
-def _id_rule(highest: int) -> str:
-    return f"the default dialect's element ids are decimal numbers up to {highest} (a Java int)"
-
-
-def _event_id_sets(event: Event) -> Iterator[Union[RangeSet, str]]:
-    groups = getattr(event, "groups", None)
-    if groups is not None:
-        for group in groups:
-            yield group.ids
-    ids = getattr(event, "ids", None)
-    if ids is not None:
-        yield ids
-
-
-def _event_name(msg_id: int) -> str:
-    try:
-        return EventId(msg_id).name
-    except ValueError:
-        return f"event {msg_id}"
-
-
-def _type_name(definition) -> str:
-    value = getattr(definition, "type", None)
-    value = getattr(value, "value", value)
-    return str(value).upper() if value is not None else ""
-
-
-def _base_id_of(args: Sequence[str]) -> Optional[str]:
-    bare = [a for a in args if "=" not in a]
-    for arg in args:
-        key, sep, value = arg.partition("=")
-        if sep and key == "baseId":
-            return canonical_id(value)
-    if len(bare) >= 2:
-        return canonical_id(bare[1])
-    return None
-
-
-def _dialect_of(args: Sequence[str]) -> Dialect:
-    """The dialect an INIT asks for, decided as the agent decides it."""
-    try:
-        return dialect_named(parse_init(args).dialect)
-    except (ArgumentError, DialectError, ValueError):
-        # The agent refuses such an INIT, and answers it in the default dialect.
-        return DEFAULT

@@ -9,7 +9,7 @@ Everything the agent sends goes through :meth:`AgentSession.write` (or
 whose command is not open, closes commands on their completing event, moves
 the phase forward, and encodes in the session's dialect.
 
-Phases (``spec/protocol.md``, "Phases")::
+Phases (``spec/protocol.md``, "Phases"; the table that moves them is :mod:`.phases`)::
 
     INITIALIZE --INIT ok--> DISCOVERY --START_EVENTS--> NORMAL <--STOP/START--> SUSPENDED
                                                                   any --QUIT--> SHUTDOWN
@@ -63,7 +63,6 @@ Every command gets exactly one completing event under its own TID:
 
 from __future__ import annotations
 
-import enum
 from typing import Dict, List, Optional, Tuple, Union
 
 import attrs
@@ -86,6 +85,7 @@ from .messages import (
     parse_init,
 )
 from .first_bytes import first_line, shown_bytes
+from .phases import ALLOWED, Phase, PhaseMachine, Step
 from .wire import Frame, FrameError
 
 __all__ = ["Abandoned", "AgentSession", "Phase", "ProtocolViolation", "Received", "Transaction"]
@@ -96,14 +96,6 @@ def _sub_id(args) -> str:
         if arg.startswith("jobSubId="):
             return arg[len("jobSubId="):]
     return ""
-
-
-class Phase(enum.Enum):
-    INITIALIZE = "INITIALIZE"
-    DISCOVERY = "DISCOVERY"
-    NORMAL = "NORMAL"
-    SUSPENDED = "SUSPENDED"
-    SHUTDOWN = "SHUTDOWN"
 
 
 _FIRST_MODEL_EVENT = int(EventId.NEW_JOB)
@@ -149,26 +141,8 @@ class Transaction:
         return f"command 0x{self.command_id:04X}" if self.command_id >= 0 else "a malformed frame"
 
 
-_JOB_COMMANDS = frozenset(
-    {CommandId.SUBMIT_JOB, CommandId.TERMINATE_JOB, CommandId.MOVE_JOB, CommandId.CHANGE_JOB}
-)
-_FILTER_COMMANDS = frozenset({CommandId.LIST_FILTERS, CommandId.SET_FILTERS})
-#: This agent's own commands that ask about jobs (see spec/protocol.md, "Kept output").
-_QUERY_COMMANDS = frozenset({CommandId.GET_OUTPUT})
-
-LEGAL_COMMANDS: Dict[Phase, frozenset] = {
-    Phase.INITIALIZE: frozenset({CommandId.INIT, CommandId.QUIT}),
-    Phase.DISCOVERY: frozenset({CommandId.MODEL_DEF, CommandId.START_EVENTS, CommandId.QUIT}),
-    Phase.NORMAL: frozenset({CommandId.STOP_EVENTS, CommandId.MODEL_DEF, CommandId.QUIT})
-    | _JOB_COMMANDS
-    | _FILTER_COMMANDS
-    | _QUERY_COMMANDS,
-    Phase.SUSPENDED: frozenset({CommandId.START_EVENTS, CommandId.MODEL_DEF, CommandId.QUIT})
-    | _JOB_COMMANDS
-    | _FILTER_COMMANDS
-    | _QUERY_COMMANDS,
-    Phase.SHUTDOWN: frozenset(),
-}
+#: The commands each phase accepts (the table lives in :mod:`.phases`).
+LEGAL_COMMANDS = ALLOWED
 
 # Commands whose arguments must all be key=value attributes, with required keys.
 _ATTRIBUTE_COMMANDS = {
@@ -230,6 +204,8 @@ class AgentSession:
     """Phase, transaction and dialect bookkeeping for one client connection."""
 
     def __init__(self) -> None:
+        self._phases = PhaseMachine()
+        #: the session's phase: moved only by :meth:`_step`, through the table in :mod:`.phases`
         self.phase = Phase.INITIALIZE
         #: the dialect of this session: the default until an INIT names another
         self.dialect: Dialect = DEFAULT
@@ -244,7 +220,6 @@ class AgentSession:
         # the open START_EVENTS and STOP_EVENTS themselves (their TID may hold others too)
         self._events: Optional[Transaction] = None
         self._stop: Optional[Transaction] = None
-        self.model_defined = False
         self.init: Optional[InitRequest] = None
         # abandoned commands not yet finished by the agent, by TID, oldest first
         self._abandoned: Dict[int, List[Transaction]] = {}
@@ -368,8 +343,7 @@ class AgentSession:
             # would name a TID it does not know.  Events stop until START_EVENTS.
             self._events = None
             self.events_tid = None
-            if self.phase is Phase.NORMAL:
-                self.phase = Phase.SUSPENDED
+            self._step(Step.EVENTS_ENDED)
         if holder is self._stop:
             self._stop = None
             self.stop_tid = None
@@ -404,10 +378,9 @@ class AgentSession:
         if not command.known:
             return self._refuse(command, ErrorCode.UNKNOWN_COMMAND, f"unknown command id 0x{command.command_id:04X}")
         cid = command.command_id
-        if cid not in LEGAL_COMMANDS[self.phase]:
-            return self._refuse(
-                command, ErrorCode.ILLEGAL_IN_PHASE, f"{cid.name} is not allowed in the {self.phase.value} phase"
-            )
+        refusal = self._phases.refusal(cid)
+        if refusal is not None:
+            return self._refuse(command, ErrorCode.ILLEGAL_IN_PHASE, refusal)
         problem = self._check_arguments(command)
         if problem is not None:
             return self._refuse(command, ErrorCode.BAD_ARGUMENTS, f"{cid.name}: {problem}")
@@ -418,17 +391,13 @@ class AgentSession:
             transaction = self._open(tid, cid)
             return Received(command=command, transaction=transaction)
         if cid is CommandId.START_EVENTS:
-            if self.phase is Phase.DISCOVERY and not self.model_defined:
-                return self._refuse(
-                    command, ErrorCode.ILLEGAL_IN_PHASE, "START_EVENTS before MODEL_DEF has completed"
-                )
             replies: List[Event] = []
             owners: List[Optional[Transaction]] = []
             if self._stop is not None:
                 replies.append(Ok(self._stop.tid))
                 owners.append(self._stop)
             transaction = self._open(tid, cid)
-            self.phase = Phase.NORMAL
+            self._step(Step.EVENTS_STARTED)
             self.events_tid = tid
             self._events = transaction
             return Received(command=command, replies=replies, owners=owners, transaction=transaction)
@@ -438,7 +407,7 @@ class AgentSession:
             replies = [Ok(events.tid)]
             owners = [events]
             transaction = self._open(tid, cid)
-            self.phase = Phase.SUSPENDED
+            self._step(Step.EVENTS_STOPPED)
             if self.dialect.stop_events_at_once:
                 replies.append(Ok(tid))
                 owners.append(transaction)
@@ -625,9 +594,9 @@ class AgentSession:
                 stale.remove(transaction)
                 if not stale:
                     del self._abandoned[transaction.tid]
-            if eid is EventId.OK and transaction.command_id is CommandId.INIT and self.phase is Phase.INITIALIZE:
+            if eid is EventId.OK and transaction.command_id is CommandId.INIT:
                 # The agent is initialised whether or not the client heard of it.
-                self.phase = Phase.DISCOVERY
+                self._step(Step.INITIALISED)
             # An abandoned MODEL_DEF does not count: the client did not get all definitions.
         raise Abandoned(
             f"not sending {eid.name} for TID {transaction.tid}: {transaction.name} was abandoned when the TID was reused"
@@ -641,18 +610,17 @@ class AgentSession:
             # events stop flowing until the next START_EVENTS.
             self._events = None
             self.events_tid = None
-            if self.phase is Phase.NORMAL:
-                self.phase = Phase.SUSPENDED
+            self._step(Step.EVENTS_ENDED)
         if transaction is self._stop:
             self._stop = None
             self.stop_tid = None
         what = transaction.command_id
-        if eid is EventId.OK and what is CommandId.INIT and self.phase is Phase.INITIALIZE:
-            self.phase = Phase.DISCOVERY
+        if eid is EventId.OK and what is CommandId.INIT:
+            self._step(Step.INITIALISED)
         elif eid is EventId.OK and what is CommandId.MODEL_DEF:
-            self.model_defined = True
+            self._step(Step.MODEL_DEFINED)
         elif eid is EventId.SHUTDOWN:
-            self.phase = Phase.SHUTDOWN
+            self._step(Step.SHUT_DOWN)
             for tid in list(self.open):
                 for other in self.open_on(tid):
                     other.done = True
@@ -661,6 +629,15 @@ class AgentSession:
             self._abandoned.clear()
             self.events_tid = self.stop_tid = None
             self._events = self._stop = None
+
+    def _step(self, step: Step) -> None:
+        """Move the phase as the table says ``step`` does (IllegalTransition: a bug)."""
+        self.phase = self._phases.step(step)
+
+    @property
+    def model_defined(self) -> bool:
+        """A MODEL_DEF has completed with OK (START_EVENTS may then leave DISCOVERY)."""
+        return self._phases.has(Step.MODEL_DEFINED)
 
     @property
     def events_flowing(self) -> bool:

@@ -12,7 +12,7 @@ submission is answered once the keeper has recorded the job in its journal, sync
 disk, before it starts it: an accepted job is never lost.  A keeper that dies is replaced by its
 custodian (:mod:`.custodian`), and the agent reconnects to the new keeper at once and goes on
 with every job it took back.  The
-agent reads the output files (:class:`_File`) as the keeper says they grow, and tells the
+agent reads the output files (:class:`~.local_records.OutputFile`) as the keeper says they grow, and tells the
 keeper how far it has read: the keeper holds a process's output back, as a terminal does,
 when the agent falls behind.  A new agent on the same state directory finds the keeper's jobs
 again (:meth:`LocalBackend.adopt`): running ones are followed on, ended ones reported with
@@ -37,16 +37,18 @@ Terminate sends SIGTERM to the group and SIGKILL after ``kill_grace`` seconds.  
 the group (SIGSTOP) and resume continues it (SIGCONT).  When the agent ends, the jobs end with
 it (``--on-disconnect terminate``, the default) or run on for the next agent (``keep``); an
 agent that is killed cannot choose, and its jobs run on.
+
+Beside this module: the job records, output files and state table (:mod:`.local_records`),
+preparing a launch (:mod:`.local_launch`), the keeper's news (:mod:`.local_news`), reading
+the output (:mod:`.local_output`) and taking jobs back (:mod:`.local_adoption`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
 import socket
-import stat
 import tempfile
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
@@ -54,11 +56,19 @@ import attrs
 import trio
 
 from ..service.attributes import AttrInfo, ValueType
-from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
+from ..service.jobs import ErrorKind, JobError, JobSpec, SubmitError
 from ..service.model import K, Kind, ServiceModel, UnknownElement
 from .base import Backend, BackendContext
-from .common import LineSplitter, MAX_LINE_BYTES, current_user, signal_name, state_attrs
+from .common import LineSplitter, MAX_LINE_BYTES, current_user
 from .keeper_link import KeeperError, KeeperLink, open_keeper
+from .local_adoption import LocalAdoption
+from .local_launch import LaunchPreparation
+from .local_news import KeeperNews
+from .local_output import OutputReading
+from .local_records import (
+    ENDED_STATES, MAX_PROCS, PENDING_ATTRS, QUEUE_NAME, RUNNING_ATTRS, STATE_TABLE, STOPPED_ATTRS, Launch, LocalJob,
+    compact_json, cpu_count, stopped_or_exited,
+)
 
 if TYPE_CHECKING:  # pragma: no cover
     import argparse
@@ -67,41 +77,13 @@ __all__ = ["LineSplitter", "LocalBackend", "LocalOptions", "MAX_PROCS", "MAX_LIN
 
 log = logging.getLogger(__name__)
 
-#: Most processes a local job may ask for.
-MAX_PROCS = 1024
-#: Name of the single queue.
-QUEUE_NAME = "default"
 
-#: The local backend's own state words, and what they mean.
-STATE_TABLE = StateTable(
-    "local",
-    {
-        "PENDING": JobState.QUEUING,
-        "RUNNING": JobState.RUNNING,
-        "STOPPED": JobState.SUSPENDED,
-        "EXITED": JobState.FINISHED,
-        "FAILED": JobState.FAILED,
-        "NOT_STARTED": JobState.FAILED,
-        "TERMINATED": JobState.KILLED,
-        "LOST": JobState.FAILED,
-    },
-)
-_PENDING = state_attrs(STATE_TABLE, "PENDING")
-_RUNNING = state_attrs(STATE_TABLE, "RUNNING")
-_STOPPED = state_attrs(STATE_TABLE, "STOPPED")
-_ENDED = frozenset(native for native, state in STATE_TABLE if state.final)
-
-#: Bytes read from an output file at a time.
-_READ_CHUNK = 1 << 20
 #: How long a suspension may take to reach every process before it is reported anyway.
 _STOP_WAIT = 1.0
 #: How long ending the jobs may take when the agent ends.
 _SHUTDOWN_BOUND = 1.5
 #: How long a request waits for a keeper that died to be replaced.
 _REPLACE_WAIT = 15.0
-#: At most one notice a minute that the disk has no room for output.
-_DROP_NOTICE_EVERY = 60.0
-
 
 @attrs.frozen
 class LocalOptions:
@@ -111,106 +93,7 @@ class LocalOptions:
     on_disconnect: str = "terminate"
 
 
-class _File:
-    """One process's output file, read as the keeper writes it."""
-
-    __slots__ = ("path", "fd", "offset", "splitter", "size", "dropped", "gaps")
-
-    def __init__(self, path: str, offset: int = 0) -> None:
-        self.path = path
-        self.fd: Optional[int] = None
-        #: bytes read so far (the lines before it are complete or held in the splitter)
-        self.offset = offset
-        self.splitter = LineSplitter()
-        #: what the keeper last said its size is
-        self.size = offset
-        #: output the disk had no room for, as the keeper last told: [bytes, lines]
-        self.dropped = [0, 0]
-        #: where in the file output was dropped, not yet told to the client: [offset, bytes, lines]
-        self.gaps: List[List[int]] = []
-
-    @property
-    def consumed(self) -> int:
-        """Where the text handed on so far ends: what may count as delivered."""
-        return self.offset - self.splitter.pending_bytes
-
-    def read(self, limit: int) -> Optional[bytes]:
-        if self.fd is None:
-            if self.size <= 0 and self.offset <= 0:
-                # The keeper has told of no output here (it says when a file first grows,
-                # before the process's end): it has made no file, nothing to look up.
-                return None
-            try:
-                self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                return None
-        data = os.pread(self.fd, limit, self.offset)
-        self.offset += len(data)
-        return data
-
-    def close(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
-
-
-class _Job:
-    """A local job this agent follows (dropped once it has ended and its output is read)."""
-
-    __slots__ = ("key", "process_keys", "files", "canceled", "suspended", "started", "pids", "codes",
-                 "reported", "done", "finished", "start_error", "recorded", "spawn_line", "refused", "error", "lost",
-                 "waiting")
-
-    def __init__(self, key: int, process_keys: List[int], directory: str) -> None:
-        self.key = key
-        self.process_keys = process_keys
-        count = len(process_keys)
-        #: (rank, stream) -> its output file
-        self.files: Dict[Tuple[int, str], _File] = {
-            (rank, stream): _File(os.path.join(directory, str(key), f"{rank}.{'out' if stream == 'stdout' else 'err'}"))
-            for rank in range(count) for stream in ("stdout", "stderr")
-        }
-        self.canceled = False
-        self.suspended = False
-        self.started = False
-        self.pids: List[int] = []
-        self.codes: List[Optional[int]] = [None] * count
-        self.reported = [False] * count
-        #: the keeper said every process has ended
-        self.done = False
-        #: set once the job's end is in the model
-        self.finished = trio.Event()
-        self.start_error: Optional[str] = None
-        #: set when the keeper has recorded the job in its journal (or refused it)
-        self.recorded = trio.Event()
-        #: the spawn request, until the keeper recorded it (sent again to a keeper that
-        #: replaced one that died before it recorded the job)
-        self.spawn_line: Optional[bytes] = None
-        #: why the keeper refused the job (it did not record it: nothing of it ran)
-        self.refused: Optional[str] = None
-        #: why the job ended as it did, when not by itself (the keeper says)
-        self.error: Optional[str] = None
-        #: rank -> why its exit status is not known
-        self.lost: Dict[int, str] = {}
-        #: while its submission is not answered: the keeper's news of it, held (None after)
-        self.waiting: Optional[List[dict]] = None
-
-
-class _Launch:
-    """A validated submission: what to run, where, with what."""
-
-    __slots__ = ("path", "argv", "cwd", "env", "num_procs", "name")
-
-    def __init__(self, path, argv, cwd, env, num_procs, name) -> None:
-        self.path = path
-        self.argv = argv
-        self.cwd = cwd
-        self.env = env
-        self.num_procs = num_procs
-        self.name = name
-
-
-class LocalBackend(Backend):
+class LocalBackend(KeeperNews, OutputReading, LocalAdoption, LaunchPreparation, Backend):
     """Runs jobs as processes of this host, through the keeper."""
 
     name = "local"
@@ -223,12 +106,12 @@ class LocalBackend(Backend):
                  context: Optional[BackendContext] = None) -> None:
         super().__init__(model, options, context)
         self.hostname = socket.gethostname() or "localhost"
-        self.cpus = _cpu_count()
+        self.cpus = cpu_count()
         self.user = current_user()
         self.machine_id: Optional[int] = None
         self.node_id: Optional[int] = None
         self.queue_id: Optional[int] = None
-        self._jobs: Dict[int, _Job] = {}
+        self._jobs: Dict[int, LocalJob] = {}
         self._base_env: Optional[Tuple[Dict[str, str], int]] = None
         #: the agent's environment as the inside of a JSON object
         self._base_env_json: Optional[str] = None
@@ -430,7 +313,7 @@ class LocalBackend(Backend):
                 record.error = record.error or info.get("error")
             self._settle(record)
 
-    async def _resend(self, record: _Job) -> None:
+    async def _resend(self, record: LocalJob) -> None:
         if self._keeper is not None and record.spawn_line is not None and not record.recorded.is_set():
             try:
                 await self._keeper.send_line(record.spawn_line)
@@ -458,7 +341,7 @@ class LocalBackend(Backend):
             keeper = await self._keeper_now()
         except JobError as exc:
             raise SubmitError(exc.message, ErrorKind.UNAVAILABLE) from None
-        job_id = self._add_job(spec, launch.name, launch.path, launch.cwd, launch.num_procs, _PENDING, key)
+        job_id = self._add_job(spec, launch.name, launch.path, launch.cwd, launch.num_procs, PENDING_ATTRS, key)
         record = self._jobs[job_id]
         record.waiting = []
         record.spawn_line = self._spawn_request(job_id, launch)
@@ -476,7 +359,7 @@ class LocalBackend(Backend):
         self._answered(record)
         return job_id
 
-    def _withdraw(self, record: _Job) -> None:
+    def _withdraw(self, record: LocalJob) -> None:
         """A job the keeper refused (it recorded nothing, started nothing) leaves the model."""
         self._jobs.pop(record.key, None)
         for file in record.files.values():
@@ -487,11 +370,11 @@ class LocalBackend(Backend):
         except UnknownElement:
             pass
 
-    def _spawn_request(self, job_id: int, launch: _Launch) -> bytes:
+    def _spawn_request(self, job_id: int, launch: Launch) -> bytes:
         """The keeper's request to start a job, as one JSON line: ``{"op": "spawn", "key",
         "argv", "env", "cwd", "count"}``, the environment with ``PROXY_AGENT_JOB_KEY``.  The
         agent's environment, which most jobs are given as it is, is encoded once."""
-        dumps = _dumps
+        dumps = compact_json
         if launch.env is self._base_env_of():
             if self._base_env_json is None:
                 self._base_env_json = dumps(launch.env)[1:-1]
@@ -530,7 +413,7 @@ class LocalBackend(Backend):
                 Kind.PROCESS, job_id, [{**state, K.NODE: self.node_id} for _ in range(count)], owner=self.name,
             ))
         assert self._directory is not None
-        self._jobs[job_id] = _Job(job_id, process_ids, os.path.join(self._directory, "jobs"))
+        self._jobs[job_id] = LocalJob(job_id, process_ids, os.path.join(self._directory, "jobs"))
         return job_id
 
     async def terminate(self, job: int) -> None:
@@ -554,13 +437,13 @@ class LocalBackend(Backend):
             await self._wait_stopped(record)  # SIGSTOP takes effect asynchronously
             if record.done or record.suspended is not suspended:
                 return
-        attrs_ = _STOPPED if suspended else _RUNNING
+        attrs_ = STOPPED_ATTRS if suspended else RUNNING_ATTRS
         with self.model.batch():
             self.model.update(record.key, attrs_)
             live = [pid for index, pid in enumerate(record.process_keys) if not record.reported[index]]
             self.model.update_many(live, attrs_)
 
-    async def _signal(self, record: _Job, action: str) -> None:
+    async def _signal(self, record: LocalJob, action: str) -> None:
         request = {"op": "signal", "key": record.key, "action": action, "grace": self.options.kill_grace}
         try:
             await (await self._keeper_now()).send(request)
@@ -571,11 +454,11 @@ class LocalBackend(Backend):
             except KeeperError as exc:
                 raise JobError(str(exc), ErrorKind.UNAVAILABLE) from None
 
-    async def _wait_stopped(self, record: _Job) -> None:
+    async def _wait_stopped(self, record: LocalJob) -> None:
         """Until every process of the job has stopped or exited (at most a second)."""
         with trio.move_on_after(_STOP_WAIT):
             for index, pid in enumerate(record.pids):
-                while not record.reported[index] and not _stopped_or_exited(pid):
+                while not record.reported[index] and not stopped_or_exited(pid):
                     await trio.sleep(0.001)
 
     def active_jobs(self) -> int:
@@ -607,241 +490,6 @@ class LocalBackend(Backend):
         self._closing = True
         await self._shutdown()
 
-    # ------------------------------------------------------------------ adoption
-
-    def adopt(self, stored) -> List[int]:
-        """Take back the jobs a previous agent submitted here (their store records), as the
-        keeper knows them: running ones are followed on, ended ones reported; their output is
-        delivered from where delivery had stopped.  Returns the keys adopted."""
-        adopted = []
-        for record in stored:
-            spec = record.job_spec
-            if spec is None:
-                continue
-            info = self._keeper_jobs.get(record.key)
-            pids = list(info.get("pids", [])) if info else []
-            count = len(pids) or spec.num_procs
-            path = spec.executable
-            cwd = spec.working_dir or self._default_cwd
-            if info is None and record.ended is not None and record.native_state in _ENDED:
-                # ended and recorded so, its files since removed: the recorded end
-                ended = state_attrs(STATE_TABLE, record.native_state)
-                self._add_job(spec, spec.display_name, path, cwd, count, ended, record.key)
-                job = self._jobs.pop(record.key)
-                with self.model.batch():
-                    self.model.update(job.key, {K.EXIT_CODE: record.exit_code or None,
-                                                K.MESSAGE: record.message or None})
-                    if count == 1 and (record.exit_code or record.signal):
-                        self.model.update(job.process_keys[0], {K.EXIT_CODE: record.exit_code or None,
-                                                                K.SIGNAL: record.signal or None})
-                adopted.append(record.key)
-                continue
-            if info is None or info.get("lost"):
-                self._add_job(spec, spec.display_name, path, cwd, count, state_attrs(STATE_TABLE, "LOST"), record.key)
-                job = self._jobs.pop(record.key)
-                if info is None and record.state == "SUBMITTING":
-                    # recorded in the store, not yet by the keeper: it was never answered OK
-                    why = ("the keeper has no record of the job: the agent ended before the keeper recorded it, "
-                           "so it never ran")
-                elif info is None:
-                    why = "the keeper has no record of the job: its files were removed"
-                else:
-                    why = "the job ended with the keeper that ran it; its end was not recorded"
-                self.model.update(job.key, {K.MESSAGE: why})
-                for process in job.process_keys:
-                    self.model.update(process, state_attrs(STATE_TABLE, "LOST"))
-                adopted.append(record.key)
-                continue
-            self._add_job(spec, spec.display_name, path, cwd, count, _RUNNING, record.key)
-            job = self._jobs[record.key]
-            job.started = True
-            job.pids = pids
-            job.recorded.set()
-            if record.native_state == "TERMINATED" or record.state == JobState.KILLED.value:
-                job.canceled = True
-            delivered = record.delivered_offsets
-            sizes = info.get("sizes", {})
-            for (rank, stream), file in job.files.items():
-                name = f"{rank}.{stream}"
-                file.offset = file.size = delivered.get(name, 0)
-                file.size = max(file.size, int(sizes.get(f"{rank}.{stream}", 0)))
-                if file.size > file.offset:
-                    self._mark(job.key, rank, stream)
-            with self.model.batch():
-                for index, pid in enumerate(pids):
-                    self.model.update(job.process_keys[index], {K.PID: str(pid)})
-                if pids:
-                    self.model.update(job.key, {K.NATIVE_ID: str(pids[0])})
-            self._take_dropped(job, info.get("dropped") or {})
-            for file in job.files.values():  # what lies before the delivered output was told already
-                file.gaps = [gap for gap in file.gaps if gap[0] >= file.offset]
-            for rank, why in (info.get("lost_codes") or {}).items():
-                job.lost[int(rank)] = why
-            job.error = info.get("error")
-            codes = info.get("codes", [])
-            if info.get("done"):
-                job.done = True
-                for rank, code in enumerate(codes):
-                    job.codes[rank] = code
-            else:
-                for rank, code in enumerate(codes):
-                    if code is not None:
-                        job.codes[rank] = code
-            self._settle(job)
-            adopted.append(record.key)
-        return adopted
-
-    # ------------------------------------------------------------------ the keeper's news
-
-    def _notices(self, messages: List[dict]) -> None:
-        """A round of the keeper's news, in as few changes of the model as keep every state
-        a job passes through visible: the queue's figures are written once per change, and
-        clients hear of it in one go.  A change ends before news of a job that started in
-        it (its RUNNING is not to be lost in its end).  The PIDs of the jobs started in the
-        round go first, in a change of their own (every process's differs; their RUNNING,
-        the same for all, then goes in one range)."""
-        model = self.model
-        messages = self._withhold(messages)
-        with model.batch():
-            for message in messages:
-                if message.get("op") == "spawned":
-                    self._set_pids(message)
-        changes: List[List[dict]] = [[]]
-        started: set = set()
-        for message in messages:
-            op, key = message.get("op"), message.get("key")
-            if key in started and op != "output":
-                changes.append([])
-                started = set()
-            changes[-1].append(message)
-            if op == "spawned":
-                started.add(key)
-        for change in changes:
-            with model.batch():
-                for message in change:
-                    self._notice(message)
-
-    def _withhold(self, messages: List[dict]) -> List[dict]:
-        """The news of jobs whose submission has not been answered yet waits until it has
-        been (see :meth:`submit`): a client first hears of a job as the keeper recorded it,
-        then of its start and end, as when the answer came before the keeper's."""
-        kept = None
-        for index, message in enumerate(messages):
-            key = message.get("key")
-            record = self._jobs.get(key) if isinstance(key, int) else None
-            if record is not None and record.waiting is not None and message.get("op") != "recorded" \
-                    and not (message.get("op") == "failed" and message.get("refused")):
-                if kept is None:
-                    kept = messages[:index]
-                record.waiting.append(message)
-                record.recorded.set()  # news of it: the keeper has it (a keeper from before
-                #                        "recorded" existed says "spawned" first)
-            elif kept is not None:
-                kept.append(message)
-        return messages if kept is None else kept
-
-    def _answered(self, record: _Job) -> None:
-        """A submission has been answered: its job's news that waited goes to the model, once
-        the client has been told of the job."""
-        waiting, record.waiting = record.waiting, None
-        if waiting:
-            async def hear() -> None:
-                await trio.lowlevel.checkpoint()
-                self._notices(waiting)
-
-            self._spawn_soon(hear)
-
-    def _set_pids(self, message: dict) -> None:
-        key = message.get("key")
-        record = self._jobs.get(key) if isinstance(key, int) else None
-        if record is not None and not record.started:
-            record.pids = [int(p) for p in message.get("pids", [])]
-            model = self.model
-            for index, pid in enumerate(record.pids):
-                model.update(record.process_keys[index], {K.PID: str(pid)})
-
-    def _notice(self, message: dict) -> None:
-        op = message.get("op")
-        key = message.get("key")
-        record = self._jobs.get(key) if isinstance(key, int) else None
-        if op == "recorded":
-            for key in message.get("keys", ()):
-                recorded = self._jobs.get(key) if isinstance(key, int) else None
-                if recorded is not None:
-                    recorded.recorded.set()
-        elif op == "spawned" and record is not None:
-            record.pids = [int(p) for p in message.get("pids", [])]
-            record.started = True
-            record.recorded.set()
-            model = self.model
-            with model.batch():
-                for index, pid in enumerate(record.pids):
-                    model.update(record.process_keys[index], {K.PID: str(pid)})
-            with model.batch():
-                live = [p for i, p in enumerate(record.process_keys) if not record.reported[i]]
-                model.update_many(live, _RUNNING)
-                # the job's own id on this host, its process group (led by process 0), comes
-                # with its RUNNING: one change of the job
-                model.update(record.key, {**_RUNNING, K.NATIVE_ID: str(record.pids[0])} if record.pids else _RUNNING)
-            if record.canceled:  # terminated while its processes were being started
-                self._spawn_soon(self._signal, record, "terminate")
-        elif op == "failed" and record is not None:
-            if message.get("refused") and not record.recorded.is_set():
-                record.refused = message.get("error") or "the keeper could not record the job"
-                record.recorded.set()
-                return
-            record.start_error = message.get("error") or "the processes could not be started"
-            record.recorded.set()
-            if not message.get("started"):
-                record.done = True
-                self._settle(record)
-        elif op == "output" and record is not None:
-            rank, stream = int(message["rank"]), message["stream"]
-            file = record.files.get((rank, stream))
-            if file is not None:
-                file.size = max(file.size, int(message.get("size", 0)))
-                self._mark(record.key, rank, stream)
-        elif op == "exit" and record is not None:
-            rank = int(message["rank"])
-            if 0 <= rank < len(record.codes):
-                if message.get("code") is None:
-                    record.lost[rank] = message.get("lost") or "its exit status is not known"
-                    self._settle(record)
-                else:
-                    record.codes[rank] = int(message["code"])
-                    self._settle(record)
-        elif op == "done" and record is not None:
-            record.done = True
-            if message.get("error"):
-                record.error = message["error"]
-            self._settle(record)
-        elif op == "dropped" and record is not None:
-            self._take_dropped(record, {f"{message['rank']}.{message['stream']}":
-                                        [message.get("bytes", 0), message.get("lines", 0), message.get("at", 0)]})
-        elif op == "error":
-            log.warning("the keeper refused a request: %s", message.get("error"))
-
-    def _take_dropped(self, record: _Job, dropped: Dict[str, list]) -> None:
-        """The keeper's totals of output the disk had no room for: what is new is told to the
-        client where it happened in the stream (see :meth:`_read`), and to every client once
-        in a while."""
-        grew = False
-        for name, (size, lines, at) in dropped.items():
-            rank_text, _, stream = name.partition(".")
-            file = record.files.get((int(rank_text), stream))
-            if file is None or size <= file.dropped[0]:
-                continue
-            file.gaps.append([int(at), int(size) - file.dropped[0], int(lines) - file.dropped[1]])
-            file.dropped = [int(size), int(lines)]
-            grew = True
-            self._mark(record.key, int(rank_text), stream)
-        now = trio.current_time()
-        if grew and (self._drops_told_at is None or now - self._drops_told_at >= _DROP_NOTICE_EVERY):
-            self._drops_told_at = now
-            self.context.notify("WARNING", f"the disk of {self._directory} has no room for the output of local jobs: "
-                                           "what does not fit is dropped (each process's output says how much), the "
-                                           "jobs run on, and new local jobs are refused until there is room")
-
     def _spawn_soon(self, function, *args) -> None:
         # The coroutine is made only inside the task, so that a request dropped because the
         # backend is closing leaves no coroutine that was never awaited.
@@ -858,173 +506,6 @@ class LocalBackend(Backend):
                 pass
 
     _nursery_for_tasks: Optional[trio.Nursery] = None
-
-    def _mark(self, key: int, rank: int, stream: str) -> None:
-        self._dirty[(key, rank, stream)] = None
-        self._wake_reader.set()
-
-    async def _read_outputs(self) -> None:
-        """Read the output files the keeper said grew, as far as the clients have room."""
-        model = self.model
-        async with trio.open_nursery() as nursery:
-            self._nursery_for_tasks = nursery
-            while True:
-                if not self._dirty:
-                    await self._wake_reader.wait()
-                    self._wake_reader = trio.Event()
-                    continue
-                if not model.output_room_available():
-                    await model.output_room()
-                key, rank, stream = next(iter(self._dirty))
-                del self._dirty[(key, rank, stream)]
-                record = self._jobs.get(key)
-                if record is None:
-                    continue
-                self._read(record, rank, stream, _READ_CHUNK)
-                await trio.lowlevel.checkpoint()
-
-    def _read(self, record: _Job, rank: int, stream: str, limit: int, final: bool = False) -> None:
-        """Read a file on (``limit`` bytes at most; to its end when ``final``) and hand its
-        complete lines to the model; tell the keeper how far it has been read."""
-        file = record.files[(rank, stream)]
-        process = record.process_keys[rank]
-        model = self.model
-        while True:
-            if file.gaps:
-                self._tell_gap(file, process, stream)
-            step = limit
-            if file.gaps and file.gaps[0][0] > file.offset:
-                step = min(limit, file.gaps[0][0] - file.offset)  # up to the gap, then the note
-            data = file.read(step)
-            if data is None:
-                if file.gaps and final:
-                    self._tell_gap(file, process, stream, anyway=True)
-                return
-            if data:
-                text = file.splitter.feed_text(data)
-                if text is not None and process in model:
-                    model.output(process, stream, text, file.consumed)
-            if file.gaps and file.gaps[0][0] <= file.offset:
-                continue
-            if not data or len(data) < step or not final:
-                break
-        if file.gaps and final:
-            self._tell_gap(file, process, stream, anyway=True)
-        if final:
-            text = file.splitter.flush_text()
-            if text is not None and process in model:
-                model.output(process, stream, text, file.offset)
-        elif file.offset < file.size:
-            self._mark(record.key, rank, stream)
-        if self._keeper is not None and not self._keeper.closed and not self._closing:
-            self._spawn_soon(self._keeper_read, record.key, rank, stream, file.offset)
-
-    def _tell_gap(self, file: _File, process: int, stream: str, anyway: bool = False) -> None:
-        """Where output was dropped for want of disk space, say so, in order: the lines
-        before the gap, then a note on the process's stderr."""
-        while file.gaps and (anyway or file.gaps[0][0] <= file.offset):
-            _at, size, lines = file.gaps.pop(0)
-            if process not in self.model:
-                continue
-            before = file.splitter.flush_text()
-            if before is not None:
-                self.model.output(process, stream, before, file.offset)
-            self.model.output(process, "stderr", f"[proxy-agent: {lines} lines ({size} bytes) of {stream} were dropped "
-                                                  f"here: the disk of {self._directory} had no room for them]")
-
-    async def _keeper_read(self, key: int, rank: int, stream: str, offset: int) -> None:
-        if self._keeper is not None and not self._keeper.closed:
-            try:
-                await self._keeper.send({"op": "read", "key": key, "rank": rank, "stream": stream, "offset": offset})
-            except KeeperError:
-                pass
-
-    def _settle(self, record: _Job) -> None:
-        """Report what has ended: each process whose status is known (after reading its
-        output to the end), then the job once the keeper says all have ended."""
-        # While the agent ends, output stays in the files for the next agent to deliver.
-        read = not self._closing
-        for rank, code in enumerate(record.codes):
-            if (code is None and rank not in record.lost) or record.reported[rank]:
-                continue
-            if read:
-                for stream in ("stdout", "stderr"):
-                    self._read(record, rank, stream, _READ_CHUNK, final=True)
-            self._report_process(record, rank)
-        if record.done and not record.finished.is_set():
-            for rank in range(len(record.codes)):
-                if not record.reported[rank]:
-                    if read:
-                        for stream in ("stdout", "stderr"):
-                            self._read(record, rank, stream, _READ_CHUNK, final=True)
-                    self._report_process(record, rank)
-            self._finish(record)
-
-    def _report_process(self, record: _Job, rank: int) -> None:
-        if record.reported[rank]:
-            return
-        record.reported[rank] = True
-        code = record.codes[rank]
-        process = record.process_keys[rank]
-        if code is None and rank in record.lost:
-            self.model.update(process, state_attrs(STATE_TABLE, "LOST"))
-            return
-        if code is None:  # never started
-            native = "TERMINATED" if record.canceled else "NOT_STARTED"
-            self.model.update(process, state_attrs(STATE_TABLE, native))
-            return
-        if record.canceled:
-            native = "TERMINATED"
-        else:
-            native = "EXITED" if code == 0 else "FAILED"
-        attrs_ = state_attrs(STATE_TABLE, native)
-        if code >= 0:
-            attrs_[K.EXIT_CODE] = str(code)
-        else:
-            attrs_[K.SIGNAL] = signal_name(-code)
-        self.model.update(process, attrs_)
-
-    def _finish(self, record: _Job) -> None:
-        with self.model.batch():
-            for rank in range(len(record.codes)):
-                self._report_process(record, rank)
-            self._complete_job(record)
-        self._jobs.pop(record.key, None)
-        for file in record.files.values():
-            file.close()
-        record.finished.set()
-
-    def _complete_job(self, record: _Job) -> None:
-        if record.key not in self.model:
-            return
-        if record.canceled and record.error is None:
-            attrs_ = state_attrs(STATE_TABLE, "TERMINATED")
-        elif record.error is not None:
-            # the keeper says why the job ended so (a keeper that died while starting it...)
-            attrs_ = state_attrs(STATE_TABLE, "LOST")
-            attrs_[K.MESSAGE] = record.error
-        elif record.start_error is not None:
-            attrs_ = state_attrs(STATE_TABLE, "NOT_STARTED")
-            attrs_[K.MESSAGE] = record.start_error
-        else:
-            failed = [(i, rc) for i, rc in enumerate(record.codes) if rc != 0]
-            if failed:
-                index, returncode = failed[0]
-                attrs_ = state_attrs(STATE_TABLE, "FAILED")
-                if returncode is None:
-                    why = f"process {index} was not started"
-                elif returncode > 0:
-                    why = f"process {index} exited with code {returncode}"
-                else:
-                    why = f"process {index} was killed by {signal_name(-returncode)}"
-                if len(failed) > 1:
-                    why += f" ({len(failed)} processes failed)"
-                attrs_[K.MESSAGE] = why
-                attrs_.update(_job_end_status(record.codes))
-            else:
-                attrs_ = state_attrs(STATE_TABLE, "EXITED")
-                attrs_[K.EXIT_CODE] = "0"
-        self.model.update(record.key, attrs_)
 
     # ------------------------------------------------------------------ model
 
@@ -1048,7 +529,7 @@ class LocalBackend(Backend):
                 owner=self.name,
             )
 
-    def _live(self, job: int) -> _Job:
+    def _live(self, job: int) -> LocalJob:
         record = self._jobs.get(job)
         if record is not None:
             return record
@@ -1056,78 +537,9 @@ class LocalBackend(Backend):
             native = self.model.attr(job, K.NATIVE_STATE)
         except UnknownElement:
             native = None
-        if native in _ENDED:
+        if native in ENDED_STATES:
             raise JobError("the job has already ended", ErrorKind.OPERATION_FAILED)
         raise JobError("the job is not a job of the local scheduler", ErrorKind.NO_SUCH_JOB)
-
-    # ------------------------------------------------------------------ submission
-
-    def _prepare(self, spec: JobSpec) -> _Launch:
-        """Check a submission and work out the argv, directory and environment."""
-        num_procs = spec.num_procs
-        if num_procs < 1:
-            raise SubmitError(f"the process count must be at least 1, got {num_procs}", ErrorKind.BAD_REQUEST)
-        if num_procs > MAX_PROCS:
-            raise SubmitError(
-                f"the local scheduler starts at most {MAX_PROCS} processes per job, not {num_procs}",
-                ErrorKind.BAD_REQUEST,
-            )
-        cwd = self._working_dir(spec.working_dir)
-        base, base_size = self._environment()
-        env = dict(base) if spec.environment else base  # not changed after this
-        for name, value in spec.environment:
-            if "\0" in name or "\0" in value:
-                raise SubmitError(f"environment variable {name!r} contains a NUL character", ErrorKind.BAD_REQUEST)
-            if not name or "=" in name:
-                raise SubmitError(f"{name!r} is not an environment variable name", ErrorKind.BAD_REQUEST)
-            env[name] = value
-        path = _find_executable(spec.executable, cwd, env.get("PATH", os.defpath))
-        args = spec.arguments
-        for arg in args:
-            if "\0" in arg:
-                raise SubmitError(f"program argument {arg!r} contains a NUL character", ErrorKind.BAD_REQUEST)
-        # execve() takes argv and environment together up to ARG_MAX bytes: refuse now what
-        # could never start (each string costs its bytes, a NUL and a pointer).
-        size = sum(len(a.encode("utf-8", "surrogateescape")) + 9 for a in (path, *args))
-        size += base_size if env is base else _environment_size(env)
-        if size > self._arg_max - 2048:
-            raise SubmitError(
-                f"the program's arguments and environment take {size} bytes; this system allows at most "
-                f"{self._arg_max} bytes for both together",
-                ErrorKind.BAD_REQUEST,
-            )
-        name = spec.name or os.path.basename(path)
-        return _Launch(path, [path, *args], cwd, env, num_procs, name)
-
-    def _environment(self) -> Tuple[Dict[str, str], int]:
-        """The agent's environment (what every job starts from) and its size for execve().
-        Read at the first submission, when the agent has set itself up (it does not change
-        its environment after that): a busy client submits hundreds of jobs a second."""
-        if self._base_env is None:
-            env = dict(os.environ)
-            self._base_env = (env, _environment_size(env))
-        return self._base_env
-
-    def _working_dir(self, given: Optional[str]) -> str:
-        if not given:
-            return self._default_cwd
-        if "\0" in given:
-            raise SubmitError("working directory contains a NUL character", ErrorKind.BAD_REQUEST)
-        path = os.path.join(self._default_cwd, given)  # absolute paths stay as they are
-        try:
-            info = os.stat(path)
-        except FileNotFoundError:
-            raise SubmitError(f"working directory {path!r} does not exist") from None
-        except NotADirectoryError:
-            raise SubmitError(f"working directory {path!r} does not exist (a part of it is not a directory)") from None
-        except OSError as exc:
-            raise SubmitError(f"working directory {path!r} cannot be used: {exc.strerror}") from None
-        if not stat.S_ISDIR(info.st_mode):
-            raise SubmitError(f"working directory {path!r} is not a directory")
-        if not os.access(path, os.X_OK):
-            raise SubmitError(f"working directory {path!r} is not accessible (permission denied)")
-        return path
-
 
     # ------------------------------------------------------------------ shutdown
 
@@ -1173,88 +585,3 @@ class LocalBackend(Backend):
             self._closed.set()
 
 
-# --------------------------------------------------------------------------- helpers
-
-#: JSON as the keeper reads it (compact)
-_dumps = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def _job_end_status(codes: List[Optional[int]]) -> Dict[str, str]:
-    """How a job whose processes failed ended, as one process's would read: the highest exit
-    status among them, else the signal that ended the first one killed (as ``srun`` reports)."""
-    exited = [code for code in codes if code is not None and code > 0]
-    if exited:
-        return {K.EXIT_CODE: str(max(exited))}
-    killed = [code for code in codes if code is not None and code < 0]
-    return {K.SIGNAL: signal_name(-killed[0])} if killed else {}
-
-
-def _environment_size(env: Dict[str, str]) -> int:
-    """Bytes an environment takes in execve(): each string, its NUL and its pointer."""
-    return sum(len(k.encode("utf-8", "surrogateescape")) + len(v.encode("utf-8", "surrogateescape")) + 10
-               for k, v in env.items())
-
-
-def _stopped_or_exited(pid: int) -> bool:
-    """Has this process stopped (or exited)?  Read from /proc: it is the keeper's child."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat_file:
-            state = stat_file.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return True
-    return state in ("T", "t", "Z", "X")
-
-
-def _find_executable(executable: str, cwd: str, search_path: str) -> str:
-    """The program to run; SubmitError naming the problem.
-
-    A name without '/' is looked up on PATH (the job's PATH if its environment sets one);
-    a path is relative to the job's working directory.
-    """
-    if not executable:
-        raise SubmitError("no executable given", ErrorKind.BAD_REQUEST)
-    if "\0" in executable:
-        raise SubmitError("the executable's name contains a NUL character", ErrorKind.BAD_REQUEST)
-    if "/" in executable:
-        candidate = os.path.join(cwd, executable)
-    else:
-        candidate = _search_path(executable, search_path, cwd)
-    _check_executable(candidate)
-    return candidate
-
-
-def _search_path(name: str, search_path: str, cwd: str) -> str:
-    not_executable = None
-    for directory in search_path.split(os.pathsep):
-        candidate = os.path.join(cwd, directory or ".", name)
-        if os.path.isfile(candidate):
-            if os.access(candidate, os.X_OK):
-                return candidate
-            not_executable = not_executable or candidate
-    if not_executable is not None:
-        raise SubmitError(
-            f"executable {not_executable!r} is not executable (permission denied)"
-        )
-    raise SubmitError(f"executable {name!r} not found on PATH")
-
-
-def _check_executable(path: str) -> None:
-    try:
-        info = os.stat(path)
-    except (FileNotFoundError, NotADirectoryError):
-        raise SubmitError(f"executable {path!r} not found") from None
-    except OSError as exc:
-        raise SubmitError(f"executable {path!r} cannot be used: {exc.strerror}") from None
-    if stat.S_ISDIR(info.st_mode):
-        raise SubmitError(f"executable {path!r} is a directory, not a program")
-    if not stat.S_ISREG(info.st_mode):
-        raise SubmitError(f"executable {path!r} is not a regular file")
-    if not os.access(path, os.X_OK):
-        raise SubmitError(f"executable {path!r} is not executable (permission denied)")
-
-
-def _cpu_count() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1

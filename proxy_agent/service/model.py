@@ -356,6 +356,12 @@ class ServiceModel:
     def __contains__(self, key: object) -> bool:
         return key in self._elements
 
+    @property
+    def by_key(self) -> "_ElementIndex":
+        """Every element by its key, for reading only: ``get(key)`` gives None for a key that
+        is gone (what a loop over many keys wants, where :meth:`get` would raise)."""
+        return self._elements
+
     def get(self, key: int) -> Element:
         try:
             return self._elements[key]

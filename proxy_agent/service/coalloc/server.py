@@ -50,21 +50,16 @@ import trio
 from ...runtime import wire
 from ..jobs import JobState
 from .description import MultiJobDescription, Part
-from .state import (
-    CoordinationError,
-    JobEnded,
-    Limits,
-    MultiJob,
-    Refused,
-    Verdict,
-)
+from .state import CoordinationError, JobEnded, Limits, MultiJob, Refused, Verdict
+from .contact import auto_addresses, reachable_host
+from .operations import RuntimeOperations
 
 __all__ = ["AUTH_FRAME", "RuntimeServer", "UnknownJob", "auto_addresses"]
 
 log = logging.getLogger(__name__)
 
 _JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}\Z")
-_T = TypeVar("_T")
+T = TypeVar("T")
 
 #: The largest first request of a connection that has not shown a secret yet.
 AUTH_FRAME = wire.AUTH_FRAME
@@ -82,7 +77,7 @@ class _Connection:
         self.peer = peer
         self.scope = trio.CancelScope()
         #: the job whose secret it has shown (None: not yet)
-        self.job: Optional[_Job] = None
+        self.job: Optional[RuntimeJob] = None
         #: counted among its peer's idle or slow connections
         self.slow = False
 
@@ -91,7 +86,7 @@ class UnknownJob(Refused):
     """The runtime server has no multi-part job by that id."""
 
 
-class _ProtocolViolation(Exception):
+class RequestViolation(Exception):
     """The client broke the protocol; the reply says how and the connection ends."""
 
 
@@ -99,7 +94,7 @@ class _Unauthorized(Exception):
     pass
 
 
-class _Job:
+class RuntimeJob:
     """One multi-part job as the server holds it."""
 
     __slots__ = ("state", "secret", "changed", "seen_version", "forgotten")
@@ -112,97 +107,10 @@ class _Job:
         self.forgotten = False
 
 
-# --------------------------------------------------------------------------- request fields
-
-
-def _field(request: Dict[str, Any], key: str, kind: type, what: str, default: Any = ...) -> Any:
-    if key not in request:
-        if default is ...:
-            raise Refused(f"the request lacks {key!r} ({what})")
-        return default
-    value = request[key]
-    if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
-        raise Refused(f"{key!r} must be a whole number ({what}), not {value!r}"[:300])
-    if kind is not int and not isinstance(value, kind):
-        raise Refused(f"{key!r} must be {kind.__name__} ({what})"[:300])
-    return value
-
-
-def _bytes_field(request: Dict[str, Any], key: str, what: str) -> bytes:
-    try:
-        return wire.from_b64(_field(request, key, str, what), key)
-    except ValueError as error:
-        raise Refused(str(error)) from None
-
-
-# --------------------------------------------------------------------------- contact
-
-
-def _loopback_only(name: str) -> bool:
-    """Whether ``name`` resolves to loopback addresses only (or not at all)."""
-    try:
-        infos = socket.getaddrinfo(name, None, proto=socket.IPPROTO_TCP)
-    except (OSError, UnicodeError):
-        return True
-    return all(info[4][0].startswith("127.") or info[4][0] == "::1" for info in infos)
-
-
-def _routed_address() -> Optional[str]:
-    """The IPv4 address of the interface the default route leaves by.  Connecting a UDP
-    socket only chooses the route: nothing is sent."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect(("198.51.100.1", 9))  # a documentation address
-            address = probe.getsockname()[0]
-        except OSError:
-            return None
-    return None if address.startswith(("127.", "0.")) else address
-
-
-def _interface_addresses() -> List[str]:
-    """This host's IPv4 interface addresses other than loopback (Linux), in interface order."""
-    try:
-        import fcntl
-        interfaces = socket.if_nameindex()
-    except (ImportError, OSError, AttributeError):
-        return []
-    found = []
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        for _index, name in interfaces:
-            try:
-                answer = fcntl.ioctl(probe.fileno(), 0x8915, struct.pack("256s", name[:15].encode()))  # SIOCGIFADDR
-            except OSError:
-                continue
-            address = socket.inet_ntoa(answer[20:24])
-            if not address.startswith("127."):
-                found.append(address)
-    return found
-
-
-def reachable_host() -> str:
-    """The name or address other hosts reach this one by: the first of this host's names
-    that resolves to something other than loopback, else the address of the interface the
-    default route leaves by, else the first interface address other than loopback.  (A host
-    whose own name resolves to 127.0.0.1, as many do, would otherwise send its compute
-    nodes to themselves.)  Only a host with no other address at all gets its plain name."""
-    names = [socket.getfqdn(), socket.gethostname()]
-    for name in dict.fromkeys(n for n in names if n and n != "localhost"):
-        if not _loopback_only(name):
-            return name
-    routed = _routed_address()
-    if routed is not None:
-        return routed
-    addresses = _interface_addresses()
-    if addresses:
-        return addresses[0]
-    log.warning("this host has no address other than loopback: other hosts cannot reach the runtime")
-    return socket.gethostname() or "localhost"
-
-
 # --------------------------------------------------------------------------- the server
 
 
-class RuntimeServer:
+class RuntimeServer(RuntimeOperations):
     """Serves the runtime protocol for every multi-part job registered with it.
 
     ``unix_path``: listen on a Unix socket there (its directory should be private: the
@@ -255,7 +163,7 @@ class RuntimeServer:
         self.tcp_contact: Optional[str] = None
         #: the addresses the TCP listeners are bound to
         self.tcp_addresses: List[str] = []
-        self._jobs: Dict[str, _Job] = {}
+        self._jobs: Dict[str, RuntimeJob] = {}
         #: connections at once, by transport ("unix", "tcp")
         self._connections: Dict[str, int] = {"unix": 0, "tcp": 0}
         #: TCP connections that have not authenticated yet, oldest first
@@ -426,7 +334,7 @@ class RuntimeServer:
         self._slow[connection.peer] = count + 1
         connection.slow = True
 
-    def _authenticated(self, connection: _Connection, job: _Job) -> None:
+    def _authenticated(self, connection: _Connection, job: RuntimeJob) -> None:
         connection.job = job
         self._unauthenticated.pop(connection, None)
         self._no_longer_slow(connection)
@@ -474,9 +382,9 @@ class RuntimeServer:
                 # shows the secret before a large request; answered only when it is wrong
                 try:
                     _op, job, _part, _rank = self._envelope(request, connection)
-                except (_ProtocolViolation, _Unauthorized) as error:
+                except (RequestViolation, _Unauthorized) as error:
                     self.violations += 1
-                    kind = "protocol" if isinstance(error, _ProtocolViolation) else "unauthorized"
+                    kind = "protocol" if isinstance(error, RequestViolation) else "unauthorized"
                     await self._send(stream, wire.error_reply(request.get("id"), kind, str(error)))
                     return
                 self._authenticated(connection, job)
@@ -544,7 +452,7 @@ class RuntimeServer:
             op, job, part, rank = self._envelope(request, connection)
             if connection is not None and connection.job is None:
                 self._authenticated(connection, job)
-        except _ProtocolViolation as error:
+        except RequestViolation as error:
             self.violations += 1
             return wire.error_reply(request_id, "protocol", str(error))
         except _Unauthorized as error:
@@ -567,15 +475,15 @@ class RuntimeServer:
             self._note(job)
         return wire.ok_reply(request_id, **results)
 
-    def _envelope(self, request: Dict[str, Any], connection: Optional[_Connection] = None) -> Tuple[str, _Job, int, int]:
+    def _envelope(self, request: Dict[str, Any], connection: Optional[_Connection] = None) -> Tuple[str, RuntimeJob, int, int]:
         if request.get("v") != wire.PROTOCOL_VERSION:
-            raise _ProtocolViolation(f"this agent speaks runtime protocol version {wire.PROTOCOL_VERSION}")
+            raise RequestViolation(f"this agent speaks runtime protocol version {wire.PROTOCOL_VERSION}")
         op = request.get("op")
         if not isinstance(op, str) or (op not in self._handlers and op != "auth"):
-            raise _ProtocolViolation(f"unknown operation {op!r}"[:200])
+            raise RequestViolation(f"unknown operation {op!r}"[:200])
         job_id, secret = request.get("job"), request.get("secret")
         if not isinstance(job_id, str) or not isinstance(secret, str):
-            raise _ProtocolViolation("a request names its 'job' and carries its 'secret' (texts)")
+            raise RequestViolation("a request names its 'job' and carries its 'secret' (texts)")
         job = self._jobs.get(job_id)
         # Unknown job and wrong secret get the same answer: a guesser learns nothing.
         expected = job.secret if job is not None else "x" * 64
@@ -586,7 +494,7 @@ class RuntimeServer:
         part, rank = request.get("part"), request.get("rank")
         for key, value in (("part", part), ("rank", rank)):
             if isinstance(value, bool) or not isinstance(value, int):
-                raise _ProtocolViolation(f"a request names its {key!r} as a whole number")
+                raise RequestViolation(f"a request names its {key!r} as a whole number")
         return op, job, part, rank
 
     async def _watching(
@@ -629,14 +537,14 @@ class RuntimeServer:
 
     # ------------------------------------------------------------------ waiting for a job
 
-    def _note(self, job: _Job) -> None:
+    def _note(self, job: RuntimeJob) -> None:
         """Wake everyone waiting on ``job`` if it changed."""
         if job.state.version != job.seen_version or job.forgotten:
             job.seen_version = job.state.version
             job.changed.set()
             job.changed = trio.Event()
 
-    async def _wait_for(self, job: _Job, poll: Callable[[], Optional[_T]]) -> _T:
+    async def _wait_for(self, job: RuntimeJob, poll: Callable[[], Optional[T]]) -> T:
         while True:
             if job.forgotten:
                 raise JobEnded("the multi-part job is no longer known to the agent")
@@ -648,122 +556,15 @@ class RuntimeServer:
 
     # ------------------------------------------------------------------ the operations
 
-    async def _op_hello(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        view = job.state.view(part, rank)
-        return {
-            "job": view.job_id,
-            "part": view.part_id,
-            "part_index": view.part_index,
-            "parts": view.parts,
-            "label": view.label,
-            "rank": view.rank,
-            "size": view.size,
-            "start_type": view.start_type.value,
-            "comms_type": view.comms_type.value,
-            "released": view.released,
-        }
-
-    async def _op_barrier(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        job.state.check_in(part, rank)
-        self._note(job)
-        passed = await self._wait_for(job, lambda: job.state.barrier_passed(part, rank))
-        return {"part_index": passed.part_index, "parts": passed.parts, "final": passed.final}
-
-    async def _op_send(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        dest = _field(request, "dest", int, "the destination rank")
-        tag = _field(request, "tag", str, "the message tag")
-        job.state.send(part, rank, dest, tag, _bytes_field(request, "data", "the message, base64"))
-        return {}
-
-    async def _op_receive(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        tag = _field(request, "tag", str, "the message tag")
-        message = await self._wait_for(job, lambda: job.state.take_message(part, rank, tag))
-        return {"source": message.source, "tag": message.tag, "data": wire.b64(message.data)}
-
-    async def _op_structure(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        job.state.join(part, rank)
-        self._note(job)
-        structure = await self._wait_for(job, lambda: job.state.structure(part, rank))
-        return {
-            "part_index": structure.part_index,
-            "parts": [
-                {"index": layout.index, "label": layout.label, "size": layout.size, "in_group": layout.in_group}
-                for layout in structure.parts
-            ],
-        }
-
-    async def _op_part_send(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        dest = _field(request, "dest", int, "the destination part's index")
-        tag = _field(request, "tag", str, "the message tag")
-        data = _bytes_field(request, "data", "the message, base64")
-        job.state.join(part, rank)
-        self._note(job)
-        await self._wait_for(job, lambda: job.state.structure(part, rank))
-        job.state.part_send(part, rank, dest, tag, data)
-        return {}
-
-    async def _op_part_receive(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        tag = _field(request, "tag", str, "the message tag")
-        job.state.join(part, rank)
-        self._note(job)
-        message = await self._wait_for(job, lambda: job.state.take_part_message(part, rank, tag))
-        return {"source": message.source, "tag": message.tag, "data": wire.b64(message.data)}
-
-    async def _op_exchange(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        text = _field(request, "text", str, "this part's text")
-        round_number = job.state.contribute(part, rank, text)
-        self._note(job)
-        result = await self._wait_for(job, lambda: job.state.exchange_result(part, rank, round_number))
-        return {"part_index": result.part_index, "indexes": list(result.indexes), "texts": list(result.texts)}
-
-    async def _op_register(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        level = _field(request, "level", int, "the rendezvous level", 1)
-        at_rank = _field(request, "at_rank", int, "the rendezvous rank, or -1", -1)
-        data = _bytes_field(request, "data", "the data to register, base64")
-        used = await self._wait_for(
-            job, lambda: job.state.register(part, rank, data, level=level, at_rank=at_rank)
-        )
-        return {"rank": used}
-
-    async def _op_forward(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        job.state.forward(part, rank)
-        return {}
-
-    async def _op_rendezvous(self, job: _Job, part: int, rank: int, request: Dict[str, Any]) -> Dict[str, Any]:
-        level = _field(request, "level", int, "the rendezvous level", 1)
-        wait = _field(request, "wait", bool, "whether to wait for completion", True)
-        if not wait:
-            data = job.state.rendezvous_result(part, rank, level)
-            return {"data": None if data is None else wire.b64(data)}
-        data = await self._wait_for(job, lambda: job.state.rendezvous_result(part, rank, level))
-        return {"data": wire.b64(data)}
-
-    _handlers: Dict[str, Callable[..., Awaitable[Dict[str, Any]]]] = {
-        "hello": _op_hello,
-        "barrier": _op_barrier,
-        "send": _op_send,
-        "receive": _op_receive,
-        "structure": _op_structure,
-        "part_send": _op_part_send,
-        "part_receive": _op_part_receive,
-        "exchange": _op_exchange,
-        "register": _op_register,
-        "forward": _op_forward,
-        "rendezvous": _op_rendezvous,
-    }
-    _blocking = frozenset(
-        {"barrier", "receive", "structure", "part_send", "part_receive", "exchange", "register", "rendezvous"}
-    )
-
     # ------------------------------------------------------------------ the service's API
 
-    def _job(self, job_id: str) -> _Job:
+    def _job(self, job_id: str) -> RuntimeJob:
         job = self._jobs.get(job_id)
         if job is None:
             raise UnknownJob(f"the runtime server has no multi-part job {job_id!r}")
         return job
 
-    def _changing(self, job: _Job, call: Callable[[], _T]) -> _T:
+    def _changing(self, job: RuntimeJob, call: Callable[[], T]) -> T:
         try:
             return call()
         finally:
@@ -779,7 +580,7 @@ class RuntimeServer:
             raise Refused(f"a multi-part job id is 1 to 64 letters, digits, '.', '_' or '-', not {job_id!r}")
         elif job_id in self._jobs:
             raise Refused(f"the runtime server already has a multi-part job {job_id!r}")
-        self._jobs[job_id] = _Job(MultiJob(job_id, description, limits=self.limits), secrets.token_hex(32))
+        self._jobs[job_id] = RuntimeJob(MultiJob(job_id, description, limits=self.limits), secrets.token_hex(32))
         return job_id
 
     def job(self, job_id: str) -> MultiJob:
@@ -879,24 +680,3 @@ def _peer_address(stream: trio.SocketStream) -> str:
         return "?"
 
 
-async def auto_addresses(name: str) -> List[str]:
-    """The addresses of this host that ``name`` resolves to: where compute nodes told to
-    connect to ``name`` arrive (those this host can listen on)."""
-    try:
-        found = await trio.socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
-    except OSError:
-        return []
-    addresses: List[str] = []
-    for family, _type, _proto, _name, address in found:
-        host = address[0]
-        if host in addresses:
-            continue
-        probe = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            probe.bind((host, 0))
-        except OSError:
-            continue  # not an address of this host
-        finally:
-            probe.close()
-        addresses.append(host)
-    return addresses
