@@ -56,7 +56,7 @@ import trio
 from . import __version__
 from .frontends.ptp import PtpConfig
 from .launch import Signals, Stopped
-from .schedulers.base import BACKENDS, backend_class
+from .schedulers.registry import BACKENDS, backend_class
 from .server import ServerLimits, Sessions, serve_listeners, serve_stream
 from .service.coalloc.manager import CoallocManager, RuntimeSettings
 from .service.service import JobService

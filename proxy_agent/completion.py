@@ -262,7 +262,7 @@ def programs() -> List[Program]:
     from .__main__ import build_parser as agent_parser
     from .console import build_parser as console_parser
     from .console.deploy import build_parser as deploy_parser
-    from .schedulers.base import BACKENDS
+    from .schedulers.registry import BACKENDS
     from .service.jobs import JobState
 
     commands = {name: joblist.build_parser(name) for name in joblist.COMMANDS}

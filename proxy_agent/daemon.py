@@ -72,7 +72,7 @@ from .frontends.api.server import ApiSession, Handover, service_facts
 from .frontends.api.wire import DOOR_CLOSED, FIRST_BYTE, VERSION, LineReader, encode, socket_path
 from .frontends.ptp import PtpConfig, PtpSession, keep_snapshot_planned
 from .frontends.ptp.session import CLOSE_BOUND
-from .schedulers.base import backend_class
+from .schedulers.registry import backend_class
 from .server import Admission, ServerLimits, Sessions, serve_connection
 from .transport import SplitStream
 from .service.coalloc.manager import CoallocManager

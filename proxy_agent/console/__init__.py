@@ -44,7 +44,7 @@ from ..client import (
 )
 from .commands import COMMANDS, CommandError, Console, split_commands
 from .diagnose import garbage_before_first_frame
-from .remote import SshTarget, default_remote_command, environ_without_token, own_agent_argv, remote_command, ssh_exit_reason
+from ..client.remote import SshTarget, default_remote_command, environ_without_token, own_agent_argv, remote_command, ssh_exit_reason
 from .terminal import Output, StreamReader, TerminalReader
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_SESSION", "EXIT_PROTOCOL"]

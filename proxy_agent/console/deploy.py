@@ -23,7 +23,7 @@ import trio
 
 from ..client import AgentClient, AgentExited, ClientError, ProtocolViolationError
 from .diagnose import garbage_before_first_frame, shown_bytes
-from .remote import (
+from ..client.remote import (
     DEFAULT_REMOTE_PYZ,
     SshTarget,
     describe_ssh_failure,

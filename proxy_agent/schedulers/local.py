@@ -56,7 +56,7 @@ import trio
 from ..service.attributes import AttrInfo, ValueType
 from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
 from ..service.model import K, Kind, ServiceModel, UnknownElement
-from .base import Backend, BackendContext
+from ..service.backend import Backend, BackendContext
 from .common import LineSplitter, MAX_LINE_BYTES, current_user, signal_name, state_attrs
 from .keeper_link import KeeperError, KeeperLink, open_keeper
 

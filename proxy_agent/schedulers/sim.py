@@ -61,7 +61,7 @@ import trio
 from ..service.attributes import AttrInfo, ValueType
 from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
 from ..service.model import K, Kind, ServiceModel, UnknownElement
-from .base import Backend, BackendContext
+from ..service.backend import Backend, BackendContext
 from .common import current_user
 
 if TYPE_CHECKING:  # pragma: no cover

@@ -4,7 +4,7 @@ The service lives as long as the agent, not as long as a connection: front-end s
 come and go and see the same model.  With a job store (:mod:`.store`) it records every
 submission before the scheduler is called, each job's state as it changes and how much of its
 output reached a client, and on start gives each backend back the jobs an earlier agent had
-submitted to it (:meth:`~proxy_agent.schedulers.base.Backend.adopt`).  Each backend runs in the service's nursery; one that
+submitted to it (:meth:`~proxy_agent.service.backend.Backend.adopt`).  Each backend runs in the service's nursery; one that
 fails to start is reported and left out while the others serve, and one that fails later is
 reported and the rest carry on.
 
@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Un
 
 import trio
 
-from ..schedulers.base import Backend, BackendContext
+from .backend import Backend, BackendContext
 from .attributes import AttrInfo
 from .brokering import ATTRIBUTES as BROKER_ATTRIBUTES
 from .brokering import Brokering, Placement

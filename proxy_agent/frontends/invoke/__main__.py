@@ -26,7 +26,7 @@ from typing import List, Optional
 import trio
 
 from ...cli import entry_point
-from ...schedulers.base import BACKENDS
+from ...schedulers.registry import BACKENDS
 from ...service.store import default_state_dir
 from .agent import AgentJobs, AgentSettings
 from .request import InvokeDefaults

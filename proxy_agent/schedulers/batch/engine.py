@@ -74,7 +74,7 @@ from ...service.attributes import AttrInfo, ValueType
 from ...service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, StateTable, SubmitError
 from ...service.model import K, Kind, ServiceModel
 from .. import common
-from ..base import Backend, BackendContext
+from ...service.backend import Backend, BackendContext
 from .records import NativeJob, NativeNode, NativeQueue
 
 __all__ = [
