@@ -58,6 +58,7 @@ from .frontends.ptp import PtpConfig
 from .launch import Signals, Stopped
 from .schedulers.registry import BACKENDS, backend_class
 from .server import ServerLimits, Sessions, serve_listeners, serve_stream
+from .service.broker_names import broker_choices
 from .service.coalloc.manager import CoallocManager, RuntimeSettings
 from .service.service import JobService
 from .service.store import (JobStore, StateDirInUse, StateLock, StoreError, StoreUnwritable, default_state_dir,
@@ -183,8 +184,8 @@ def _add_options(parser: Any, backends: Optional[Sequence[str]]) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for protocol detail)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--broker", metavar="NAME",
-                        help="the broker for submissions that name several queues or none: Null, Random[:SEED], "
-                        "FastestQueue, Benchmark[:NAME] or module:Class; without one, the first queue named that can "
+                        help="the broker for submissions that name several queues or none: "
+                        f"{broker_choices(arguments=True, last=' or ')}; without one, the first queue named that can "
                         "run the job, or the default queue")
     parser.add_argument("--broker-config", metavar="FILE",
                         help="benchmark figures per queue for the Benchmark broker (INI: [SCHEDULER:QUEUE] sections "

@@ -263,6 +263,7 @@ def programs() -> List[Program]:
     from .console import build_parser as console_parser
     from .console.deploy import build_parser as deploy_parser
     from .schedulers.registry import BACKENDS
+    from .service.broker_names import BUILT_IN_BROKERS
     from .service.jobs import JobState
 
     commands = {name: joblist.build_parser(name) for name in joblist.COMMANDS}
@@ -272,7 +273,7 @@ def programs() -> List[Program]:
     commands["completion"] = command_parser()
     hints: Dict[str, Values] = {
         "--scheduler": list(BACKENDS),
-        "--broker": ["Null", "Random", "FastestQueue", "Benchmark"],
+        "--broker": list(BUILT_IN_BROKERS),
         "--state": [state.value for state in JobState] + ["active", "ended"],
         "--format": list(joblist.COLUMNS),
     }
