@@ -667,45 +667,6 @@ async def amain(args: argparse.Namespace, service: JobService, state: "StateDir"
     return 0
 
 
-def manual() -> str:
-    """``proxy-agent --man``: the manual page, made from the same parsers as ``--help``."""
-    from . import config, joblist
-    from .completion import command_parser
-    from .manpage import manual_page
-
-    commands = [(f"proxy-agent {name}", joblist.build_parser(name)) for name in joblist.COMMANDS]
-    from .launch import stop_parser
-
-    commands.append(("proxy-agent stop", stop_parser()))
-    commands.append(("proxy-agent completion", command_parser()))
-    return manual_page("proxy-agent", "a resource-manager proxy agent", build_parser(), commands, [
-        ("configuration file", [
-            f"Defaults for the options are read from $XDG_CONFIG_HOME/proxy-agent/{config.FILE_NAME} "
-            f"(~/.config/proxy-agent/{config.FILE_NAME}), or from the file ${config.ENVIRONMENT} names (empty: "
-            "none). It is INI: the [agent] section holds options of proxy-agent without their dashes, a section "
-            "named after a scheduler that scheduler's options without their prefix; a flag takes yes or no. "
-            "An option given on the command line wins over the file, and the file over the built-in default. "
-            "The transport is chosen on the command line only. The file's state-dir is also the one proxy-agent "
-            "jobs, forget and output read.",
-            "    [agent]\n    scheduler = slurm,local\n    keep-ended = 7d\n\n    [slurm]\n    poll-interval = 10",
-        ]),
-        ("files", [
-            "The state directory ($XDG_STATE_HOME/proxy-agent, that is ~/.local/state/proxy-agent) holds the job "
-            "store (jobs.sqlite), the lock of the agent using it (agent.lock), its socket (agent.sock), each "
-            "job's kept output (output/ID/) and the local jobs' keeper (local/). Everything in it is the user's "
-            "alone (mode 0600, directories 0700).",
-        ]),
-        ("exit status", [
-            "0 when the agent ended normally; 2 for a wrong option, an unusable configuration file, a state "
-            "directory another agent holds, or a connection that cannot be made. proxy-agent jobs, forget and "
-            "output: 0 done, 1 a job named is not known (or, for forget, has not ended), 2 a wrong option or no "
-            "job store. A program whose output is closed before it has written everything (a pipe into head) "
-            "ends with 141, as one killed by SIGPIPE.",
-        ]),
-        ("see also", ["proxy-console(1); the project's README.md, docs/ and spec/protocol.md."]),
-    ])
-
-
 def configured(argv: List[str]) -> List[str]:
     """The command line with the configuration file's options in front (the command line's
     own win, being later); unchanged when there is no file (the usual case costs one stat).
