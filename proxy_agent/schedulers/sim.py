@@ -106,6 +106,11 @@ STATE_TABLE = StateTable(
         "F": JobState.FAILED,
         "CA": JobState.KILLED,
     },
+    not_given={
+        JobState.PREPARING: "simulated jobs start straight from the queue",
+        JobState.FINISHING: "simulated jobs end at once",
+        JobState.DELETED: "simulated jobs end in one of the three states above",
+    },
 )
 PENDING, HELD, RUNNING, SUSPENDED, COMPLETED, FAILED, CANCELLED = "PD", "H", "R", "S", "CD", "F", "CA"
 _ENDED = frozenset((COMPLETED, FAILED, CANCELLED))
