@@ -246,7 +246,7 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
         simple = _SimpleLine(requested).parse(argv)
         if simple is not None and all(name.strip() in requested for name in simple.scheduler.split(",")):
             simple.parsed_backends = requested
-            return simple  # type: ignore[return-value]
+            return simple
         args, rest = build_parser(requested).parse_known_args(argv)
         names = [name.strip() for name in args.scheduler.split(",")]
         if not rest and all(name in requested for name in names):
@@ -528,7 +528,7 @@ class StateDir:
             self.problem = (f"the job store cannot be used ({exc.message}); jobs will not survive a restart, nor "
                             "will their output be kept")
             return
-        damaged = getattr(self.store, "damaged_copy", None)
+        damaged = self.store.damaged_copy
         if damaged:
             self.problem = (f"the job store could not be read ({self.store.damage}); it was kept as {damaged}, a new "
                             "one was started, and the jobs the old one held are not followed")

@@ -73,10 +73,12 @@ from ..protocol.ids import is_decimal
 from ..protocol.messages import (
     COMPLETING_EVENTS,
     ArgumentError,
+    AttrDef,
     Command,
     CommandId,
     ElementChange,
     ElementKind,
+    Error,
     ErrorCode,
     Event,
     EventId,
@@ -89,6 +91,8 @@ from ..protocol.messages import (
     RemoveElements,
     RemoveProcesses,
     Shutdown,
+    SubmitJobError,
+    TerminateJobError,
     decode_event,
     parse_init,
 )
@@ -643,9 +647,9 @@ class ClientState:
             fits = [c for c in held if c.command_id == CommandId.MODEL_DEF]
         elif eid is EventId.SHUTDOWN:
             fits = [c for c in held if c.command_id == CommandId.QUIT]
-        elif eid is EventId.SUBMITJOB_ERROR:
+        elif isinstance(event, SubmitJobError):
             fits = [c for c in held if c.command_id == CommandId.SUBMIT_JOB
-                    and c.attribute("jobSubId") == event.job_sub_id]  # type: ignore[attr-defined]
+                    and c.attribute("jobSubId") == event.job_sub_id]
         elif eid is EventId.TERMINATEJOB_ERROR:
             fits = [c for c in held if c.command_id == CommandId.TERMINATE_JOB]
         elif eid in (EventId.OK, EventId.ERROR):
@@ -663,7 +667,7 @@ class ClientState:
         queued = self._reusing.get(event.tid)
         if not queued or self.dialect.open_tid_reuse:
             return None
-        if event.event_id is EventId.ERROR and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
+        if isinstance(event, Error) and event.code == ErrorCode.TID_IN_USE:
             return queued[0]
         if event.event_id is EventId.SHUTDOWN:
             for command in queued:
@@ -708,7 +712,7 @@ class ClientState:
             command.events.append(event)
             self._apply(event, problems)
             return command, False
-        if eid is EventId.ERROR and self.reference and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
+        if isinstance(event, Error) and self.reference and event.code == ErrorCode.TID_IN_USE:
             problems.append(
                 Violation(
                     "tid-refused",
@@ -718,9 +722,9 @@ class ClientState:
                     tid,
                 )
             )
-        if eid is EventId.MESSAGE:
-            self.messages.append(event)  # type: ignore[arg-type]
-            if self.reference and event.code == ErrorCode.TID_IN_USE and event.level in ("ERROR", "FATAL"):  # type: ignore[attr-defined]
+        if isinstance(event, Message):
+            self.messages.append(event)
+            if self.reference and event.code == ErrorCode.TID_IN_USE and event.level in ("ERROR", "FATAL"):
                 problems.append(
                     Violation(
                         "message-refusal",
@@ -731,10 +735,10 @@ class ClientState:
                 )
             command.events.append(event)
             return command, False
-        if eid is EventId.ATTR_DEF:
+        if isinstance(event, AttrDef):
             if cid != CommandId.MODEL_DEF:
                 problems.append(Violation("attr-def-tid", f"ATTR_DEF under TID {tid} of {command.name}, not MODEL_DEF", tid))
-            for definition in event.definitions:  # type: ignore[attr-defined]
+            for definition in event.definitions:
                 self.attr_defs[definition.id] = definition
                 kind = _type_name(definition)
                 if kind == "ARRAY":
@@ -764,7 +768,7 @@ class ClientState:
                 problems.append(
                     Violation("unknown-event", f"FILTER_DEF (TID {tid}): event 250 is unknown to the PTP 4.0 client", tid)
                 )
-            self.filter_defs.append(event)  # type: ignore[arg-type]
+            self.filter_defs.append(event)
             command.events.append(event)
             return command, False
         if eid not in COMPLETING_EVENTS:  # pragma: no cover - every event id is covered above
@@ -809,26 +813,26 @@ class ClientState:
             self._reusing.clear()
             self.open = {tid: command}
             self.shutdown = True
-        elif eid is EventId.SUBMITJOB_ERROR:
+        elif isinstance(event, SubmitJobError):
             if cid != CommandId.SUBMIT_JOB:
                 problems.append(Violation("error-tid", f"SUBMITJOB_ERROR under TID {tid} of {command.name}", tid))
-            elif event.job_sub_id != (command.attribute("jobSubId") or ""):  # type: ignore[attr-defined]
+            elif event.job_sub_id != (command.attribute("jobSubId") or ""):
                 problems.append(
                     Violation(
                         "error-subject",
-                        f"SUBMITJOB_ERROR (TID {tid}) names jobSubId {event.job_sub_id!r}, "  # type: ignore[attr-defined]
+                        f"SUBMITJOB_ERROR (TID {tid}) names jobSubId {event.job_sub_id!r}, "
                         f"the command submitted {command.attribute('jobSubId')!r}",
                         tid,
                     )
                 )
-        elif eid is EventId.TERMINATEJOB_ERROR:
+        elif isinstance(event, TerminateJobError):
             if cid != CommandId.TERMINATE_JOB:
                 problems.append(Violation("error-tid", f"TERMINATEJOB_ERROR under TID {tid} of {command.name}", tid))
-            elif canonical_id(event.job_id) != canonical_id(command.attribute("jobId") or ""):  # type: ignore[attr-defined]
+            elif canonical_id(event.job_id) != canonical_id(command.attribute("jobId") or ""):
                 problems.append(
                     Violation(
                         "error-subject",
-                        f"TERMINATEJOB_ERROR (TID {tid}) names job {event.job_id!r}, "  # type: ignore[attr-defined]
+                        f"TERMINATEJOB_ERROR (TID {tid}) names job {event.job_id!r}, "
                         f"the command named {command.attribute('jobId')!r}",
                         tid,
                     )

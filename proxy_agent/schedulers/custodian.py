@@ -57,7 +57,6 @@ import select
 import selectors
 import signal
 import socket
-import sys
 import time
 import traceback
 from typing import Callable, Dict, List, Optional, Tuple

@@ -118,14 +118,6 @@ class OrphanReaper:
                 killed += 1
         return killed
 
-    def end_all(self, known: Iterable[int], bound: float = 1.0) -> None:
-        """End every adopted orphan (the agent is stopping), reaping them, within ``bound``."""
-        deadline = time.monotonic() + bound
-        while time.monotonic() < deadline:
-            if not self.sweep(known, lambda job: False) and not self.adopted:
-                return
-            time.sleep(0.02)
-
     def _reap(self, pid: int) -> None:
         try:
             os.waitpid(pid, os.WNOHANG)

@@ -8,14 +8,13 @@ implement is :class:`proxy_agent.service.backend.Backend`.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING, Dict, List, Type
+from typing import TYPE_CHECKING, Dict, Type
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..service.backend import Backend
 
 __all__ = [
     "BACKENDS",
-    "available_backends",
     "backend_class",
 ]
 
@@ -28,10 +27,6 @@ BACKENDS: Dict[str, str] = {
     "sge": "proxy_agent.schedulers.batch.sge.backend:SgeBackend",
     "pbs": "proxy_agent.schedulers.batch.pbs.backend:PbsBackend",
 }
-
-
-def available_backends() -> List[str]:
-    return list(BACKENDS)
 
 
 def backend_class(name: str) -> Type[Backend]:

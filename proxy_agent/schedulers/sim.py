@@ -635,7 +635,8 @@ class SimBackend(Backend):
     def _existing_native(self, job_id: int) -> Optional[str]:
         if job_id not in self.model:
             return None
-        return self.model.attr(job_id, K.NATIVE_STATE)  # type: ignore[return-value]
+        native = self.model.attr(job_id, K.NATIVE_STATE)
+        return native if isinstance(native, str) else None
 
     def _advance(self, index: int, job_id: int, native: str) -> None:
         """Move one existing job one step along its life."""
@@ -713,7 +714,8 @@ class SimBackend(Backend):
             self.model.find(job_id, Kind.JOB)
         except UnknownElement:
             raise JobError("no such job", ErrorKind.NO_SUCH_JOB) from None
-        return self.model.attr(job_id, K.NATIVE_STATE) or PENDING  # type: ignore[return-value]
+        native = self.model.attr(job_id, K.NATIVE_STATE)
+        return native if isinstance(native, str) and native else PENDING
 
     def _pick_node(self, rng: random.Random) -> int:
         """A random node index, preferring nodes that are UP."""

@@ -20,7 +20,7 @@ import logging
 import os
 import sqlite3
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import trio
 
@@ -806,18 +806,11 @@ def _duration_text(seconds: float) -> str:
 
 def describe(exc: BaseException) -> str:
     """One line about an exception; for a group, about its first leaf."""
-    while getattr(exc, "exceptions", None):
-        exc = exc.exceptions[0]  # type: ignore[attr-defined]
+    leaves = getattr(exc, "exceptions", None)
+    while leaves:
+        exc = leaves[0]
+        leaves = getattr(exc, "exceptions", None)
     if isinstance(exc, ServiceError):
         return exc.message
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) else str(exc)
 
-
-def backends_from_names(names: Sequence[str]) -> List[str]:
-    """Split and check a ``--scheduler`` list (``local,sim``)."""
-    out: List[str] = []
-    for name in names:
-        if name in out:
-            raise ValueError(f"scheduler {name!r} given twice")
-        out.append(name)
-    return out

@@ -72,7 +72,8 @@ class CoallocManager(ManagerCore):
 
         if not isinstance(self, RunningManager):
             self.__class__ = RunningManager
-        return self  # type: ignore[return-value]
+        assert isinstance(self, RunningManager)
+        return self
 
     async def start_runtime(self) -> None:
         await self._running().start_runtime()
