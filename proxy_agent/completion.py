@@ -247,9 +247,9 @@ def _write(path: str, text: str) -> str:
 
 def command_parser() -> argparse.ArgumentParser:
     """``proxy-agent completion``'s own command line."""
-    from .joblist import _Parser
+    from .joblist import CommandParser
 
-    parser = _Parser(prog="proxy-agent completion",
+    parser = CommandParser(prog="proxy-agent completion",
                      description="Print the shell completion of proxy-agent and proxy-console, or install it for "
                      "bash and zsh in your home (--install).")
     parser.add_argument("shell", nargs="?", choices=("bash", "zsh"), help="the shell to print the completion for")

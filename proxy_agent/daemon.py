@@ -743,7 +743,7 @@ class Daemon:
         targets: Set[int] = set()
         multi = set()
         for key in keys:
-            element = model._elements.get(key)
+            element = model.lookup(key)
             if element is None or element.kind is not Kind.JOB:
                 continue
             if element.owner in local:
@@ -784,11 +784,11 @@ def _shown(value: Any, dest: Optional[str] = None) -> str:
     if dest == "idle_exit":
         return "never" if value is None else f"{value:g}"
     if dest in ("keep_ended", "show_ended"):
-        from .service.service import _duration_text
+        from .service.service import duration_text
 
         if value is None:
             return "never" if dest == "keep_ended" else "all"
-        return _duration_text(value) if isinstance(value, (int, float)) else str(value)
+        return duration_text(value) if isinstance(value, (int, float)) else str(value)
     if value is None:
         return "its default"
     if isinstance(value, bool):

@@ -229,7 +229,7 @@ class QueueFigures(ChangeSink):
         self._dirty_backends = set()
         new_queues = self._new_queues
         self._new_queues = []
-        queues = model._by_kind[_QUEUE]
+        queues = model.by_key(_QUEUE)
         with model.batch():
             for key in dirty:
                 load = self._load.get(key)

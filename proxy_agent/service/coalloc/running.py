@@ -453,7 +453,7 @@ class RunningManager(ManagerCore):
             if key not in self.model or _final_state(self.model.attr(key, K.STATE)) is not None:
                 break
             try:
-                await self.service._job_owner(key).terminate(key)
+                await self.service.job_owner(key).terminate(key)
                 return
             except Exception as exc:  # noqa: BLE001 - a scheduler's refusal or failure: try again
                 if not isinstance(exc, ServiceError):
