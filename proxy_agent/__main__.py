@@ -56,8 +56,9 @@ import trio
 from . import __version__
 from .frontends.ptp import PtpConfig
 from .launch import Signals, Stopped
-from .schedulers.base import BACKENDS, backend_class
+from .schedulers.registry import BACKENDS, backend_class
 from .server import ServerLimits, Sessions, serve_listeners, serve_stream
+from .service.broker_names import broker_choices
 from .service.coalloc.manager import CoallocManager, RuntimeSettings
 from .service.service import JobService
 from .service.store import (JobStore, StateDirInUse, StateLock, StoreError, StoreUnwritable, default_state_dir,
@@ -183,8 +184,8 @@ def _add_options(parser: Any, backends: Optional[Sequence[str]]) -> None:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging (-vv for protocol detail)")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--broker", metavar="NAME",
-                        help="the broker for submissions that name several queues or none: Null, Random[:SEED], "
-                        "FastestQueue, Benchmark[:NAME] or module:Class; without one, the first queue named that can "
+                        help="the broker for submissions that name several queues or none: "
+                        f"{broker_choices(arguments=True, last=' or ')}; without one, the first queue named that can "
                         "run the job, or the default queue")
     parser.add_argument("--broker-config", metavar="FILE",
                         help="benchmark figures per queue for the Benchmark broker (INI: [SCHEDULER:QUEUE] sections "
@@ -245,7 +246,7 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
         simple = _SimpleLine(requested).parse(argv)
         if simple is not None and all(name.strip() in requested for name in simple.scheduler.split(",")):
             simple.parsed_backends = requested
-            return simple  # type: ignore[return-value]
+            return simple
         args, rest = build_parser(requested).parse_known_args(argv)
         names = [name.strip() for name in args.scheduler.split(",")]
         if not rest and all(name in requested for name in names):
@@ -527,7 +528,7 @@ class StateDir:
             self.problem = (f"the job store cannot be used ({exc.message}); jobs will not survive a restart, nor "
                             "will their output be kept")
             return
-        damaged = getattr(self.store, "damaged_copy", None)
+        damaged = self.store.damaged_copy
         if damaged:
             self.problem = (f"the job store could not be read ({self.store.damage}); it was kept as {damaged}, a new "
                             "one was started, and the jobs the old one held are not followed")
@@ -664,45 +665,6 @@ async def amain(args: argparse.Namespace, service: JobService, state: "StateDir"
         except OSError:
             pass
     return 0
-
-
-def manual() -> str:
-    """``proxy-agent --man``: the manual page, made from the same parsers as ``--help``."""
-    from . import config, joblist
-    from .completion import command_parser
-    from .manpage import manual_page
-
-    commands = [(f"proxy-agent {name}", joblist.build_parser(name)) for name in joblist.COMMANDS]
-    from .launch import stop_parser
-
-    commands.append(("proxy-agent stop", stop_parser()))
-    commands.append(("proxy-agent completion", command_parser()))
-    return manual_page("proxy-agent", "a resource-manager proxy agent", build_parser(), commands, [
-        ("configuration file", [
-            f"Defaults for the options are read from $XDG_CONFIG_HOME/proxy-agent/{config.FILE_NAME} "
-            f"(~/.config/proxy-agent/{config.FILE_NAME}), or from the file ${config.ENVIRONMENT} names (empty: "
-            "none). It is INI: the [agent] section holds options of proxy-agent without their dashes, a section "
-            "named after a scheduler that scheduler's options without their prefix; a flag takes yes or no. "
-            "An option given on the command line wins over the file, and the file over the built-in default. "
-            "The transport is chosen on the command line only. The file's state-dir is also the one proxy-agent "
-            "jobs, forget and output read.",
-            "    [agent]\n    scheduler = slurm,local\n    keep-ended = 7d\n\n    [slurm]\n    poll-interval = 10",
-        ]),
-        ("files", [
-            "The state directory ($XDG_STATE_HOME/proxy-agent, that is ~/.local/state/proxy-agent) holds the job "
-            "store (jobs.sqlite), the lock of the agent using it (agent.lock), its socket (agent.sock), each "
-            "job's kept output (output/ID/) and the local jobs' keeper (local/). Everything in it is the user's "
-            "alone (mode 0600, directories 0700).",
-        ]),
-        ("exit status", [
-            "0 when the agent ended normally; 2 for a wrong option, an unusable configuration file, a state "
-            "directory another agent holds, or a connection that cannot be made. proxy-agent jobs, forget and "
-            "output: 0 done, 1 a job named is not known (or, for forget, has not ended), 2 a wrong option or no "
-            "job store. A program whose output is closed before it has written everything (a pipe into head) "
-            "ends with 141, as one killed by SIGPIPE.",
-        ]),
-        ("see also", ["proxy-console(1); the project's README.md, docs/ and spec/protocol.md."]),
-    ])
 
 
 def configured(argv: List[str]) -> List[str]:

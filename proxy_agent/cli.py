@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Callable, Optional, Sequence, TypeVar
+from typing import Callable, Optional, Sequence, TypeVar, cast
 
 __all__ = ["BROKEN_PIPE_STATUS", "entry_point", "is_broken_pipe"]
 
@@ -60,4 +60,4 @@ def entry_point(main: Main) -> Main:
         _detach_stdout()
         return BROKEN_PIPE_STATUS
 
-    return run  # type: ignore[return-value]
+    return cast(Main, run)

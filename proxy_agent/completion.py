@@ -5,6 +5,9 @@
 in the user's home (``$XDG_DATA_HOME``, that is ``~/.local/share``): the one command to
 install them.  Options, their values (choices, scheduler names, directories and files) and
 the job ids ``forget`` and ``output`` take (from ``proxy-agent jobs``) are completed.
+
+``proxy-agent --man`` (:func:`manual`) is made here too, from the same parsers: every parser of
+the agent's commands is gathered in this module, above the modules that define them.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ from typing import Dict, List, Optional, Sequence, Union
 
 import attrs
 
-__all__ = ["Program", "bash_script", "install", "zsh_script"]
+__all__ = ["Program", "bash_script", "install", "manual", "zsh_script"]
 
 #: What an option's value is completed from: words, or a kind of path.
 Values = Union[Sequence[str], str, None]
@@ -244,9 +247,9 @@ def _write(path: str, text: str) -> str:
 
 def command_parser() -> argparse.ArgumentParser:
     """``proxy-agent completion``'s own command line."""
-    from .joblist import _Parser
+    from .joblist import CommandParser
 
-    parser = _Parser(prog="proxy-agent completion",
+    parser = CommandParser(prog="proxy-agent completion",
                      description="Print the shell completion of proxy-agent and proxy-console, or install it for "
                      "bash and zsh in your home (--install).")
     parser.add_argument("shell", nargs="?", choices=("bash", "zsh"), help="the shell to print the completion for")
@@ -262,7 +265,8 @@ def programs() -> List[Program]:
     from .__main__ import build_parser as agent_parser
     from .console import build_parser as console_parser
     from .console.deploy import build_parser as deploy_parser
-    from .schedulers.base import BACKENDS
+    from .schedulers.registry import BACKENDS
+    from .service.broker_names import BUILT_IN_BROKERS
     from .service.jobs import JobState
 
     commands = {name: joblist.build_parser(name) for name in joblist.COMMANDS}
@@ -272,7 +276,7 @@ def programs() -> List[Program]:
     commands["completion"] = command_parser()
     hints: Dict[str, Values] = {
         "--scheduler": list(BACKENDS),
-        "--broker": ["Null", "Random", "FastestQueue", "Benchmark"],
+        "--broker": list(BUILT_IN_BROKERS),
         "--state": [state.value for state in JobState] + ["active", "ended"],
         "--format": list(joblist.COLUMNS),
     }
@@ -302,3 +306,42 @@ def main(argv: Sequence[str]) -> int:
     else:
         sys.stdout.write("\n".join(zsh_script(program) for program in chosen))
     return 0
+
+
+def manual() -> str:
+    """``proxy-agent --man``: the manual page, made from the same parsers as ``--help``."""
+    from . import config, joblist
+    from .__main__ import build_parser
+    from .manpage import manual_page
+
+    commands = [(f"proxy-agent {name}", joblist.build_parser(name)) for name in joblist.COMMANDS]
+    from .launch import stop_parser
+
+    commands.append(("proxy-agent stop", stop_parser()))
+    commands.append(("proxy-agent completion", command_parser()))
+    return manual_page("proxy-agent", "a resource-manager proxy agent", build_parser(), commands, [
+        ("configuration file", [
+            f"Defaults for the options are read from $XDG_CONFIG_HOME/proxy-agent/{config.FILE_NAME} "
+            f"(~/.config/proxy-agent/{config.FILE_NAME}), or from the file ${config.ENVIRONMENT} names (empty: "
+            "none). It is INI: the [agent] section holds options of proxy-agent without their dashes, a section "
+            "named after a scheduler that scheduler's options without their prefix; a flag takes yes or no. "
+            "An option given on the command line wins over the file, and the file over the built-in default. "
+            "The transport is chosen on the command line only. The file's state-dir is also the one proxy-agent "
+            "jobs, forget and output read.",
+            "    [agent]\n    scheduler = slurm,local\n    keep-ended = 7d\n\n    [slurm]\n    poll-interval = 10",
+        ]),
+        ("files", [
+            "The state directory ($XDG_STATE_HOME/proxy-agent, that is ~/.local/state/proxy-agent) holds the job "
+            "store (jobs.sqlite), the lock of the agent using it (agent.lock), its socket (agent.sock), each "
+            "job's kept output (output/ID/) and the local jobs' keeper (local/). Everything in it is the user's "
+            "alone (mode 0600, directories 0700).",
+        ]),
+        ("exit status", [
+            "0 when the agent ended normally; 2 for a wrong option, an unusable configuration file, a state "
+            "directory another agent holds, or a connection that cannot be made. proxy-agent jobs, forget and "
+            "output: 0 done, 1 a job named is not known (or, for forget, has not ended), 2 a wrong option or no "
+            "job store. A program whose output is closed before it has written everything (a pipe into head) "
+            "ends with 141, as one killed by SIGPIPE.",
+        ]),
+        ("see also", ["proxy-console(1); the project's README.md, docs/ and spec/protocol.md."]),
+    ])

@@ -43,6 +43,7 @@ from __future__ import annotations
 import array
 import contextvars
 import copy
+import io
 import itertools
 import logging
 import os
@@ -69,10 +70,10 @@ from .__main__ import (
 )
 from .endpoints import bind_unix_listener
 from .frontends.api.server import ApiSession, Handover, service_facts
-from .frontends.api.wire import DOOR_CLOSED, FIRST_BYTE, VERSION, LineReader, encode, socket_path
-from .frontends.ptp import PtpConfig, PtpSession, keep_snapshot_planned
+from .frontends.api.wire import DOOR_CLOSED, FIRST_BYTE, LineReader, encode, socket_path
+from .frontends.ptp import PtpConfig, keep_snapshot_planned
 from .frontends.ptp.session import CLOSE_BOUND
-from .schedulers.base import backend_class
+from .schedulers.registry import backend_class
 from .server import Admission, ServerLimits, Sessions, serve_connection
 from .transport import SplitStream
 from .service.coalloc.manager import CoallocManager
@@ -491,11 +492,11 @@ class Daemon:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
             return
-        api = ApiSession(stream, self.service, state_dir=self.state.directory, ops=self._ops(fds),
+        opened: List[Door] = []  # the door a launch opens on this connection, if it is an anchor
+        api = ApiSession(stream, self.service, state_dir=self.state.directory, ops=self._ops(fds, opened),
                          options=self._hello_options, peer="local tool")
-        api.door = None  # type: ignore[attr-defined]
         handover = await api.run(reader, messages)
-        door: Optional[Door] = getattr(api, "door", None)
+        door: Optional[Door] = opened[-1] if opened else None
         if handover is not None:
             taken, rest = handover
             await taken.run(stream, rest)
@@ -508,11 +509,11 @@ class Daemon:
                 except (trio.BrokenResourceError, trio.ClosedResourceError):
                     pass
 
-    def _ops(self, fds: List[int]):
+    def _ops(self, fds: List[int], opened: List[Door]):
         async def launch(api: ApiSession, message: Dict[str, Any]) -> Dict[str, Any]:
             door = await self._launch(message, fds)
             door.anchor = api
-            api.door = door  # type: ignore[attr-defined]
+            opened.append(door)
             if door.route is not None:
                 _ROUTE.set(door.route)
             return {"door": door.ident, "service": service_facts(self.service),
@@ -534,7 +535,7 @@ class Daemon:
             return Handover(lambda stream, rest: self._serve_session(door, stream, rest, peer, out_fd))
 
         async def farewell(api: ApiSession, message: Dict[str, Any]) -> Dict[str, Any]:
-            door = getattr(api, "door", None) or self.doors.get(str(message.get("door")))
+            door = (opened[-1] if opened else None) or self.doors.get(str(message.get("door")))
             if door is None:
                 raise ServiceError("no such launch (it has ended)", ErrorKind.BAD_REQUEST)
             text = str(message.get("text") or "the agent is shutting down")
@@ -742,7 +743,7 @@ class Daemon:
         targets: Set[int] = set()
         multi = set()
         for key in keys:
-            element = model._elements.get(key)
+            element = model.lookup(key)
             if element is None or element.kind is not Kind.JOB:
                 continue
             if element.owner in local:
@@ -783,11 +784,11 @@ def _shown(value: Any, dest: Optional[str] = None) -> str:
     if dest == "idle_exit":
         return "never" if value is None else f"{value:g}"
     if dest in ("keep_ended", "show_ended"):
-        from .service.service import _duration_text
+        from .service.service import duration_text
 
         if value is None:
             return "never" if dest == "keep_ended" else "all"
-        return _duration_text(value) if isinstance(value, (int, float)) else str(value)
+        return duration_text(value) if isinstance(value, (int, float)) else str(value)
     if value is None:
         return "its default"
     if isinstance(value, bool):
@@ -1002,6 +1003,7 @@ def _detach(log_fd: int) -> None:
     os.dup2(log_fd, 1)
     os.dup2(log_fd, 2)
     try:
-        sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
+        if isinstance(sys.stdout, io.TextIOWrapper):
+            sys.stdout.reconfigure(line_buffering=True)
     except (AttributeError, ValueError):
         pass

@@ -37,7 +37,9 @@ __all__ = ["COLUMNS", "COMMANDS", "build_parser", "main"]
 COMMANDS = ("jobs", "forget", "output")
 
 
-class _Parser(argparse.ArgumentParser):
+class CommandParser(argparse.ArgumentParser):
+    """A command's parser whose usage error is one line and exit status 2."""
+
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
@@ -199,7 +201,7 @@ def _filters(args: argparse.Namespace) -> List[Callable[[Dict[str, Any]], bool]]
 
 def build_parser(command: str) -> argparse.ArgumentParser:
     """The command line of ``proxy-agent COMMAND`` (one of :data:`COMMANDS`)."""
-    parser = _Parser(prog=f"proxy-agent {command}")
+    parser = CommandParser(prog=f"proxy-agent {command}")
     parser.add_argument("--state-dir", metavar="DIR", default=configured_state_dir(default_state_dir()),
                         help="the agent's state directory (default: %(default)s, or the configuration file's)")
     if command == "jobs":

@@ -981,7 +981,7 @@ def entry(argv: Optional[Sequence[str]] = None) -> int:
 
         return completion_main(argv[1:])
     if argv == ["--man"]:
-        from .__main__ import manual
+        from .completion import manual
 
         sys.stdout.write(manual())
         return 0

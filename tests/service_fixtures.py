@@ -38,7 +38,7 @@ from proxy_agent.protocol.messages import (
     decode_event,
 )
 from proxy_agent.protocol.wire import Decoder, FrameError, encode_frame
-from proxy_agent.schedulers.base import Backend
+from proxy_agent.service.backend import Backend
 from proxy_agent.service.jobs import ErrorKind, JobState, ServiceError
 from proxy_agent.service.model import K, Kind, ServiceModel
 from proxy_agent.service.service import JobService

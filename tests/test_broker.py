@@ -808,3 +808,33 @@ def test_submit_job_attributes_name_several_queues_and_a_broker():
     assert spec("partition=1007").queue == "1007"  # a partition is a name
     plain = spec()
     assert (plain.queue, plain.candidates, plain.broker) == (None, (), None)
+
+
+# --------------------------------------------------------------------------- the brokers' names
+
+
+def test_every_named_broker_is_made_by_its_name():
+    from proxy_agent.service.broker_names import BUILT_IN_BROKERS
+
+    for name in BUILT_IN_BROKERS:
+        assert make_broker(name).name == name
+        assert make_broker(name.upper()).name == name  # names match without regard to case
+
+
+def test_broker_names_are_shown_from_the_one_list(monkeypatch):
+    """The ``--broker`` help, shell completion and the submission attribute's description all
+    name the brokers of :data:`BUILT_IN_BROKERS`, and none other."""
+    from proxy_agent import completion
+    from proxy_agent.__main__ import build_parser
+    from proxy_agent.service import broker_names
+    from proxy_agent.service.brokering import ATTRIBUTES, JOB_BROKER
+
+    described = next(info for info in ATTRIBUTES if info.name == JOB_BROKER).description
+    for name in broker_names.BUILT_IN_BROKERS:
+        assert name in described
+    extended = dict(broker_names.BUILT_IN_BROKERS, Newest=broker_names.BuiltInBroker(":AGE", "NewestBroker"))
+    monkeypatch.setattr(broker_names, "BUILT_IN_BROKERS", extended)
+    help_text = " ".join(build_parser().format_help().split())
+    assert "Null, Random[:SEED], FastestQueue, Benchmark[:NAME], Newest[:AGE] or module:Class" in help_text
+    agent = next(program for program in completion.programs() if program.name == "proxy-agent")
+    assert agent.hints["--broker"] == ["Null", "Random", "FastestQueue", "Benchmark", "Newest"]

@@ -18,7 +18,7 @@ import trio
 from agent_fixtures import ROOT, agent_argv, subprocess_env
 from wait_support import scaled, wait_until
 from proxy_agent.client import AgentClient
-from proxy_agent.schedulers.base import BACKENDS
+from proxy_agent.schedulers.registry import BACKENDS
 
 if "sge" not in BACKENDS:
     pytest.skip("the agent has no Grid Engine backend yet", allow_module_level=True)

@@ -18,7 +18,7 @@ import time
 
 import trio
 
-from proxy_agent.schedulers.base import Backend
+from proxy_agent.service.backend import Backend
 from proxy_agent.schedulers.common import state_attrs
 from proxy_agent.schedulers.keeper_link import KeeperLink
 from proxy_agent.schedulers.local import STATE_TABLE, LocalBackend

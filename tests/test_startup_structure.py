@@ -23,6 +23,7 @@ WAITING = (
     "gettext",
     "secrets",  # only --listen makes a token
     "proxy_agent.service.broker",  # the brokers: for the first brokered submission
+    "proxy_agent.service.ranking",
     "proxy_agent.protocol.element_events",  # the model's events as objects: clients only
     "proxy_agent.protocol.notices",  # MESSAGE, SHUTDOWN and the job errors: when they are sent
     "proxy_agent.service.coalloc.running",  # what carries out multi-part jobs: with the first one

@@ -12,7 +12,7 @@ import sys
 
 import trio
 
-from proxy_agent.schedulers.keeper import JOURNAL, read_journal
+from proxy_agent.service.journal import JOURNAL, read_journal
 
 from adoption_support import spawn_agent, start
 from agent_fixtures import BackgroundAgent, service_pid, subprocess_env

@@ -8,10 +8,13 @@ from hypothesis import given, settings
 
 from proxy_agent.frontends.ptp import mapping
 from proxy_agent.schedulers import local, sim
+from proxy_agent.schedulers.batch.pbs import parse as pbs_parse
+from proxy_agent.schedulers.batch.pbs import system as pbs
+from proxy_agent.schedulers.batch.sge import system as sge
 from proxy_agent.schedulers.batch.slurm import system as slurm
 from proxy_agent.schedulers.batch.slurm import parse as sp
 from proxy_agent.schedulers.common import state_attrs
-from proxy_agent.service.jobs import JobState, StateTable
+from proxy_agent.service.jobs import SERVICE_STATES, JobState, StateTable
 
 TABLES = {"local": local.STATE_TABLE, "sim": sim.STATE_TABLE, "slurm": slurm.STATE_TABLE}
 
@@ -135,3 +138,83 @@ def test_slurm_unknown_flags_and_trailing_words_do_not_change_a_state(base, junk
     if words:
         text += " " + " ".join(words)
     assert slurm.STATE_TABLE.map(text) is slurm.STATE_TABLE.map(base)
+
+
+# --------------------------------------------------------------------------- every state placed
+
+#: Every scheduler's table of native states, by the name its jobs carry.
+SCHEDULER_TABLES = {
+    "sim": sim.STATE_TABLE,
+    "slurm": slurm.STATE_TABLE,
+    "sge": sge.STATE_TABLE,
+    "pbs": pbs.STATE_TABLES[pbs_parse.FAMILY_OPENPBS],
+    "torque": pbs.STATE_TABLES[pbs_parse.FAMILY_TORQUE],
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCHEDULER_TABLES))
+def test_each_scheduler_table_gives_every_state_or_says_why_not(name):
+    """A state added to the vocabulary must be placed in every scheduler's table: mapped from
+    a native state, or named among those the table never gives, with the reason."""
+    table = SCHEDULER_TABLES[name]
+    assert table.unplaced() == []
+    for state in JobState:
+        if state in SERVICE_STATES:
+            continue
+        given = [native for native, mapped in table if mapped is state]
+        assert bool(given) != (state in table.not_given), (name, state)
+    assert all(reason.strip() for reason in table.not_given.values())
+
+
+def test_a_table_that_leaves_a_state_out_is_found():
+    table = StateTable("x", {"Q": JobState.QUEUING, "R": JobState.RUNNING},
+                       not_given={JobState.HOLD: "no holds", JobState.RUNNING: "said twice"})
+    missing = set(JobState) - SERVICE_STATES - {JobState.QUEUING, JobState.HOLD}
+    assert set(table.unplaced()) == missing  # RUNNING: both given and said not to be
+
+
+def test_the_console_knows_every_state_as_waiting_under_way_or_ended():
+    """The console's words for a job that has not started yet and for one that has ended
+    (what ``wait`` stops at) hold every state of the vocabulary in its place."""
+    from proxy_agent.console import language
+
+    for state in JobState:
+        assert state.value in language.STATUS_NAMES
+        assert (state.value in language.FINAL_STATUSES) == state.final, state
+        under_way = state.started or state is JobState.FINISHING
+        assert (state.value in language.WAITING_STATUSES) == (not state.final and not under_way), state
+
+
+def test_the_job_list_and_its_completion_take_every_state(tmp_path):
+    """``proxy-agent jobs --state`` takes each state's name and finds the jobs in it; shell
+    completion offers every name."""
+    import os
+    import sqlite3
+    import subprocess
+    import sys
+
+    from agent_fixtures import subprocess_env
+    from proxy_agent.completion import programs
+    from proxy_agent.service.jobs import JobSpec
+    from proxy_agent.service.store import JobStore
+
+    directory = str(tmp_path / "state")
+    os.makedirs(directory, mode=0o700)
+    store = JobStore(os.path.join(directory, JobStore.FILE))
+    states = list(JobState)
+    for key, state in enumerate(states, start=1):
+        store.note_submission(key, "local", "local:default", JobSpec(executable="/bin/true", name=state.value))
+    store.write_submissions()
+    store.close()
+    with sqlite3.connect(os.path.join(directory, JobStore.FILE)) as db:
+        for key, state in enumerate(states, start=1):
+            db.execute("UPDATE jobs SET state=? WHERE key=?", (state.value, key))
+    names = ",".join(state.value.lower() for state in states)
+    listed = subprocess.run([sys.executable, "-m", "proxy_agent", "jobs", "--state-dir", directory, "--state", names,
+                             "--format", "id,state", "--no-header"], capture_output=True, text=True,
+                            env=subprocess_env(), stdin=subprocess.DEVNULL, timeout=60)
+    assert listed.returncode == 0, listed.stderr
+    rows = [line.split() for line in listed.stdout.splitlines()]
+    assert rows == [[str(key), state.value] for key, state in enumerate(states, start=1)]
+    agent = next(program for program in programs() if program.name == "proxy-agent")
+    assert {state.value for state in JobState} <= set(agent.hints["--state"])

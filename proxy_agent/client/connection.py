@@ -24,7 +24,6 @@ connect-back (:mod:`.listener`).
 from __future__ import annotations
 
 import math
-import sys
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 

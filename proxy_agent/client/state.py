@@ -71,7 +71,8 @@ import attrs
 from ..protocol.dialect import DEFAULT, Dialect, EscapeError
 from ..protocol.ids import is_decimal
 from ..protocol.messages import (
-    COMPLETING_EVENTS, ArgumentError, Command, CommandId, ErrorCode, Event, EventId, FilterDef, Message, decode_event,
+    COMPLETING_EVENTS, ArgumentError, Command, CommandId, Error, ErrorCode, Event, EventId, FilterDef, Message,
+    SubmitJobError, TerminateJobError, decode_event,
 )
 from ..protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, ErrorKind, Frame, FrameError, encode_frame
 from .mirror_events import ModelEvents
@@ -428,9 +429,9 @@ class ClientState(ModelEvents):
             fits = [c for c in held if c.command_id == CommandId.MODEL_DEF]
         elif eid is EventId.SHUTDOWN:
             fits = [c for c in held if c.command_id == CommandId.QUIT]
-        elif eid is EventId.SUBMITJOB_ERROR:
+        elif isinstance(event, SubmitJobError):
             fits = [c for c in held if c.command_id == CommandId.SUBMIT_JOB
-                    and c.attribute("jobSubId") == event.job_sub_id]  # type: ignore[attr-defined]
+                    and c.attribute("jobSubId") == event.job_sub_id]
         elif eid is EventId.TERMINATEJOB_ERROR:
             fits = [c for c in held if c.command_id == CommandId.TERMINATE_JOB]
         elif eid in (EventId.OK, EventId.ERROR):
@@ -448,7 +449,7 @@ class ClientState(ModelEvents):
         queued = self._reusing.get(event.tid)
         if not queued or self.dialect.open_tid_reuse:
             return None
-        if event.event_id is EventId.ERROR and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
+        if isinstance(event, Error) and event.code == ErrorCode.TID_IN_USE:
             return queued[0]
         if event.event_id is EventId.SHUTDOWN:
             for command in queued:
@@ -528,7 +529,7 @@ class ClientState(ModelEvents):
         if eid is EventId.ATTR_DEF:
             if cid != CommandId.MODEL_DEF:
                 problems.append(Violation("attr-def-tid", f"ATTR_DEF under TID {tid} of {command.name}, not MODEL_DEF", tid))
-            for definition in event.definitions:  # type: ignore[attr-defined]
+            for definition in event.definitions:
                 self.attr_defs[definition.id] = definition
                 kind = type_name(definition)
                 if kind == "ARRAY":
@@ -558,7 +559,7 @@ class ClientState(ModelEvents):
                 problems.append(
                     Violation("unknown-event", f"FILTER_DEF (TID {tid}): event 250 is unknown to the PTP 4.0 client", tid)
                 )
-            self.filter_defs.append(event)  # type: ignore[arg-type]
+            self.filter_defs.append(event)
             command.events.append(event)
             return
         problems.append(Violation("unexpected-event", f"unexpected {name} (TID {tid})", tid))  # pragma: no cover
@@ -603,23 +604,23 @@ class ClientState(ModelEvents):
         elif eid is EventId.SUBMITJOB_ERROR:
             if cid != CommandId.SUBMIT_JOB:
                 problems.append(Violation("error-tid", f"SUBMITJOB_ERROR under TID {tid} of {command.name}", tid))
-            elif event.job_sub_id != (command.attribute("jobSubId") or ""):  # type: ignore[attr-defined]
+            elif event.job_sub_id != (command.attribute("jobSubId") or ""):
                 problems.append(
                     Violation(
                         "error-subject",
-                        f"SUBMITJOB_ERROR (TID {tid}) names jobSubId {event.job_sub_id!r}, "  # type: ignore[attr-defined]
+                        f"SUBMITJOB_ERROR (TID {tid}) names jobSubId {event.job_sub_id!r}, "
                         f"the command submitted {command.attribute('jobSubId')!r}",
                         tid,
                     )
                 )
-        elif eid is EventId.TERMINATEJOB_ERROR:
+        elif isinstance(event, TerminateJobError):
             if cid != CommandId.TERMINATE_JOB:
                 problems.append(Violation("error-tid", f"TERMINATEJOB_ERROR under TID {tid} of {command.name}", tid))
-            elif canonical_id(event.job_id) != canonical_id(command.attribute("jobId") or ""):  # type: ignore[attr-defined]
+            elif canonical_id(event.job_id) != canonical_id(command.attribute("jobId") or ""):
                 problems.append(
                     Violation(
                         "error-subject",
-                        f"TERMINATEJOB_ERROR (TID {tid}) names job {event.job_id!r}, "  # type: ignore[attr-defined]
+                        f"TERMINATEJOB_ERROR (TID {tid}) names job {event.job_id!r}, "
                         f"the command named {command.attribute('jobId')!r}",
                         tid,
                     )

@@ -228,7 +228,7 @@ class Agent:
     ) -> "Agent":
         """Start an agent as a child (default: this installation's, local scheduler)."""
         if argv is None:
-            from ..console.remote import own_agent_argv
+            from .remote import own_agent_argv
 
             argv = own_agent_argv()
         command = list(argv)
@@ -240,7 +240,7 @@ class Agent:
         port: Optional[int] = None, ssh_options: Sequence[str] = (), **options: Any,
     ) -> "Agent":
         """Start the agent on another host through ssh, as ``proxy-console --ssh`` does."""
-        from ..console.remote import (SshTarget, default_remote_command, environ_without_token, remote_command,
+        from .remote import (SshTarget, default_remote_command, environ_without_token, remote_command,
                                       ssh_exit_reason)
 
         try:

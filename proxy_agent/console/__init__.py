@@ -25,7 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import Callable, List, NoReturn, Optional, Sequence, TextIO, Tuple
+from typing import Callable, List, Optional, Sequence, TextIO, Tuple
 
 import trio
 
@@ -44,7 +44,8 @@ from ..client import (
 )
 from .commands import COMMANDS, CommandError, Console, split_commands
 from .diagnose import garbage_before_first_frame
-from .remote import SshTarget, default_remote_command, environ_without_token, own_agent_argv, remote_command, ssh_exit_reason
+from .options import HelpFormatter, Parser, add_ssh_options
+from ..client.remote import SshTarget, default_remote_command, environ_without_token, own_agent_argv, remote_command, ssh_exit_reason
 from .terminal import Output, StreamReader, TerminalReader
 
 __all__ = ["main", "build_parser", "EXIT_OK", "EXIT_FAILED", "EXIT_USAGE", "EXIT_SESSION", "EXIT_PROTOCOL"]
@@ -64,30 +65,6 @@ _OPTIONS_WITH_VALUES = {
 }
 
 
-class _Parser(argparse.ArgumentParser):
-    """A usage error is one line on stderr and exit status 2, without the usage block."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: {message} (see {self.prog} --help)\n")
-
-
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """Epilog kept as written; every option that has a default value shows it."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        default = action.default
-        if "default" in text or action.option_strings == [] or default in (None, False, [], argparse.SUPPRESS):
-            return text
-        return f"{text} (default: %(default)s)"
-
-
-def _port(text: str) -> int:
-    if not text.isdigit() or not 0 < int(text) < 65536:
-        raise argparse.ArgumentTypeError(f"expected a port number (1-65535), got {text!r}")
-    return int(text)
-
-
 def _base_id(text: str) -> int:
     if not text.isascii() or not text.isdigit():
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}")
@@ -104,18 +81,9 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def add_ssh_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--ssh-config", metavar="FILE", help="ssh configuration file (ssh -F), for ssh and scp")
-    parser.add_argument("--ssh-port", type=_port, metavar="PORT", help="ssh port (default: ssh's own choice, usually 22)")
-    parser.add_argument(
-        "--ssh-option", action="append", default=[], metavar="OPTION",
-        help="an ssh option such as IdentityFile=~/.ssh/cluster (ssh -o); repeatable",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     command_list = "\n".join(f"  {spec.usage}" for spec in COMMANDS)
-    parser = _Parser(
+    parser = Parser(
         prog="proxy-console",
         usage="proxy-console [--connect HOST:PORT [--token-file PATH] | --unix PATH\n"
         "                      | --ssh [USER@]HOST [--remote-agent COMMAND] | --spawn COMMAND...]\n"
@@ -130,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         f"console commands (type 'help' inside the console):\n{command_list}\n\n"
         "exit status: 0 all commands succeeded, 1 a command failed, 2 usage error, "
         "3 session could not start or was lost, 4 protocol violation by the agent",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     where = parser.add_mutually_exclusive_group()

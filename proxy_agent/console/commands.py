@@ -16,7 +16,6 @@ from __future__ import annotations
 import signal
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
-import attrs
 import trio
 
 from ..client import (

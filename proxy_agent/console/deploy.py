@@ -23,7 +23,8 @@ import trio
 
 from ..client import AgentClient, AgentExited, ClientError, ProtocolViolationError
 from .diagnose import garbage_before_first_frame, shown_bytes
-from .remote import (
+from .options import HelpFormatter, Parser, add_ssh_options
+from ..client.remote import (
     DEFAULT_REMOTE_PYZ,
     SshTarget,
     describe_ssh_failure,
@@ -49,13 +50,11 @@ class DeployError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from . import _HelpFormatter, _Parser, add_ssh_options
-
-    parser = _Parser(
+    parser = Parser(
         prog="proxy-console deploy",
         description="Copy the single-file agent (proxy-agent.pyz) to HOST with scp and check that it starts there: "
         "one line for the copy, one for the Python it found, one for the agent's answer to INIT.",
-        formatter_class=_HelpFormatter,
+        formatter_class=HelpFormatter,
     )
     parser.add_argument("destination", metavar="[USER@]HOST", help="where to copy it (as ssh understands it)")
     parser.add_argument(

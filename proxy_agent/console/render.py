@@ -349,16 +349,16 @@ def event_lines(state: ClientState, event: Event) -> List[str]:
     return []
 
 
-def _summary(state: ClientState, event: Event) -> Optional[str]:
+def _summary(state: ClientState, event: Union[NewElements, ElementChange]) -> Optional[str]:
     """One line for an event about many elements: how many, and how many in each state."""
-    total = sum(1 if isinstance(g.ids, str) else len(g.ids) for g in event.groups)  # type: ignore[attr-defined]
+    total = sum(1 if isinstance(g.ids, str) else len(g.ids) for g in event.groups)
     if total <= EVENT_SUMMARY_THRESHOLD:
         return None
-    kind = "rm" if event.kind is None else event.kind.value  # type: ignore[attr-defined]
+    kind = "rm" if event.kind is None else event.kind.value
     state_key = f"{kind}State"
     counts: Dict[str, int] = {}
     keys: Dict[str, None] = {}
-    for group in event.groups:  # type: ignore[attr-defined]
+    for group in event.groups:
         size = 1 if isinstance(group.ids, str) else len(group.ids)
         value = next((v for k, v in group.attributes if k == state_key), None)
         if value is not None:

@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import inspect
 import sys
+from types import ModuleType
 from typing import Any, Callable, Iterable, List, Optional, TextIO
 
 import trio
 
 from .render import json_text, visible
 
+_readline: Optional[ModuleType]
 try:  # line editing and history when the platform has it
-    import readline as _readline
+    import readline
+
+    _readline = readline
 except ImportError:  # pragma: no cover - e.g. a Python built without readline
-    _readline = None  # type: ignore[assignment]
+    _readline = None
 
 _ABANDON = (
     {"abandon_on_cancel": True}
@@ -76,7 +80,7 @@ class Output:
             stream.flush()
             if prompt_stream is not None:
                 typed = _readline.get_line_buffer() if _readline is not None else ""
-                prompt_stream.write(self.prompt + typed)  # type: ignore[operator]
+                prompt_stream.write((self.prompt or "") + typed)
                 prompt_stream.flush()
         except BrokenPipeError:
             self._broken = True

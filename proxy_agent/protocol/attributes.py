@@ -368,16 +368,14 @@ class AttributeDefinition:
         """``[NUM_ARGS, ID, TYPE, NAME, DESCRIPTION, DISPLAY, DEFAULT, *EXTRAS]``."""
         kind = self.type
         extras: List[str] = []
-        has_bounds = self.minimum is not None and self.maximum is not None
+        low, high = self.minimum, self.maximum
+        bounds = [low, high] if low is not None and high is not None else []
         if kind in _NUMBER_TYPES:
-            if has_bounds:
-                extras = [self.minimum, self.maximum]  # type: ignore[list-item]
+            extras = bounds
         elif kind is AttrType.ENUMERATED:
             extras = list(self.values)
         elif kind is AttrType.DATE:
-            extras = [self.date_style, self.time_style, self.locale]
-            if has_bounds:
-                extras += [self.minimum, self.maximum]  # type: ignore[list-item]
+            extras = [self.date_style, self.time_style, self.locale, *bounds]
         fields = [
             self.id,
             kind.value,
@@ -683,11 +681,6 @@ class A:
     # keys used inside event and command arguments (not element attributes)
     VERSION = "version"
     BASE_ID = "baseId"
-    ERROR_CODE = "errorCode"
-    ERROR_MSG = "errorMsg"
-    MESSAGE_LEVEL = "messageLevel"
-    MESSAGE_CODE = "messageCode"
-    MESSAGE_TEXT = "messageText"
 
 
 #: Legal values of the state attributes (the IDE drops anything else).

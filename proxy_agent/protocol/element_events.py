@@ -13,7 +13,7 @@ from typing import Iterable, Optional, Sequence, Tuple, Union
 import attrs
 
 from .attributes import split_attribute
-from .messages import _KIND_BY_EVENT, ArgumentError, ElementKind, Event, EventId, _as_tuple, _count
+from .event_base import KIND_BY_EVENT, ArgumentError, ElementKind, Event, EventId, as_tuple, count_arg
 from .rangeset import RangeSet, RangeSetError
 
 __all__ = ["ElementChange", "ElementGroup", "FilterDef", "NewElements", "ProcessChange", "RemoveAll",
@@ -70,7 +70,7 @@ def _encode_groups(args: list, groups: Sequence[ElementGroup]) -> None:
 
 
 def _decode_groups(args: Sequence[str], pos: int) -> Tuple[Tuple[ElementGroup, ...], int]:
-    count = _count(args, pos, "number of ranges")
+    count = count_arg(args, pos, "number of ranges")
     pos += 1
     groups = []
     for n in range(count):
@@ -80,7 +80,7 @@ def _decode_groups(args: Sequence[str], pos: int) -> Tuple[Tuple[ElementGroup, .
             ids = _parse_ids(args[pos])
         except (RangeSetError, ArgumentError) as exc:
             raise ArgumentError(f"range group {n + 1}: bad element ids: {exc}") from None
-        nattrs = _count(args, pos + 1, f"attribute count of group {n + 1}")
+        nattrs = count_arg(args, pos + 1, f"attribute count of group {n + 1}")
         pos += 2
         if pos + nattrs > len(args):
             raise ArgumentError(f"range group {n + 1} declares {nattrs} attributes, {len(args) - pos} present")
@@ -98,7 +98,7 @@ class FilterDef(Event):
     """Filter definitions; this agent announces none, but the layout is opaque strings."""
 
     tid: int
-    args: Tuple[str, ...] = attrs.field(default=(), converter=_as_tuple)
+    args: Tuple[str, ...] = attrs.field(default=(), converter=as_tuple)
     event_id = EventId.FILTER_DEF
 
     def to_args(self) -> list:
@@ -120,7 +120,7 @@ class NewElements(Event):
     tid: int
     kind: ElementKind
     parent_id: str
-    groups: Tuple[ElementGroup, ...] = attrs.field(converter=_as_tuple)
+    groups: Tuple[ElementGroup, ...] = attrs.field(converter=as_tuple)
 
     @property
     def event_id(self) -> EventId:  # type: ignore[override]
@@ -138,7 +138,7 @@ class NewElements(Event):
         groups, pos = _decode_groups(args, 1)
         if pos != len(args):
             raise ArgumentError(f"{event_id.name}: {len(args) - pos} arguments after the last range group")
-        return cls(tid, _KIND_BY_EVENT[event_id], args[0], groups)
+        return cls(tid, KIND_BY_EVENT[event_id], args[0], groups)
 
 
 @attrs.frozen(slots=True)
@@ -147,7 +147,7 @@ class ElementChange(Event):
 
     tid: int
     kind: Optional[ElementKind] = attrs.field()
-    groups: Tuple[ElementGroup, ...] = attrs.field(converter=_as_tuple)
+    groups: Tuple[ElementGroup, ...] = attrs.field(converter=as_tuple)
 
     @kind.validator
     def _not_process(self, attribute, value) -> None:
@@ -169,7 +169,7 @@ class ElementChange(Event):
         groups, pos = _decode_groups(args, 0)
         if pos != len(args):
             raise ArgumentError(f"{event_id.name}: {len(args) - pos} arguments after the last range group")
-        kind = None if event_id == EventId.RM_CHANGE else _KIND_BY_EVENT[event_id]
+        kind = None if event_id == EventId.RM_CHANGE else KIND_BY_EVENT[event_id]
         return cls(tid, kind, groups)
 
 
@@ -179,7 +179,7 @@ class ProcessChange(Event):
 
     tid: int
     job_id: str
-    groups: Tuple[ElementGroup, ...] = attrs.field(converter=_as_tuple)
+    groups: Tuple[ElementGroup, ...] = attrs.field(converter=as_tuple)
     event_id = EventId.PROCESS_CHANGE
     kind = ElementKind.PROCESS
 
@@ -221,7 +221,7 @@ class RemoveElements(Event):
             ids = _parse_ids(args[0])
         except (RangeSetError, ArgumentError) as exc:
             raise ArgumentError(f"{event_id.name}: {exc}") from None
-        return cls(tid, _KIND_BY_EVENT[event_id], ids)
+        return cls(tid, KIND_BY_EVENT[event_id], ids)
 
 
 @attrs.frozen(slots=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import attrs
 
-from .messages import ArgumentError, Event, EventId, MessageLevel, _expect_attrs, _int_value
+from .event_base import ArgumentError, Event, EventId, MessageLevel, expect_attrs, int_value
 
 __all__ = ["Message", "Shutdown", "SubmitJobError", "TerminateJobError"]
 
@@ -43,10 +43,10 @@ class Message(Event):
 
     @classmethod
     def from_args(cls, tid, args, event_id):
-        level, code, text = _expect_attrs(args, ("messageLevel", "messageCode", "messageText"), "MESSAGE")
+        level, code, text = expect_attrs(args, ("messageLevel", "messageCode", "messageText"), "MESSAGE")
         if level not in MessageLevel.__members__:
             raise ArgumentError(f"MESSAGE: unknown messageLevel {level!r}")
-        return cls(tid, level, _int_value(code, "messageCode"), text)
+        return cls(tid, level, int_value(code, "messageCode"), text)
 
 
 @attrs.frozen(slots=True)
@@ -62,8 +62,8 @@ class SubmitJobError(Event):
 
     @classmethod
     def from_args(cls, tid, args, event_id):
-        sub, code, msg = _expect_attrs(args, ("jobSubId", "errorCode", "errorMsg"), "SUBMITJOB_ERROR")
-        return cls(tid, sub, _int_value(code, "errorCode"), msg)
+        sub, code, msg = expect_attrs(args, ("jobSubId", "errorCode", "errorMsg"), "SUBMITJOB_ERROR")
+        return cls(tid, sub, int_value(code, "errorCode"), msg)
 
 
 @attrs.frozen(slots=True)
@@ -79,5 +79,5 @@ class TerminateJobError(Event):
 
     @classmethod
     def from_args(cls, tid, args, event_id):
-        job, code, msg = _expect_attrs(args, ("jobId", "errorCode", "errorMsg"), "TERMINATEJOB_ERROR")
-        return cls(tid, job, _int_value(code, "errorCode"), msg)
+        job, code, msg = expect_attrs(args, ("jobId", "errorCode", "errorMsg"), "TERMINATEJOB_ERROR")
+        return cls(tid, job, int_value(code, "errorCode"), msg)

@@ -57,15 +57,14 @@ import select
 import selectors
 import signal
 import socket
-import sys
 import time
 import traceback
 from typing import Callable, Dict, List, Optional, Tuple
 
 try:  # the package's reaper when run from the package
-    from .reaper import MARKER, OrphanReaper, _children, _marker, set_name
+    from .reaper import MARKER, OrphanReaper, child_pids, process_marker, set_name
 except ImportError:  # pragma: no cover
-    from reaper import MARKER, OrphanReaper, _children, _marker, set_name  # type: ignore[no-redef]
+    from reaper import MARKER, OrphanReaper, child_pids, process_marker, set_name  # type: ignore[no-redef]
 
 __all__ = ["Custodian", "CustodianLink", "EXIT_ANOTHER", "FDS_PER_MESSAGE", "LOCK", "say"]
 
@@ -377,8 +376,8 @@ class Custodian:
         """Children of the custodian it does not hold, by the job their marker names."""
         found: Dict[int, List[int]] = {}
         prefix = self.instance + "/"
-        for pid in _children() - set(self.by_pid) - {self.keeper_pid}:
-            mark = _marker(pid)
+        for pid in child_pids() - set(self.by_pid) - {self.keeper_pid}:
+            mark = process_marker(pid)
             if mark and mark.startswith(prefix):
                 job = mark[len(prefix):]
                 if job.isdigit():
@@ -478,7 +477,7 @@ def custodian_main(directory: str, run_keeper: Callable[[str, CustodianLink, str
 
 def marker_of(pid: int) -> Optional[str]:
     """The job marker in a process's environment (see :data:`.reaper.MARKER`)."""
-    return _marker(pid)
+    return process_marker(pid)
 
 
 __all__ += ["custodian_main", "marker_of", "MARKER"]

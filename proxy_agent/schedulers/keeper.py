@@ -51,6 +51,10 @@ from typing import Dict, List, Optional, Tuple
 
 from .custodian import FDS_PER_MESSAGE, CustodianLink, custodian_main, marker_of, say
 from .reaper import MARKER, OrphanReaper, set_name
+from ..service.journal import JOURNAL, compact_journal, journal_line, read_journal
+
+#: JSON without spaces, by one encoder (``json.dumps`` with separators makes one a call)
+_compact = json.JSONEncoder(separators=(",", ":")).encode
 
 #: How far (bytes) an output file may run ahead of what the connected agent has read.
 AHEAD = 8 << 20
@@ -165,7 +169,7 @@ class Keeper:
         self.devnull = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
         #: the journal (see :func:`read_journal`), made compact once at start
         self.journal_path = os.path.join(self.dir, JOURNAL)
-        on_disk = _compact_journal(self.journal_path)
+        on_disk = compact_journal(self.journal_path)
         #: keys that may have a directory or a journal entry from an earlier job
         self.seen = set(on_disk)
         try:
@@ -1077,14 +1081,14 @@ class Keeper:
             job.error = error
         _add_troubles(status, job)
         # written with the round's other entries, before the "done" that tells of it
-        self.journal_pending.append(_journal_line(status))
+        self.journal_pending.append(journal_line(status))
 
     def _forget(self, key: int) -> None:
         job = self.jobs.get(key)
         if job is not None and not job.done:
             return
         self.jobs.pop(key, None)
-        self.journal_pending.append(_journal_line({"key": key, "forgotten": True}))
+        self.journal_pending.append(journal_line({"key": key, "forgotten": True}))
         self._write_journal()
         directory = os.path.join(self.jobs_dir, str(key))
         try:
@@ -1161,80 +1165,6 @@ def _add_troubles(described: dict, job: _Job) -> None:
         described["lost_codes"] = lost
     if job.dropped:
         described["dropped"] = {f"{r}.{s}": list(value) for (r, s), value in job.dropped.items()}
-
-
-#: The keeper's journal, in its directory: one JSON object a line, the last line of a key
-#: counting.  ``{"key", "started", "mark"}`` is written (and synced to the disk) before the
-#: job's processes start, ``mark`` being the job marker of its processes (see :mod:`.reaper`);
-#: the job's status (``"done": true``, pids, codes, sizes, started, ended, error) when it has
-#: ended; ``{"key", "forgotten": true}`` once its files are removed.  Older keepers wrote the
-#: status as ``jobs/KEY/status.json``; those are still read.
-JOURNAL = "jobs.jsonl"
-
-
-#: JSON without spaces, by one encoder (``json.dumps`` with separators makes one a call)
-_compact = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def _journal_line(entry: dict) -> bytes:
-    return _compact(entry).encode() + b"\n"
-
-
-def read_journal(path: str) -> Dict[int, dict]:
-    """The last entry of each key in a journal (nothing if there is none)."""
-    entries: Dict[int, dict] = {}
-    try:
-        with open(path, "rb") as journal:
-            data = journal.read()
-    except OSError:
-        return entries
-    for line in data.split(b"\n"):
-        try:
-            entry = json.loads(line)
-            entries[int(entry["key"])] = entry
-        except (ValueError, KeyError, TypeError):
-            continue  # an empty or torn line
-    return entries
-
-
-def forget_in_journal(directory: str, keys) -> None:
-    """Record that the files of these jobs were removed (by a command, without the keeper)."""
-    path = os.path.join(directory, JOURNAL)
-    journal = read_journal(path)
-    data = b"".join(_journal_line({"key": key, "forgotten": True}) for key in keys if key in journal)
-    if data:
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
-        except OSError:
-            return
-        try:
-            os.write(fd, data)
-        finally:
-            os.close(fd)
-
-
-def _compact_journal(path: str) -> Dict[int, dict]:
-    """Rewrite the journal with the last entry of each key remembered (none for a forgotten
-    job) when that makes it shorter; those entries."""
-    entries = read_journal(path)
-    kept = {key: entry for key, entry in entries.items() if not entry.get("forgotten")}
-    data = b"".join(_journal_line(entry) for entry in kept.values())
-    try:
-        size = os.path.getsize(path)
-    except OSError:
-        return kept
-    if len(data) < size:
-        temporary = path + ".new"
-        try:
-            # the journal's own mode (0600), whatever the umask: it names the user's jobs
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-            os.fchmod(fd, 0o600)  # a copy left by an older keeper may have another mode
-            with os.fdopen(fd, "wb") as out:
-                out.write(data)
-            os.replace(temporary, path)
-        except OSError:
-            pass
-    return kept
 
 
 #: Start processes with os.posix_spawn (Linux and glibc, where it reports exec errors).

@@ -58,7 +58,7 @@ import trio
 from ..service.attributes import AttrInfo, ValueType
 from ..service.jobs import ErrorKind, JobError, JobSpec, SubmitError
 from ..service.model import K, Kind, ServiceModel, UnknownElement
-from .base import Backend, BackendContext
+from ..service.backend import Backend, BackendContext
 from .common import LineSplitter, MAX_LINE_BYTES, current_user
 from .keeper_link import KeeperError, KeeperLink, open_keeper
 from .local_adoption import LocalAdoption

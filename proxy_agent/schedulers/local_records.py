@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 from typing import Dict, List, Optional, Tuple
 
 import trio

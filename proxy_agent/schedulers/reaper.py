@@ -33,7 +33,7 @@ _PR_SET_NAME = 15
 _ZOMBIE_GRACE = 2.0
 
 
-def _children() -> Set[int]:
+def child_pids() -> Set[int]:
     """Direct children of this process (of all its threads)."""
     found: Set[int] = set()
     try:
@@ -57,7 +57,8 @@ def _state(pid: int) -> Optional[str]:
         return None
 
 
-def _marker(pid: int) -> Optional[str]:
+def process_marker(pid: int) -> Optional[str]:
+    """The job marker in a process's environment (None: it has none, or is gone)."""
     try:
         with open(f"/proc/{pid}/environ", "rb") as environ:
             data = environ.read()
@@ -96,7 +97,7 @@ class OrphanReaper:
         killed = 0
         prefix = self.instance + "/"
         now = time.monotonic()
-        for pid in _children() - known_set:
+        for pid in child_pids() - known_set:
             state = _state(pid)
             if state is None:
                 continue
@@ -108,7 +109,7 @@ class OrphanReaper:
                 continue
             job = self.adopted.get(pid)
             if job is None:
-                mark = _marker(pid)
+                mark = process_marker(pid)
                 if mark is None or not mark.startswith(prefix):
                     continue  # not a job's: some command's child; leave it alone
                 job = self.adopted[pid] = mark[len(prefix):]
@@ -117,14 +118,6 @@ class OrphanReaper:
                 _kill(pid)
                 killed += 1
         return killed
-
-    def end_all(self, known: Iterable[int], bound: float = 1.0) -> None:
-        """End every adopted orphan (the agent is stopping), reaping them, within ``bound``."""
-        deadline = time.monotonic() + bound
-        while time.monotonic() < deadline:
-            if not self.sweep(known, lambda job: False) and not self.adopted:
-                return
-            time.sleep(0.02)
 
     def _reap(self, pid: int) -> None:
         try:

@@ -61,7 +61,7 @@ import trio
 from ..service.attributes import AttrInfo, ValueType
 from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
 from ..service.model import K, Kind, ServiceModel, UnknownElement
-from .base import Backend, BackendContext
+from ..service.backend import Backend, BackendContext
 from .common import current_user
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -105,6 +105,11 @@ STATE_TABLE = StateTable(
         "CD": JobState.FINISHED,
         "F": JobState.FAILED,
         "CA": JobState.KILLED,
+    },
+    not_given={
+        JobState.PREPARING: "simulated jobs start straight from the queue",
+        JobState.FINISHING: "simulated jobs end at once",
+        JobState.DELETED: "simulated jobs end in one of the three states above",
     },
 )
 PENDING, HELD, RUNNING, SUSPENDED, COMPLETED, FAILED, CANCELLED = "PD", "H", "R", "S", "CD", "F", "CA"
@@ -630,7 +635,8 @@ class SimBackend(Backend):
     def _existing_native(self, job_id: int) -> Optional[str]:
         if job_id not in self.model:
             return None
-        return self.model.attr(job_id, K.NATIVE_STATE)  # type: ignore[return-value]
+        native = self.model.attr(job_id, K.NATIVE_STATE)
+        return native if isinstance(native, str) else None
 
     def _advance(self, index: int, job_id: int, native: str) -> None:
         """Move one existing job one step along its life."""
@@ -708,7 +714,8 @@ class SimBackend(Backend):
             self.model.find(job_id, Kind.JOB)
         except UnknownElement:
             raise JobError("no such job", ErrorKind.NO_SUCH_JOB) from None
-        return self.model.attr(job_id, K.NATIVE_STATE) or PENDING  # type: ignore[return-value]
+        native = self.model.attr(job_id, K.NATIVE_STATE)
+        return native if isinstance(native, str) and native else PENDING
 
     def _pick_node(self, rng: random.Random) -> int:
         """A random node index, preferring nodes that are UP."""

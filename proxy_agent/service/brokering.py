@@ -1,9 +1,10 @@
-"""The service's part of brokering (:mod:`.broker`): the default broker, the queue figures
-kept from the jobs, the decision for a submission and the attributes it gives the job.
+"""The service's part of brokering (:mod:`.broker`): the list of built-in brokers, the
+default broker, the queue figures kept from the jobs, the decision for a submission and the
+attributes it gives the job.
 
 The service makes its :class:`Brokering` as it starts; the brokers themselves, and all that
-ranks queues, are in :mod:`.broker`, loaded when a submission is first brokered or a broker
-is configured.
+ranks queues, are in :mod:`.ranking`, loaded when a submission is first brokered or a broker
+is configured; their names are in :mod:`.broker_names`.
 """
 
 from __future__ import annotations
@@ -13,14 +14,17 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Mapping, Optional, 
 import attrs
 
 from .attributes import AttrInfo, ValueType
+from .broker_names import broker_choices
 from .figures import QueueFigures
 from .jobs import ErrorKind, JobSpec, SubmitError
 from .model import K, Kind, ServiceModel
 
 if TYPE_CHECKING:  # pragma: no cover
-    from .broker import Broker, Candidate
+    from .ranking import Broker, Candidate
 
 __all__ = ["ATTRIBUTES", "Brokering", "Decision", "JOB_BROKER", "JOB_BROKER_QUEUE", "JOB_BROKER_REASON", "Placement"]
+
+
 
 #: Job attributes the service sets when a broker chose the job's queue.
 JOB_BROKER = "broker"
@@ -36,8 +40,8 @@ ATTRIBUTES: Tuple[AttrInfo, ...] = (
     AttrInfo(K.MAX_TIME, ValueType.INTEGER, "Maximum Time (s)",
              "Longest wall time a job of the queue may have, in seconds (absent: unlimited)", default="0"),
     AttrInfo(JOB_BROKER, ValueType.STRING, "Broker",
-             "Submission: the broker that picks among several queues (Null, Random, FastestQueue, Benchmark, "
-             "module:Class); job: the broker that picked its queue", settable=True),
+             f"Submission: the broker that picks among several queues ({broker_choices()}); "
+             "job: the broker that picked its queue", settable=True),
     AttrInfo(JOB_BROKER_QUEUE, ValueType.STRING, "Brokered Queue", "The queue the broker chose, as SCHEDULER:NAME"),
     AttrInfo(JOB_BROKER_REASON, ValueType.STRING, "Broker Reason", "Why the broker chose the job's queue"),
 )
@@ -45,9 +49,9 @@ ATTRIBUTES: Tuple[AttrInfo, ...] = (
 
 def _brokers():
     """The module of the brokers (imported the first time it is needed)."""
-    from . import broker
+    from . import ranking
 
-    return broker
+    return ranking
 
 
 @attrs.frozen
@@ -109,7 +113,7 @@ class Brokering:
         """The broker named ``name`` (made once, then kept: a seeded Random goes on drawing)."""
         text = name.strip()
         brokers = _brokers()
-        key = text.lower() if text.split(":", 1)[0].lower() in brokers._BUILT_IN else text
+        key = text.lower() if brokers.built_in_class(text) is not None else text
         broker = self._brokers.get(key)
         if broker is None:
             broker = self._brokers[key] = brokers.make_broker(text)
@@ -153,7 +157,7 @@ class Brokering:
         except brokers.BrokerError:
             raise
         except Exception as exc:  # noqa: BLE001 - a broker's bug fails the submission, not the agent
-            raise brokers.BrokerError(f"broker {broker.name} failed: {brokers._describe(exc)}") from None
+            raise brokers.BrokerError(f"broker {broker.name} failed: {brokers.describe_failure(exc)}") from None
         chosen = ranked[0]
         if left_out:
             reason += "; left out " + "; ".join(f"{label} ({why})" for label, why in left_out)

@@ -2,7 +2,7 @@
 
 A batch system reports how loaded its queues are; the local and simulated backends do not, so
 the service derives the figures from the jobs in the model for the backends that ask for it
-(:attr:`~proxy_agent.schedulers.base.Backend.queue_load`):
+(:attr:`~proxy_agent.service.backend.Backend.queue_load`):
 
 * ``waitingJobs`` (:data:`K.WAITING`): jobs of the queue that wait to start (ACCEPTED,
   PREPARING, SUBMITTING or QUEUING; held jobs do not count: they compete for nothing);
@@ -229,7 +229,7 @@ class QueueFigures(ChangeSink):
         self._dirty_backends = set()
         new_queues = self._new_queues
         self._new_queues = []
-        queues = model._by_kind[_QUEUE]
+        queues = model.of_kind(_QUEUE)
         with model.batch():
             for key in dirty:
                 load = self._load.get(key)

@@ -13,12 +13,13 @@ DELETED, OTHER) plus SUSPENDED, which that list lacks and interactive clients ne
 from __future__ import annotations
 
 import enum
-from typing import Callable, Dict, Iterable, Mapping, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple
 
 import attrs
 
 __all__ = [
     "NEVER_STARTS",
+    "SERVICE_STATES",
     "ErrorKind",
     "JobError",
     "JobSpec",
@@ -88,6 +89,11 @@ class JobState(enum.Enum):
 
 
 _FINAL = frozenset({JobState.FINISHED, JobState.KILLED, JobState.FAILED, JobState.DELETED})
+#: The states the service gives a job itself, which no scheduler's table gives: before a
+#: scheduler has the job (UNDEFINED, ACCEPTED, SUBMITTING) and for a native state a table does
+#: not place (OTHER).  Every other state is a scheduler's to give or to say it never gives
+#: (:attr:`StateTable.not_given`).
+SERVICE_STATES = frozenset({JobState.UNDEFINED, JobState.ACCEPTED, JobState.SUBMITTING, JobState.OTHER})
 _STARTED = frozenset(
     {
         JobState.RUNNING,
@@ -105,6 +111,11 @@ class StateTable:
     ``normalize`` turns a native state text into the table's key (say, upper case and the
     first word only); whatever it gives that the table lacks maps to OTHER.  :meth:`map`
     never raises: a scheduler that invents a state tomorrow still gets an answer.
+
+    ``not_given`` names the service states (beyond :data:`SERVICE_STATES`) that no native
+    state of the table maps to, each with the reason (the backend decides it otherwise, or
+    the scheduler has no such state): so a state added to :class:`JobState` is placed, or
+    said to be absent, in every scheduler's table (:meth:`unplaced`).
     """
 
     def __init__(
@@ -112,11 +123,20 @@ class StateTable:
         scheduler: str,
         table: Mapping[str, JobState],
         normalize: Optional[Callable[[str], str]] = None,
+        not_given: Optional[Mapping[JobState, str]] = None,
     ) -> None:
         self.scheduler = scheduler
         self.table: Dict[str, JobState] = dict(table)
+        self.not_given: Dict[JobState, str] = dict(not_given or {})
         self._normalize = normalize
         self._cache: Dict[str, JobState] = {}
+
+    def unplaced(self) -> List[JobState]:
+        """The service states this table neither gives nor says it never gives (none, when the
+        table is complete), and those it says both of."""
+        given = set(self.table.values())
+        return [state for state in JobState
+                if state not in SERVICE_STATES and (state in given) == (state in self.not_given)]
 
     def __contains__(self, native: object) -> bool:
         return native in self.table

@@ -368,6 +368,10 @@ class ServiceModel:
         except KeyError:
             raise UnknownElement(f"no element with key {key}") from None
 
+    def lookup(self, key: int) -> Optional[Element]:
+        """The element with ``key``, or None when there is none (where a miss is expected)."""
+        return self._elements.get(key)
+
     def find(self, key: int, kind: Kind) -> Element:
         element = self._elements.get(key)
         if element is None or element.kind is not kind:
@@ -381,6 +385,10 @@ class ServiceModel:
     def elements(self, kind: Kind) -> Iterable[Element]:
         """Every element of a kind, in creation order (a live view: do not mutate while iterating)."""
         return self._by_kind[kind].values()
+
+    def of_kind(self, kind: Kind) -> Mapping[int, Element]:
+        """Every element of a kind by its key (a live view, for many look-ups in a row)."""
+        return self._by_kind[kind]
 
     def count(self, kind: Kind) -> int:
         return len(self._by_kind[kind])

@@ -4,7 +4,7 @@ The service lives as long as the agent, not as long as a connection: front-end s
 come and go and see the same model.  With a job store (:mod:`.store`) it records every
 submission before the scheduler is called, each job's state as it changes and how much of its
 output reached a client, and on start gives each backend back the jobs an earlier agent had
-submitted to it (:meth:`~proxy_agent.schedulers.base.Backend.adopt`).  Each backend runs in the service's nursery; one that
+submitted to it (:meth:`~proxy_agent.service.backend.Backend.adopt`).  Each backend runs in the service's nursery; one that
 fails to start is reported and left out while the others serve, and one that fails later is
 reported and the rest carry on.
 
@@ -20,11 +20,11 @@ import logging
 import os
 import sqlite3
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Set, Tuple, Union
 
 import trio
 
-from ..schedulers.base import Backend, BackendContext
+from .backend import Backend, BackendContext
 from .attributes import AttrInfo
 from .brokering import ATTRIBUTES as BROKER_ATTRIBUTES
 from .brokering import Brokering, Placement
@@ -83,7 +83,7 @@ class _StoreRecorder(ChangeSink):
         service = self.service
         if key not in service.stored:
             return
-        element = service.model._elements.get(key)
+        element = service.model.lookup(key)
         if element is not None and element.kind is Kind.JOB:
             self._note(element)
 
@@ -442,7 +442,7 @@ class JobService:
         with model.batch():
             for key in old:
                 del self._ended_at[key]
-                element = model._elements.get(key)
+                element = model.lookup(key)
                 if element is None or element.kind is not Kind.JOB:
                     continue
                 if model.attr(key, K.STATE) in _FINAL_STATES and model.attr(key, K.COALLOC_JOB) is None:
@@ -450,7 +450,7 @@ class JobService:
                     hidden.append(key)
         if hidden:
             log.info("%d jobs that ended more than %s ago left the model (they stay in the job list)", len(hidden),
-                     _duration_text(self.show_ended))
+                     duration_text(self.show_ended))
         return hidden
 
     def forget_ended(self, now: Optional[float] = None) -> List[int]:
@@ -467,7 +467,7 @@ class JobService:
             # the next look tries again; clients are told the store cannot be written already
             if not self._forgetting_owed:
                 log.warning("jobs that ended more than %s ago are not forgotten for now: %s",
-                            _duration_text(self.keep_ended), exc.message)
+                            duration_text(self.keep_ended), exc.message)
             self._forgetting_owed = True
             return []
         except sqlite3.Error as exc:
@@ -475,7 +475,7 @@ class JobService:
             return []
         if self._forgetting_owed:
             log.info("the job store can be written again: jobs that ended more than %s ago are forgotten again",
-                     _duration_text(self.keep_ended))
+                     duration_text(self.keep_ended))
             self._forgetting_owed = False
         for key in forgotten:
             self.stored.discard(key)
@@ -483,7 +483,7 @@ class JobService:
             if self.history is not None:
                 self.history.forget(key)
         if forgotten:
-            log.info("forgot %d jobs that ended more than %s ago", len(forgotten), _duration_text(self.keep_ended))
+            log.info("forgot %d jobs that ended more than %s ago", len(forgotten), duration_text(self.keep_ended))
         return forgotten
 
     async def job_output(self, key: int, *, streams: Sequence[str] = ("stdout", "stderr"), rank: Optional[int] = None,
@@ -519,9 +519,9 @@ class JobService:
         if store is None or not offsets:
             return None
         by_job: Dict[int, Dict[str, int]] = {}
-        elements = self.model._elements
+        lookup = self.model.lookup
         for (process, stream), offset in offsets.items():
-            element = elements.get(process)
+            element = lookup(process)
             if element is None or element.parent not in self.stored:
                 continue
             by_job.setdefault(element.parent, {})[f"{element.rank}.{stream}"] = offset
@@ -667,7 +667,7 @@ class JobService:
             raise SubmitError(f"the scheduler of queue {self.queue_label(queue)} is not running", ErrorKind.UNAVAILABLE)
         return backend, queue
 
-    def _job_owner(self, job: int) -> Backend:
+    def job_owner(self, job: int) -> Backend:
         try:
             element = self.model.find(job, Kind.JOB)
         except UnknownElement:
@@ -757,7 +757,7 @@ class JobService:
         if self.coalloc is not None and self.coalloc.intercepts(job):
             await self.coalloc.terminate(job)  # a part before the barrier's release is deleted
             return
-        await self._job_owner(job).terminate(job)
+        await self.job_owner(job).terminate(job)
 
     async def release_barrier(self, job: int, wait_for_parts: bool = False) -> None:
         """Release a multi-part job's start barrier (now, or once every part has checked in)."""
@@ -766,13 +766,13 @@ class JobService:
         await self.coalloc.release(job, wait_for_parts)
 
     async def hold(self, job: int, held: bool) -> None:
-        await self._job_owner(job).hold(job, held)
+        await self.job_owner(job).hold(job, held)
 
     async def suspend(self, job: int, suspended: bool) -> None:
-        await self._job_owner(job).suspend(job, suspended)
+        await self.job_owner(job).suspend(job, suspended)
 
     async def move(self, job: int, queue: Union[int, str]) -> None:
-        backend = self._job_owner(job)
+        backend = self.job_owner(job)
         key = self.queue_key(queue)
         if self.model.get(key).owner != backend.name:
             raise JobError(
@@ -796,7 +796,8 @@ class _AdoptingStatus:
         self.inner.started(value)
 
 
-def _duration_text(seconds: float) -> str:
+def duration_text(seconds: float) -> str:
+    """A duration as people say it (``7 days``, ``2 hours``, ``90 s``)."""
     if seconds >= 86400 and seconds % 86400 == 0:
         return f"{seconds / 86400:g} days"
     if seconds >= 3600:
@@ -806,18 +807,11 @@ def _duration_text(seconds: float) -> str:
 
 def describe(exc: BaseException) -> str:
     """One line about an exception; for a group, about its first leaf."""
-    while getattr(exc, "exceptions", None):
-        exc = exc.exceptions[0]  # type: ignore[attr-defined]
+    leaves = getattr(exc, "exceptions", None)
+    while leaves:
+        exc = leaves[0]
+        leaves = getattr(exc, "exceptions", None)
     if isinstance(exc, ServiceError):
         return exc.message
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, OSError) else str(exc)
 
-
-def backends_from_names(names: Sequence[str]) -> List[str]:
-    """Split and check a ``--scheduler`` list (``local,sim``)."""
-    out: List[str] = []
-    for name in names:
-        if name in out:
-            raise ValueError(f"scheduler {name!r} given twice")
-        out.append(name)
-    return out

@@ -19,6 +19,7 @@ import shutil
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from . import history
+from .journal import JOURNAL, forget_in_journal, read_journal
 from .store import JobStore, StoreError, StoredJob, StoreUnwritable
 
 __all__ = [
@@ -135,8 +136,6 @@ def remove_kept_files(state_dir: str, keys: Sequence[int], backends: Dict[int, s
     local = [key for key in keys if backends.get(key) == "local"]
     if not local:
         return
-    from ..schedulers.keeper import JOURNAL, forget_in_journal, read_journal
-
     directory = os.path.join(state_dir, "local")
     journal = read_journal(os.path.join(directory, JOURNAL))
     for key in local:

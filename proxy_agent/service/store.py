@@ -57,6 +57,7 @@ __all__ = [
     "StoredJob",
     "JobStore",
     "default_state_dir",
+    "holder_of",
     "open_store",
     "spec_from_json",
     "spec_to_json",
@@ -334,6 +335,10 @@ class JobStore:
         self.unwritable: Optional[str] = None
         #: told when :attr:`unwritable` changes
         self.on_change: Optional[Callable[[Optional[str]], None]] = None
+        #: where a damaged store this one replaced was moved, and what was wrong with it
+        #: (:func:`open_store`; None: it replaced none)
+        self.damaged_copy: Optional[str] = None
+        self.damage: Optional[str] = None
         #: the store's jobs were read with a connection that cannot write: reopened to write
         self._reading_only = False
         self._pending: Dict[int, Dict[str, Any]] = {}
@@ -581,10 +586,6 @@ class JobStore:
         self._submissions[key] = (key, backend, queue, spec.display_name, spec.client_ref or "", spec_to_json(spec),
                                   time.time(), json.dumps(extra) if extra else "{}")
 
-    def submission_noted(self, key: int) -> bool:
-        """Is this submission noted and not yet written?"""
-        return key in self._submissions
-
     def commit_submission(self, key: int) -> None:
         """Make sure this submission is committed (with those noted with it): returns once it
         is; :class:`StoreUnwritable` if the store cannot take it now (it is then not
@@ -715,7 +716,7 @@ class JobStore:
             before = owed_before.setdefault(key, {})
             for name, offset in where.items():
                 if offset > owed.get(name, -1):
-                    before[name] = owed.get(name)  # type: ignore[assignment]
+                    before[name] = owed.get(name)
                     owed[name] = offset
         return owed_before
 
@@ -1042,8 +1043,8 @@ def open_store(directory: str) -> JobStore:
         store = JobStore(path)
     except StoreError as second:
         raise StoreError(f"{second.message} (the damaged store was kept as {aside})") from None
-    store.damaged_copy = aside  # type: ignore[attr-defined]
-    store.damage = first  # type: ignore[attr-defined]
+    store.damaged_copy = aside
+    store.damage = first
     return store
 
 

@@ -326,7 +326,7 @@ class ApiSession:
             model.watch_output(key, self._sink)
             # what it wrote while no client listened (a service that has just taken it back)
             for process, stream, text, offset in model.backlog_of(key):
-                element = model._elements.get(process)
+                element = model.lookup(process)
                 if element is not None:
                     self.job_output(element, stream, text, offset)
         return watch

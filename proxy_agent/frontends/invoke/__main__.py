@@ -26,7 +26,7 @@ from typing import List, Optional
 import trio
 
 from ...cli import entry_point
-from ...schedulers.base import BACKENDS
+from ...schedulers.registry import BACKENDS
 from ...service.store import default_state_dir
 from .agent import AgentJobs, AgentSettings
 from .request import InvokeDefaults
@@ -40,7 +40,7 @@ class UsageError(Exception):
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):  # type: ignore[override]
+    def error(self, message: str):
         raise UsageError(message)
 
 
@@ -110,7 +110,7 @@ def _setup_logging(log_file: Optional[str], verbose: int) -> None:
         root.setLevel(logging.CRITICAL + 1)
     root.addHandler(handler)
     # Nothing may fall back to writing on stderr.
-    logging.lastResort = None  # type: ignore[assignment]
+    logging.lastResort = None
 
 
 class ProtocolPipes:

@@ -55,8 +55,6 @@ log = logging.getLogger("proxy_agent.invoke.agent")
 START_BOUND = 30.0
 #: How long to keep trying to reach the service again once the connection broke.
 RECONNECT_BOUND = 60.0
-#: How long a command to the service may take.
-COMMAND_BOUND = 60.0
 
 
 class _Unreachable(Exception):

@@ -273,11 +273,6 @@ class RequestReader:
         """Bytes held for an unfinished line (for tests of the memory bound)."""
         return len(self._buffer) + (len(self._overlong[0]) if self._overlong else 0)
 
-    @property
-    def line_number(self) -> int:
-        """Lines read so far."""
-        return self._line_no
-
     def receive_data(self, data: bytes) -> List[Event]:
         """Take the next bytes from the request pipe (``b""`` means end of file)."""
         if self._ended:

@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from ...protocol.messages import ElementKind
 from ...protocol.rangeset import RangeSet
 from ...protocol.wire import _ARG_PREFIXES, encode_args
-from ...service.model import REFERENCES, Element, Kind
+from ...service.model import REFERENCES, Kind
 from . import mapping
 
 __all__ = ["MAX_GROUPS_PER_EVENT", "NATIVE_RULES", "PTP_KIND", "RenderRules", "Renderer", "WireEvent", "ids_text"]

@@ -32,7 +32,7 @@ from ...protocol.session import AgentSession, ProtocolViolation, Transaction
 from ...protocol.first_bytes import QUOTE_LIMIT, QUOTE_WAIT, looks_like_frame_start
 from ...protocol.wire import DEFAULT_MAX_FRAME_SIZE, Decoder, FrameError, encode_frame
 from ...service.jobs import ServiceError
-from ...service.service import JobService, describe
+from ...service.service import JobService
 from ...transport import write_now
 from . import mapping
 from .job_commands import JobCommands

@@ -67,7 +67,7 @@ from ...service.attributes import AttrInfo
 from ...service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, SubmitError
 from ...service.model import K, Kind, ServiceModel
 from .. import common
-from ..base import Backend, BackendContext
+from ...service.backend import Backend, BackendContext
 from .records import NativeJob, NativeNode, NativeQueue
 from .adoption import Adoption
 from .jobtable import JobTable, gc_paused

@@ -9,7 +9,7 @@ from typing import Any, Awaitable, Callable, ClassVar, Dict, List, Mapping, Opti
 import attrs
 import trio
 
-from ...service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, StateTable, SubmitError
+from ...service.jobs import ErrorKind, JobSpec, JobState, ServiceError, StateTable
 from .records import NativeJob, NativeNode, NativeQueue
 
 # --------------------------------------------------------------------------- commands

@@ -2,7 +2,6 @@
 a node's, a queue's, and the attributes every batch backend shows beyond the standard ones."""
 
 
-import time
 from typing import Any, Dict, Optional, Tuple
 
 

@@ -18,7 +18,7 @@ import trio
 from ...runtime import wire
 from ..jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, SubmitError
 from ..model import K, Kind
-from .manager import (
+from .core import (
     COALLOC_NAME,
     DESCRIPTION_ATTRIBUTE,
     ID_ATTRIBUTE,
@@ -26,7 +26,7 @@ from .manager import (
     PART_ATTRIBUTE,
     PARTS_ATTRIBUTE,
     QUEUE_NAME,
-    CoallocManager,
+    ManagerCore,
     log,
 )
 
@@ -53,7 +53,7 @@ def index_at_start(python: str = sys.executable) -> str:
             f"{wire.ENV_GRAM_SUBJOB_RANK}=$PA_PART_INDEX; unset PA_PART_INDEX")
 
 
-class _Record:
+class MultiJobRecord:
     """One multi-part job as the manager follows it."""
 
     def __init__(self, key: int, job_id: str, description: MultiJobDescription, name: str,
@@ -80,8 +80,9 @@ class _Record:
         self.last_reason: Optional[str] = None
 
 
-class RunningManager(CoallocManager):
-    """A :class:`~.manager.CoallocManager` with the methods that carry out multi-part jobs."""
+class RunningManager(ManagerCore):
+    """The manager's core with the methods that carry out multi-part jobs (what a
+    :class:`~.manager.CoallocManager` becomes with its first multi-part job)."""
 
     async def start_runtime(self) -> None:
         """Start the runtime server, once (the first multi-part job does).  A server that
@@ -160,7 +161,7 @@ class RunningManager(CoallocManager):
             PARTS_ATTRIBUTE: str(len(description.parts)),
             **({K.CLIENT_REF: client_ref} if client_ref else {}),
         }, owner=COALLOC_NAME)
-        record = _Record(key, job_id, description, name, client_ref)
+        record = MultiJobRecord(key, job_id, description, name, client_ref)
         self._records[key] = record
         log.info("multi-part job %s (%s): submitting %d parts", key, job_id, len(state.part_ids))
         record.submitting += 1
@@ -256,7 +257,7 @@ class RunningManager(CoallocManager):
             raise SubmitError("the runtime for multi-part jobs is not running", ErrorKind.UNAVAILABLE)
         return self.server
 
-    def _record(self, job: int) -> _Record:
+    def _record(self, job: int) -> MultiJobRecord:
         record = self._records.get(job)
         if record is None:
             if job in self._parts:
@@ -275,7 +276,7 @@ class RunningManager(CoallocManager):
             }, owner=COALLOC_NAME)
         return self._queue
 
-    async def _submit_part(self, record: _Record, part_id: int, *, client_ref: Optional[str] = None,
+    async def _submit_part(self, record: MultiJobRecord, part_id: int, *, client_ref: Optional[str] = None,
                            alone: bool = False) -> int:
         """Submit one part to its scheduler.  A refusal fails the whole job (``alone``: the
         part is deleted again instead, and the refusal raised)."""
@@ -356,7 +357,7 @@ class RunningManager(CoallocManager):
             await self._wake.wait()
             self._wake = trio.Event()
             pending, self._pending = self._pending, set()
-            touched: Dict[int, _Record] = {}
+            touched: Dict[int, MultiJobRecord] = {}
             for key in pending:
                 try:
                     record = self._examine(key)
@@ -371,7 +372,7 @@ class RunningManager(CoallocManager):
                 except Exception:  # noqa: BLE001
                     log.exception("multi-part job %s: settling failed", record.key)
 
-    def _examine(self, key: int) -> Optional[_Record]:
+    def _examine(self, key: int) -> Optional[MultiJobRecord]:
         """Tell the state machine what has ended of the part whose job is ``key``."""
         from .state import CoordinationError
         found = self._parts.get(key)
@@ -407,7 +408,7 @@ class RunningManager(CoallocManager):
             log.debug("multi-part job %s: part %s: %s", record.key, part_id, exc)
         return record
 
-    def _settle(self, record: _Record) -> None:
+    def _settle(self, record: MultiJobRecord) -> None:
         """Carry out what the state machine has decided: cancel the parts of a job that has
         failed or was cancelled, show the job's state, and forget a job that is over."""
         state = self._state(record)
@@ -434,7 +435,7 @@ class RunningManager(CoallocManager):
         if over:
             self._forget(record)
 
-    def _forget(self, record: _Record) -> None:
+    def _forget(self, record: MultiJobRecord) -> None:
         record.forgotten = True
         if self.server is not None:
             self.server.forget(record.job_id)
@@ -445,14 +446,14 @@ class RunningManager(CoallocManager):
         log.info("multi-part job %s (%s) is over: %s %s", record.key, record.job_id, record.last_state.value,
                  record.last_reason or "")
 
-    async def _terminate_part(self, record: _Record, part_id: int, key: int) -> None:
+    async def _terminate_part(self, record: MultiJobRecord, part_id: int, key: int) -> None:
         record.cancelling.add(part_id)
         for delay in (0.0,) + _CANCEL_RETRY:
             await trio.sleep(delay)
             if key not in self.model or _final_state(self.model.attr(key, K.STATE)) is not None:
                 break
             try:
-                await self.service._job_owner(key).terminate(key)
+                await self.service.job_owner(key).terminate(key)
                 return
             except Exception as exc:  # noqa: BLE001 - a scheduler's refusal or failure: try again
                 if not isinstance(exc, ServiceError):
@@ -467,7 +468,7 @@ class RunningManager(CoallocManager):
                                              f"cancelled; cancel it in its scheduler")
         self._dirty(key)
 
-    async def _follow(self, record: _Record) -> None:
+    async def _follow(self, record: MultiJobRecord) -> None:
         """Show the job's state as it changes without a service call (the barrier's release)."""
         from .state import CoordinationError
         server = self.server

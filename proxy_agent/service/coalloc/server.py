@@ -531,8 +531,9 @@ class RuntimeServer(RuntimeOperations):
             raise outcome["error"]
         if "result" in outcome:
             return outcome["result"]
-        if hasattr(work, "close"):
-            work.close()  # type: ignore[union-attr]
+        close = getattr(work, "close", None)
+        if close is not None:
+            close()
         return None
 
     # ------------------------------------------------------------------ waiting for a job

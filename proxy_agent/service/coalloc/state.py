@@ -123,9 +123,6 @@ class MultiJob(Exchange):
                 return part.id
         raise Refused(f"the job has no part labelled {label!r}")
 
-    def part_ended_state(self, part_id: int) -> Optional[JobState]:
-        return self._part(part_id).end_state
-
     def _part(self, part_id: int) -> PartState:
         if isinstance(part_id, bool) or not isinstance(part_id, int):
             raise Refused(f"a part id is a whole number, not {part_id!r}")

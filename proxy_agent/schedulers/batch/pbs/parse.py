@@ -524,8 +524,9 @@ def _repair_json(text: str) -> str:
             indent, key, colon, value, comma = match.groups()
             lines.append(f'{indent}"{_repair_string(key)}"{colon}{_repair_value(value)}{comma}')
             continue
-        match = _PLAIN_LINE.match(line)
-        indent, value, comma = match.groups()  # type: ignore[union-attr]
+        plain = _PLAIN_LINE.match(line)
+        assert plain is not None  # the pattern matches any line
+        indent, value, comma = plain.groups()
         if value in _STRUCTURE or value in ("},", "],"):
             lines.append(line)
         else:

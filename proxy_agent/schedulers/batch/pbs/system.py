@@ -40,6 +40,7 @@ from ..script import BatchScriptError
 
 __all__ = [
     "OPENPBS_STATES",
+    "STATE_TABLES",
     "TORQUE_STATES",
     "PbsSystem",
     "node_state",
@@ -82,9 +83,16 @@ def _state_key(native: str) -> str:
     return native.strip().upper()
 
 
-_TABLES = {
-    P.FAMILY_OPENPBS: StateTable("pbs", OPENPBS_STATES, _state_key),
-    P.FAMILY_TORQUE: StateTable("torque", TORQUE_STATES, _state_key),
+#: What neither family's letters say: an ended job's outcome comes from its exit status.
+_ENDS_BY_EXIT = {S.KILLED: "an ended job's outcome is its exit status's (PbsSystem.final_state)",
+                 S.FAILED: "an ended job's outcome is its exit status's (PbsSystem.final_state)"}
+#: Each family's table of job states.
+STATE_TABLES = {
+    P.FAMILY_OPENPBS: StateTable("pbs", OPENPBS_STATES, _state_key, not_given={
+        S.PREPARING: "PBS shows no phase between queued and running", **_ENDS_BY_EXIT}),
+    P.FAMILY_TORQUE: StateTable("torque", TORQUE_STATES, _state_key, not_given={
+        S.PREPARING: "Torque shows no phase between queued and running", **_ENDS_BY_EXIT,
+        S.DELETED: "a job gone from qstat is the engine's to settle"}),
 }
 _FINAL_LETTERS = {P.FAMILY_OPENPBS: {"F", "X"}, P.FAMILY_TORQUE: {"C"}}
 
@@ -164,7 +172,7 @@ class PbsSystem:
 
     @property
     def state_table(self) -> StateTable:
-        return _TABLES[self.family]
+        return STATE_TABLES[self.family]
 
     # -- listings ------------------------------------------------------------------------
 

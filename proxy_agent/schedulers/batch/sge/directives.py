@@ -42,8 +42,7 @@ from __future__ import annotations
 import datetime
 import math
 import re
-import shlex
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import attrs
 

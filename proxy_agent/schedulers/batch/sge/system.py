@@ -123,7 +123,13 @@ def _table() -> Dict[str, JobState]:
 
 
 #: Every job state letter combination qstat can show, mapped into the service vocabulary.
-STATE_TABLE = StateTable(SCHEDULER, _table(), normalize_state)
+STATE_TABLE = StateTable(SCHEDULER, _table(), normalize_state, not_given={
+    JobState.PREPARING: "Grid Engine shows no phase between pending and running",
+    JobState.FINISHED: "an ended job leaves qstat: its end comes from accounting (accounting_state)",
+    JobState.KILLED: "an ended job leaves qstat: its end comes from accounting (accounting_state)",
+    JobState.FAILED: "an ended job leaves qstat: its end comes from accounting (accounting_state)",
+    JobState.DELETED: "a job gone from qstat and from accounting is the engine's to settle",
+})
 
 # Grid Engine's "failed" codes (accounting(5)) that mean the job was stopped from outside:
 # 100 "assumedly after job" (killed by a signal: qdel), 37 a limit the master enforced.

@@ -339,12 +339,6 @@ class SlurmBackend(BatchBackend):
 _SYSTEM = SlurmSystem()
 
 
-def job_service_state(job: SlurmJob) -> JobState:
-    """The service state of a job's record (a pending job held by its user or an
-    administrator is HOLD)."""
-    return slurm.service_state(slurm.native_word(job.state), job.reason)
-
-
 def job_attributes(job: SlurmJob) -> Dict[str, str]:
     """The attributes a listed job shows (every key, ``""`` where SLURM has no value)."""
     return {K.EXIT_CODE: "", K.SIGNAL: "", **job_values(_SYSTEM, slurm.native_job(job))[0]}

@@ -85,7 +85,9 @@ def check_prologue(commands: Sequence[str]) -> List[str]:
 
 def _array(text: str) -> str:
     spec = _matching("array", text, _ARRAY, "a list of task ranges like 1-10, 1-9:2,20 or 1-100%5")
-    for part in _ARRAY.match(spec).group(1).split(","):  # type: ignore[union-attr]
+    ranges = _ARRAY.match(spec)
+    assert ranges is not None  # _matching has checked it
+    for part in ranges.group(1).split(","):
         first, _, rest = part.partition("-")
         last = rest.partition(":")[0]
         if last and int(last) < int(first):

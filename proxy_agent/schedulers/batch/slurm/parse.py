@@ -60,7 +60,7 @@ import gc as _gc
 import json as _json
 import time as _time
 from functools import lru_cache, wraps
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar, Union, cast
 
 import attrs
 
@@ -143,7 +143,7 @@ def _bulk(parser: _F) -> _F:
             if was_enabled:
                 _gc.enable()
 
-    return run  # type: ignore[return-value]
+    return cast(_F, run)
 
 
 # --------------------------------------------------------------------------------------------

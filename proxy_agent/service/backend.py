@@ -1,4 +1,4 @@
-"""The small interface every backend implements, and the registry of backends.
+"""The small interface every backend implements: what the service asks of a scheduler.
 
 A backend owns one part of the service's :class:`~proxy_agent.service.model.ServiceModel`:
 the machines, nodes and queues of its scheduler and the jobs in them.  It fills that part,
@@ -9,32 +9,32 @@ through :attr:`BackendContext.notify`.
 Each backend owns its command-line options: :meth:`Backend.add_arguments` adds them (named
 after the backend, ``--sim-nodes``, ``--slurm-...``) and :meth:`Backend.options_from_args`
 checks them and builds the backend's own options object.
+
+The interface lives with the service, which calls it; the backends themselves live under
+:mod:`proxy_agent.schedulers`, which knows the service and not the other way round (the
+registry of backends by name is :mod:`proxy_agent.schedulers.registry`).
 """
 
 from __future__ import annotations
 
 import abc
-import importlib
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
 import attrs
 import trio
 
-from ..service.attributes import AttrInfo
-from ..service.jobs import ErrorKind, JobError, JobSpec
-from ..service.model import ServiceModel
+from .attributes import AttrInfo
+from .jobs import ErrorKind, JobError, JobSpec
+from .model import ServiceModel
 
 if TYPE_CHECKING:  # pragma: no cover
     import argparse
 
-    from ..service.store import StoredJob
+    from .store import StoredJob
 
 __all__ = [
-    "BACKENDS",
     "Backend",
     "BackendContext",
-    "backend_class",
-    "available_backends",
 ]
 
 
@@ -159,27 +159,3 @@ class Backend(abc.ABC):
     async def move(self, job: int, queue: int) -> None:
         """Move a job that has not started to another queue of this backend."""
         raise JobError(f"the {self.name} scheduler cannot move jobs between queues", ErrorKind.NOT_SUPPORTED)
-
-
-#: Backends that work, by name: what ``--scheduler`` offers.
-BACKENDS: Dict[str, str] = {
-    "local": "proxy_agent.schedulers.local:LocalBackend",
-    "sim": "proxy_agent.schedulers.sim:SimBackend",
-    "slurm": "proxy_agent.schedulers.batch.slurm.backend:SlurmBackend",
-    "sge": "proxy_agent.schedulers.batch.sge.backend:SgeBackend",
-    "pbs": "proxy_agent.schedulers.batch.pbs.backend:PbsBackend",
-}
-
-
-def available_backends() -> List[str]:
-    return list(BACKENDS)
-
-
-def backend_class(name: str) -> Type[Backend]:
-    """Import and return the backend registered under ``name``."""
-    try:
-        target = BACKENDS[name]
-    except KeyError:
-        raise ValueError(f"unknown scheduler {name!r}; known: {', '.join(BACKENDS)}") from None
-    module_name, _, class_name = target.partition(":")
-    return getattr(importlib.import_module(module_name), class_name)

@@ -1,7 +1,8 @@
 """Reaching an agent on another machine: ssh and scp command lines, the default remote command,
 and where the single-file agent is.
 
-Nothing here runs a program; :mod:`proxy_agent.console.deploy` and the console do that.
+Nothing here runs a program; the synchronous client (:mod:`.sync`), the console and its
+:mod:`proxy_agent.console.deploy` do that.
 Every value that ends up in a remote shell's command line is quoted here.
 """
 
