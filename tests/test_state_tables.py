@@ -144,6 +144,7 @@ def test_slurm_unknown_flags_and_trailing_words_do_not_change_a_state(base, junk
 
 #: Every scheduler's table of native states, by the name its jobs carry.
 SCHEDULER_TABLES = {
+    "local": local.STATE_TABLE,
     "sim": sim.STATE_TABLE,
     "slurm": slurm.STATE_TABLE,
     "sge": sge.STATE_TABLE,

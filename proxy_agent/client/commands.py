@@ -182,7 +182,7 @@ class Commands:
 
         ``queue`` is one queue (element id, name, or SCHEDULER:NAME) or several, as a list or
         comma-separated, for the agent's broker to choose among (``broker`` names the broker:
-        Null, Random, FastestQueue, Benchmark or module:Class)."""
+        a built-in broker, see ``proxy_agent.service.broker_names``, or module:Class)."""
         sub_id = sub_id or self.new_sub_id()
         if queue is not None:
             parts = [p.strip() for p in queue.split(",")] if isinstance(queue, str) else [str(p) for p in queue]

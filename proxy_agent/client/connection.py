@@ -46,8 +46,6 @@ from .process import EXIT_GRACE, READ_SIZE, AgentProcess
 
 __all__ = ["AgentClient", "NO_KEPT_OUTPUT", "connect_tcp", "connect_unix", "from_stream", "spawn"]
 
-#: How long start_events() waits for a first event before confirming by a round trip.
-_START_QUIET = 0.5
 #: Error codes of a GET_OUTPUT that mean the agent keeps no output of the job (an agent that
 #: does not know the command, one without a state directory, a job it did not submit).
 NO_KEPT_OUTPUT = (ErrorCode.UNKNOWN_COMMAND, ErrorCode.NOT_SUPPORTED, ErrorCode.NO_SUCH_JOB)

@@ -11,6 +11,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import attrs
 
 from ..protocol.attributes import JOB_STATES
+from ..service.broker_names import broker_choices
 from ..service.jobs import JobState
 
 class CommandError(Exception):
@@ -38,7 +39,7 @@ class CommandSpec:
 COMMANDS: Tuple[CommandSpec, ...] = (
     CommandSpec("submit", "submit [OPTIONS] [KEY=VALUE...] EXECUTABLE [ARG...] [--wait]",
                 "submit a job; options: -n/--count N, -e/--env NAME=VALUE, -d/--dir DIR, -q/--queue QUEUE[,QUEUE...] "
-                "(several: a broker chooses), -b/--broker NAME (Null, Random, FastestQueue, Benchmark, module:Class), "
+                f"(several: a broker chooses), -b/--broker NAME ({broker_choices()}), "
                 "--sub-id ID, -w/--wait (wait for it to end, print its output, fail if it failed), -t/--timeout S"),
     CommandSpec("cosubmit", "cosubmit FILE [--name NAME] [--no-wait] [-t SECONDS]",
                 "submit a co-allocated multi-part job described in FILE (JSON or the multi-request form, see "

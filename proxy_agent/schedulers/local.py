@@ -179,11 +179,6 @@ class LocalBackend(KeeperNews, OutputReading, LocalAdoption, LaunchPreparation, 
     def default_queue(self) -> Optional[int]:
         return self.queue_id
 
-    @property
-    def durable(self) -> bool:
-        """Jobs survive the agent (the keeper works in the state directory)."""
-        return not self._temporary
-
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         state_dir = self.context.state_dir
         if state_dir is not None:

@@ -32,6 +32,12 @@ STATE_TABLE = StateTable(
         "TERMINATED": JobState.KILLED,
         "LOST": JobState.FAILED,
     },
+    not_given={
+        JobState.PREPARING: "a local job's processes start as soon as it leaves the queue",
+        JobState.HOLD: "the local scheduler holds no job",
+        JobState.FINISHING: "a local job has ended once its last process has",
+        JobState.DELETED: "the keeper records every local job's end (one it lost is FAILED, saying why)",
+    },
 )
 PENDING_ATTRS = state_attrs(STATE_TABLE, "PENDING")
 RUNNING_ATTRS = state_attrs(STATE_TABLE, "RUNNING")
