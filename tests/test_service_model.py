@@ -416,3 +416,24 @@ def test_the_change_stream_replays_the_model(ops):
         else:
             apply(op, pick, value)
     assert replica.elements == model_truth(model)
+
+
+def test_a_sink_that_leaves_while_a_change_is_told_does_not_keep_the_next_one_from_hearing_it():
+    """A connection that stops listening in its flush (its last watched job ended) is taken out
+    of the subscribers while they are being told; the one after it must still be flushed."""
+    model, _, queue = make_model()
+
+    class LeavesOnFlush(Recorder):
+        def flush(self) -> None:
+            super().flush()
+            model.unsubscribe(self)
+
+    leaving, staying = LeavesOnFlush(model), Recorder(model)
+    model.subscribe(leaving)
+    model.subscribe(staying)
+    job = model.add(Kind.JOB, queue, {K.NAME: "j", K.STATE: "RUNNING"}, owner="sim")
+    assert ("flush",) in leaving.take()
+    assert staying.take()[-1] == ("flush",)  # told, though the sink before it left meanwhile
+    model.update(job, {K.STATE: "COMPLETED"})
+    assert leaving.take() == []
+    assert ("changed", job, ["state"]) in staying.take()

@@ -439,7 +439,10 @@ class ServiceModel:
     # ------------------------------------------------------------------ subscription
 
     def subscribe(self, sink: ChangeSink) -> None:
-        self._sinks.append(sink)
+        # The list is replaced, never changed in place (here and in unsubscribe): a sink may
+        # subscribe or leave while the sinks are being told of a change, and every other sink
+        # of that round must still be told.
+        self._sinks = self._sinks + [sink]
         self._readers = [s for s in self._sinks if s.takes_output]
 
     def observe(self, sink: ChangeSink) -> None:
@@ -456,10 +459,7 @@ class ServiceModel:
         self._output_recorders.append(sink)
 
     def unsubscribe(self, sink: ChangeSink) -> None:
-        try:
-            self._sinks.remove(sink)
-        except ValueError:
-            pass
+        self._sinks = [s for s in self._sinks if s is not sink]
         self._readers = [s for s in self._sinks if s.takes_output]
         self.room_made()
 
