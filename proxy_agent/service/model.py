@@ -246,7 +246,7 @@ class _ElementIndex:
         return element
 
     def __contains__(self, key: object) -> bool:
-        return self.get(key) is not None  # type: ignore[arg-type]
+        return isinstance(key, int) and self.get(key) is not None
 
     def __len__(self) -> int:
         return sum(map(len, self._tables))
@@ -538,11 +538,12 @@ class ServiceModel:
             values[i] = value if value.__class__ is str else _freeze(name, value)
         return tuple(values)
 
-    def _check_parent(self, kind: Kind, parent: int) -> Element:
+    def _check_parent(self, kind: Kind, parent: int) -> Optional[Element]:
+        """The parent element a new element of ``kind`` hangs from (None: the service root)."""
         if kind in (Kind.MACHINE, Kind.QUEUE):
             if parent != ROOT:
                 raise ValueError(f"a {kind.value} hangs from the service root, not {parent}")
-            return None  # type: ignore[return-value]
+            return None
         return self.find(parent, _PARENT_KIND[kind])
 
     def new_keys(self, count: int) -> range:
@@ -670,7 +671,8 @@ class ServiceModel:
                 changed.append(i)
         if changed is None:
             return False
-        element.values = tuple(values)  # type: ignore[arg-type]
+        assert values is not None  # a change copies the row first
+        element.values = tuple(values)
         self.version += 1
         for sink in self._observers:
             sink.changed(element, changed)
@@ -722,6 +724,7 @@ class ServiceModel:
         if new_parent == element.parent:
             return
         parent = self._check_parent(element.kind, new_parent)
+        assert parent is not None  # machines and queues were refused above
         old_parent = self._elements.get(element.parent)
         if old_parent is not None and old_parent.children:
             try:
