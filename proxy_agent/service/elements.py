@@ -30,6 +30,7 @@ class Kind(enum.Enum):
 #: Parents before children (creation order); the reverse for removal.
 CREATE_ORDER = (Kind.MACHINE, Kind.QUEUE, Kind.NODE, Kind.JOB, Kind.PROCESS)
 
+
 class K:
     """Neutral attribute names the service and every backend share."""
 
