@@ -514,8 +514,9 @@ class ClientState(ModelEvents):
             self._apply(event, problems)
             return
         if eid is EventId.MESSAGE:
-            self.messages.append(event)  # type: ignore[arg-type]
-            if self.reference and event.code == ErrorCode.TID_IN_USE and event.level in ("ERROR", "FATAL"):  # type: ignore[attr-defined]
+            assert isinstance(event, Message)  # decode_event makes a Message of every MESSAGE
+            self.messages.append(event)
+            if self.reference and event.code == ErrorCode.TID_IN_USE and event.level in ("ERROR", "FATAL"):
                 problems.append(
                     Violation(
                         "message-refusal",
@@ -569,7 +570,7 @@ class ClientState(ModelEvents):
         eid = event.event_id
         tid = event.tid
         cid = command.command_id
-        if eid is EventId.ERROR and self.reference and event.code == ErrorCode.TID_IN_USE:  # type: ignore[attr-defined]
+        if eid is EventId.ERROR and self.reference and isinstance(event, Error) and event.code == ErrorCode.TID_IN_USE:
             problems.append(
                 Violation(
                     "tid-refused",

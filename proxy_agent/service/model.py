@@ -52,12 +52,17 @@ bounded amount and counts what it drops.
 
 from __future__ import annotations
 
-import enum
 from collections import deque
-from typing import ContextManager, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import ContextManager, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+
+# The model's vocabulary (its kinds, names and elements) lives beside it, and is the model's too.
+from .elements import (
+    CREATE_ORDER, REFERENCES, ROOT, AttrValue, Element, K, Kind, ProcessElement, UnknownElement,
+)
 
 __all__ = [
     "BACKLOG_LIMIT",
+    "CREATE_ORDER",
     "ChangeSink",
     "Element",
     "K",
@@ -69,105 +74,14 @@ __all__ = [
     "UnknownElement",
 ]
 
-AttrValue = Union[str, Tuple[str, ...], int]
 
-#: The key of the service itself: the parent of every machine and queue.
-ROOT = 0
 #: Output bytes kept per job while no client is subscribed.
 BACKLOG_LIMIT = 1 << 20
 #: Output bytes a reading subscriber may have waiting before the jobs' output is held back.
 OUTPUT_HIGH_WATER = 4 << 20
 
 
-class Kind(enum.Enum):
-    MACHINE = "machine"
-    NODE = "node"
-    QUEUE = "queue"
-    JOB = "job"
-    PROCESS = "process"
-
-    # A kind is equal only to itself: hashed by identity, without the Python-level
-    # __hash__ of Enum (kinds key tables that every change of the model looks in).
-    __hash__ = object.__hash__
-
-
-#: Parents before children (creation order); the reverse for removal.
-CREATE_ORDER = (Kind.MACHINE, Kind.QUEUE, Kind.NODE, Kind.JOB, Kind.PROCESS)
-
 _PARENT_KIND = {Kind.NODE: Kind.MACHINE, Kind.JOB: Kind.QUEUE, Kind.PROCESS: Kind.JOB}
-
-
-class K:
-    """Neutral attribute names the service and every backend share."""
-
-    # every element
-    NAME = "name"
-    #: machine UP/DOWN/ALERT/ERROR/UNKNOWN; node UP/DOWN/ERROR/UNKNOWN; queue NORMAL/STOPPED;
-    #: job and process: a :class:`~proxy_agent.service.jobs.JobState` name
-    STATE = "state"
-    #: the scheduler's own word for the element's state
-    NATIVE_STATE = "nativeState"
-    #: the backend the element belongs to (machines and queues)
-    BACKEND = "backend"
-    # machine
-    NUM_NODES = "numNodes"
-    VERSION = "version"
-    # node
-    NUMBER = "number"
-    CPUS = "cpus"
-    CPUS_USED = "cpusUsed"
-    MEMORY = "memoryMB"
-    QUEUES = "queues"
-    REASON = "reason"
-    # queue
-    DEFAULT = "default"
-    MAX_TIME = "maxTime"
-    DEFAULT_TIME = "defaultTime"
-    MAX_NODES = "maxNodes"
-    TOTAL_NODES = "totalNodes"
-    TOTAL_SLOTS = "totalSlots"
-    FREE_SLOTS = "freeSlots"
-    WAITING = "waitingJobs"
-    RUNNING = "runningJobs"
-    # job
-    QUEUE = "queue"
-    NUM_PROCS = "numProcs"
-    EXECUTABLE = "executable"
-    ARGUMENTS = "arguments"
-    ENVIRONMENT = "environment"
-    WORKING_DIR = "workingDir"
-    USER = "user"
-    CLIENT_REF = "clientRef"
-    MESSAGE = "message"
-    NATIVE_ID = "nativeId"
-    HOSTS = "hosts"
-    NUM_CPUS = "numCpus"
-    TIME_USED = "timeUsed"
-    TIME_LIMIT = "timeLimit"
-    SUBMIT_TIME = "submitTime"
-    START_TIME = "startTime"
-    END_TIME = "endTime"
-    ACCOUNT = "account"
-    HOLD = "hold"
-    #: a part of a co-allocated job: the multi-part job it belongs to (a reference)
-    COALLOC_JOB = "coallocJob"
-    # job and process
-    EXIT_CODE = "exitCode"
-    SIGNAL = "signal"
-    # process
-    PID = "pid"
-    NODE = "node"
-
-
-#: Attributes whose value is the service key of another element.
-REFERENCES = frozenset({K.QUEUE, K.NODE, K.COALLOC_JOB})
-
-
-class UnknownElement(KeyError):
-    """No element with that key (or not of the expected kind)."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "unknown element"
 
 
 class _Schema:
@@ -188,37 +102,6 @@ class _Schema:
             self.keys.append(key)
             self.version += 1
         return i
-
-
-class Element:
-    """One machine, node, queue, job or process."""
-
-    # Six slots: with the collector's header an element takes 80 bytes, where a seventh slot
-    # would make it 96 (objects are allocated in steps of 16 bytes).  A million jobs' model is
-    # 16 MB smaller for keeping the rank on processes alone.
-    __slots__ = ("key", "kind", "parent", "values", "children", "owner")
-
-    #: a process's index in its job (-1 for other kinds; see :class:`ProcessElement`)
-    rank = -1
-
-    def __init__(self, key: int, kind: Kind, parent: int, values: tuple, owner: str) -> None:
-        self.key = key
-        self.kind = kind
-        self.parent = parent
-        self.values = values
-        self.children: Optional[list] = None
-        #: name of the backend that owns it
-        self.owner = owner
-
-
-class ProcessElement(Element):
-    """A process: an element with its rank (its index in its job)."""
-
-    __slots__ = ("rank",)
-
-    def __init__(self, key: int, kind: Kind, parent: int, values: tuple, owner: str, rank: int) -> None:
-        super().__init__(key, kind, parent, values, owner)
-        self.rank = rank
 
 
 class _ElementIndex:
@@ -246,7 +129,7 @@ class _ElementIndex:
         return element
 
     def __contains__(self, key: object) -> bool:
-        return self.get(key) is not None  # type: ignore[arg-type]
+        return isinstance(key, int) and self.get(key) is not None
 
     def __len__(self) -> int:
         return sum(map(len, self._tables))
@@ -538,11 +421,12 @@ class ServiceModel:
             values[i] = value if value.__class__ is str else _freeze(name, value)
         return tuple(values)
 
-    def _check_parent(self, kind: Kind, parent: int) -> Element:
+    def _check_parent(self, kind: Kind, parent: int) -> Optional[Element]:
+        """The parent element a new element of ``kind`` hangs from (None: the service root)."""
         if kind in (Kind.MACHINE, Kind.QUEUE):
             if parent != ROOT:
                 raise ValueError(f"a {kind.value} hangs from the service root, not {parent}")
-            return None  # type: ignore[return-value]
+            return None
         return self.find(parent, _PARENT_KIND[kind])
 
     def new_keys(self, count: int) -> range:
@@ -670,7 +554,8 @@ class ServiceModel:
                 changed.append(i)
         if changed is None:
             return False
-        element.values = tuple(values)  # type: ignore[arg-type]
+        assert values is not None  # a change copies the row first
+        element.values = tuple(values)
         self.version += 1
         for sink in self._observers:
             sink.changed(element, changed)
@@ -722,6 +607,7 @@ class ServiceModel:
         if new_parent == element.parent:
             return
         parent = self._check_parent(element.kind, new_parent)
+        assert parent is not None  # machines and queues were refused above
         old_parent = self._elements.get(element.parent)
         if old_parent is not None and old_parent.children:
             try:

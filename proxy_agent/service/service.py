@@ -31,9 +31,9 @@ from .brokering import Brokering, Placement
 from .coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
 from .history import JobOutput, OutputHistory, read_job_output
 from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
-from .model import ChangeSink, Element, K, Kind, ServiceModel, UnknownElement
+from .model import K, Kind, ServiceModel, UnknownElement
+from .recorder import FINAL_STATES, StoreRecorder
 from .store import JobStore, StoredJob, StoreUnwritable, transient
-from .jobs import JobState
 
 log = logging.getLogger("proxy_agent.service")
 
@@ -58,66 +58,6 @@ SHOW_ENDED = 24 * 3600.0
 _SHOWN_CHECK = 60.0
 #: Seconds between two looks for ended jobs to forget.
 _FORGET_CHECK = 3600.0
-
-
-class _StoreRecorder(ChangeSink):
-    """Notes the state changes of stored jobs for the store."""
-
-    takes_output = False
-
-    def __init__(self, service: "JobService") -> None:
-        self.service = service
-
-    def changed(self, element: Element, slots) -> None:
-        if element.kind is Kind.JOB and element.key in self.service.stored:
-            self._note(element)
-
-    def output(self, element: Element, stream: str, text: str, offset: Optional[int] = None) -> None:
-        """Every line of a stored job is kept (see :mod:`.history`)."""
-        history = self.service.history
-        if history is not None and element.parent in self.service.stored:
-            history.record(element.parent, element.rank, stream, text, offset)
-
-    def note(self, key: int) -> None:
-        """Note the state of a stored job as the model has it now."""
-        service = self.service
-        if key not in service.stored:
-            return
-        element = service.model.lookup(key)
-        if element is not None and element.kind is Kind.JOB:
-            self._note(element)
-
-    def _note(self, element: Element) -> None:
-        store = self.service.store
-        if store is None:
-            return
-        values = element.values
-        index = self.service.model.schema(Kind.JOB).index
-
-        def value(name: str):
-            slot = index.get(name)
-            return values[slot] if slot is not None and slot < len(values) else None
-
-        state = value(K.STATE)
-        if not isinstance(state, str):
-            return
-        final = state in _FINAL_STATES
-        if final:
-            self.service._job_ended(element.key)
-        message = value(K.MESSAGE)
-        native = value(K.NATIVE_STATE)
-        exit_code = value(K.EXIT_CODE) if final else ""
-        signal = value(K.SIGNAL) if final else ""
-        native_id = value(K.NATIVE_ID)
-        store.note_state(element.key, state, native if isinstance(native, str) else "",
-                         message if isinstance(message, str) else None, final,
-                         exit_code if isinstance(exit_code, str) else "",
-                         signal if isinstance(signal, str) else "",
-                         native_id if isinstance(native_id, str) else "")
-
-
-#: the states a job ends in
-_FINAL_STATES = frozenset(state.value for state in JobState if state.final)
 
 
 class JobService:
@@ -168,7 +108,7 @@ class JobService:
                 self.model.reserve_keys(store.max_key())
             except sqlite3.Error as exc:
                 self._store_failed(exc)
-        self._recorder = _StoreRecorder(self)
+        self._recorder = StoreRecorder(self, self._job_ended)
         if self.store is not None and self.state_dir is not None:
             self.history = OutputHistory(self.state_dir)
             self.model.observe(self._recorder)
@@ -445,7 +385,7 @@ class JobService:
                 element = model.lookup(key)
                 if element is None or element.kind is not Kind.JOB:
                     continue
-                if model.attr(key, K.STATE) in _FINAL_STATES and model.attr(key, K.COALLOC_JOB) is None:
+                if model.attr(key, K.STATE) in FINAL_STATES and model.attr(key, K.COALLOC_JOB) is None:
                     model.remove(key)
                     hidden.append(key)
         if hidden:

@@ -5,7 +5,7 @@ service's neutral errors into the PTP errors the client matches."""
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from typing import Optional, Tuple
 
 import attrs
 import trio
@@ -130,11 +130,12 @@ class JobCommands:
         raw = (attrs_.get("jobId") or "").strip()
         if not (raw.isascii() and raw.isdigit()) or len(raw) > 19:
             raise JobError(f"no job with id {raw!r}: ids are decimal numbers", ErrorKind.NO_SUCH_JOB)
-        streams = ("stdout", "stderr")
-        if attrs_.get("stream") is not None:
-            if attrs_.get("stream") not in streams:
-                raise JobError(f"stream must be stdout or stderr, got {attrs_.get('stream')!r}", ErrorKind.BAD_REQUEST)
-            streams = (attrs_.get("stream"),)  # type: ignore[assignment]
+        streams: Tuple[str, ...] = ("stdout", "stderr")
+        stream = attrs_.get("stream")
+        if stream is not None:
+            if stream not in streams:
+                raise JobError(f"stream must be stdout or stderr, got {stream!r}", ErrorKind.BAD_REQUEST)
+            streams = (stream,)
         rank = None
         if attrs_.get("rank") is not None:
             rank = mapping.parse_decimal(attrs_.get("rank"), "rank")

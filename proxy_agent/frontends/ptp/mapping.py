@@ -462,7 +462,8 @@ def attribute_definitions(infos: Sequence[AttrInfo], default_queue: Optional[str
     for info in infos:
         if info.name == K.STATE:
             continue
-        for ptp_id in sorted({ptp_attribute(kind, info.name) for kind in Kind} - {None}):  # type: ignore[type-var]
+        shown = {ptp_id for kind in Kind if (ptp_id := ptp_attribute(kind, info.name)) is not None}
+        for ptp_id in sorted(shown):
             if ptp_id in standard and ptp_id != A.JOB_NUM_PROCS:
                 continue  # the standard definition is what every client already knows
             definition = _definition(ptp_id, info)

@@ -193,10 +193,10 @@ class PtpSession(JobCommands):
 
     def _take_ahead(self) -> bytes:
         item = self._ahead[0]
-        if item.__class__ is bytes:
+        if isinstance(item, bytes):
             self._ahead.popleft()
-            return item  # type: ignore[return-value]
-        data = next(item, None)  # type: ignore[call-overload]
+            return item
+        data = next(item, None)
         if data is None:
             self._ahead.popleft()
             return b""
@@ -496,7 +496,8 @@ class PtpSession(JobCommands):
         elif cid is CommandId.SET_FILTERS:
             self.emit(Error(command.tid, ErrorCode.NOT_SUPPORTED, "this agent supports no event filters"), transaction)
         else:
-            self._nursery.start_soon(self._job_command, command, transaction)  # type: ignore[union-attr]
+            assert self._nursery is not None  # commands are read inside the session's nursery
+            self._nursery.start_soon(self._job_command, command, transaction)
 
     def _init(self, command: Command, init, transaction: Optional[Transaction]) -> None:
         expected = self.config.token
@@ -585,9 +586,12 @@ class PtpSession(JobCommands):
         now without waiting (what the connection does not take stays queued, in order): the
         client decodes it while the agent groups the rest of the model.  True if it was all
         written."""
-        queued = list(self._ahead)  # only bytes before the initial model
+        queued: List[bytes] = []
+        for item in self._ahead:
+            assert isinstance(item, bytes)  # only bytes come before the initial model
+            queued.append(item)
         self._ahead.clear()
-        data = b"".join([*queued, chunk])  # type: ignore[list-item]
+        data = b"".join([*queued, chunk])
         sent = write_now(self.stream, data)
         if sent < len(data):
             self._resume = (data, sent)  # the writer goes on from there (the frames stay whole)
@@ -665,7 +669,12 @@ async def keep_snapshot_planned(service: JobService) -> None:
     global _latest_rules
     if _latest_rules is None:
         _latest_rules = render_rules(DEFAULT, service.attributes())
-    await prepare_snapshot(service.model, lambda: _latest_rules, lambda: True,  # type: ignore[arg-type,return-value]
+
+    def latest_rules() -> RenderRules:
+        assert _latest_rules is not None  # set above; later only replaced by a newer client's
+        return _latest_rules
+
+    await prepare_snapshot(service.model, latest_rules, lambda: True,
                            quiet=PLAN_AHEAD_QUIET, spacing=PLAN_AHEAD_SPACING)
 
 
