@@ -63,6 +63,8 @@ class LaunchOptions:
         #: backend name -> the values of its options it was started with
         self._backend_values: Dict[str, Dict[str, Any]] = {}
         self._flags: Dict[str, str] = {}
+        #: the first launch's options, which the runtime of multi-part jobs is set up from
+        self._runtime_args: Optional[Any] = None
 
     def apply(self, argv: List[str], cwd: Optional[str]) -> Tuple[Any, "Applied", List[str]]:
         """Read a launch's command line and bring the service to it: the schedulers it lacks
@@ -152,7 +154,7 @@ class LaunchOptions:
         """The runtime of multi-part jobs listens on TCP when a batch scheduler runs (with
         ``--runtime-tcp auto``): decided again as schedulers are added, until it starts."""
         manager = self.service.coalloc
-        args = getattr(self, "_runtime_args", None)
+        args = self._runtime_args
         if manager is None or args is None or manager.server is not None or manager.ready.is_set():
             return
         names = [backend.name for backend in self.service.backends]
