@@ -41,9 +41,6 @@ ends it at once, with exit status 0 and its socket file removed.
 from __future__ import annotations
 
 import array
-import contextvars
-import copy
-import io
 import itertools
 import logging
 import os
@@ -57,23 +54,14 @@ import attrs
 import trio
 
 from .launch import EXIT_IN_USE, READY_MARK, Signals, Stopped
-from .__main__ import (
-    DEFAULT_IDLE_EXIT,
-    CommandLineError,
-    StateDir,
-    build_parser,
-    check_arguments,
-    given_options,
-    idle_exit_seconds,
-    parse_arguments,
-    runtime_settings,
-)
+from .__main__ import CommandLineError, StateDir, idle_exit_seconds, parse_arguments, runtime_settings
+from .daemon_log import LOG_NAME, LOG_ROUTE, LogRoute, LogRoutes, ServiceLog, detach
+from .daemon_options import Applied, LaunchOptions, read_launch, service_command_line
 from .endpoints import bind_unix_listener
 from .frontends.api.server import ApiSession, Handover, service_facts
 from .frontends.api.wire import DOOR_CLOSED, FIRST_BYTE, LineReader, encode, socket_path
 from .frontends.ptp import PtpConfig, keep_snapshot_planned
 from .frontends.ptp.session import CLOSE_BOUND
-from .schedulers.registry import backend_class
 from .server import Admission, ServerLimits, Sessions, serve_connection
 from .transport import SplitStream
 from .service.coalloc.manager import CoallocManager
@@ -86,9 +74,6 @@ __all__ = ["Daemon", "EXIT_IN_USE", "LOG_NAME", "main"]
 
 log = logging.getLogger("proxy_agent.daemon")
 
-#: The service's log in the state directory, and where it goes once it is this large.
-LOG_NAME = "agent.log"
-LOG_LIMIT = 8 << 20
 #: How long a new connection may take to say what it speaks.
 _FIRST_BYTES_BOUND = 10.0
 #: How long the local jobs of a door that ends may take to end.
@@ -97,122 +82,6 @@ _END_JOBS_BOUND = 10.0
 _SOCKET_CHECK = 2.0
 #: File descriptors a request may carry (a launch's log).
 _MAX_FDS = 2
-
-#: Options that are the service's, one value for all: set by the first launch; a later
-#: launch giving another value is told it was not applied.
-SERVICE_OPTIONS = ("broker", "broker_config", "runtime_socket", "runtime_tcp", "runtime_advertise", "idle_exit",
-                   "keep_ended", "show_ended")
-#: Options that belong to each backend beside its own (``--all-users``).
-BACKEND_COMMON = ["all_users"]
-#: Options given as paths, resolved against the launch's working directory.
-_PATH_OPTIONS = ("broker_config", "runtime_socket")
-
-#: The log route of the task that logs (a launch's ``-v``/``--log-file``), see :class:`_Routes`.
-_ROUTE: contextvars.ContextVar[Optional["_LogRoute"]] = contextvars.ContextVar("proxy_agent_log_route", default=None)
-
-_FORMAT = "%(asctime)s proxy-agent[%(process)d] %(levelname)s %(name)s: %(message)s"
-
-
-# --------------------------------------------------------------------------- logging
-
-
-class _LogRoute:
-    """Where one launch wants the log of its sessions: a descriptor it passed (its stderr or
-    its ``--log-file``), and the least level it wants."""
-
-    def __init__(self, fd: int, level: int) -> None:
-        self.fd = fd
-        self.level = level
-        self.dropped = 0
-        try:
-            os.set_blocking(fd, False)  # a launch whose stderr nobody reads must not stop the service
-        except OSError:
-            pass
-
-    def write(self, line: str) -> None:
-        if self.fd < 0:
-            return
-        data = (line + "\n").encode("utf-8", "replace")
-        if self.dropped:
-            data = f"... {self.dropped} lines of the log were dropped (nobody read them)\n".encode() + data
-        try:
-            os.write(self.fd, data)
-            self.dropped = 0
-        except BlockingIOError:
-            self.dropped += 1
-        except OSError:
-            self.close()
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            try:
-                os.close(self.fd)
-            except OSError:
-                pass
-            self.fd = -1
-
-
-class _Routes(logging.Handler):
-    """Sends each record logged in a launch's tasks to that launch's route as well, and each
-    record the service logs for no launch in particular (its schedulers, say) to every route:
-    a launch's log shows what an agent of its own would have logged."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.setFormatter(logging.Formatter(_FORMAT))
-        self.live: Set[_LogRoute] = set()
-        self.base_level = logging.INFO
-
-    def emit(self, record: logging.LogRecord) -> None:
-        route = _ROUTE.get()
-        routes = self.live if route is None else (route,)
-        text = None
-        for each in routes:
-            if record.levelno < each.level:
-                continue
-            try:
-                if text is None:
-                    text = self.format(record)
-                each.write(text)
-            except Exception:  # noqa: BLE001 - logging must never fail the service
-                pass
-
-    def add(self, route: _LogRoute) -> None:
-        self.live.add(route)
-        self._level()
-
-    def remove(self, route: _LogRoute) -> None:
-        self.live.discard(route)
-        route.close()
-        self._level()
-
-    def _level(self) -> None:
-        levels = [self.base_level] + [route.level for route in self.live]
-        logging.getLogger().setLevel(min(levels))
-
-
-class _ServiceLog(logging.Handler):
-    """The service's own log file (mode 0600), moved to ``agent.log.1`` once it is large."""
-
-    def __init__(self, path: str) -> None:
-        super().__init__(logging.INFO)
-        self.path = path
-        self.setFormatter(logging.Formatter(_FORMAT))
-        self.fd = self._open()
-
-    def _open(self) -> int:
-        return os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            os.write(self.fd, (self.format(record) + "\n").encode("utf-8", "replace"))
-            if os.fstat(self.fd).st_size > LOG_LIMIT:
-                os.replace(self.path, self.path + ".1")
-                old, self.fd = self.fd, self._open()
-                os.dup2(self.fd, 2)
-                os.close(old)
-        except Exception:  # noqa: BLE001
-            pass
 
 
 # --------------------------------------------------------------------------- streams
@@ -281,7 +150,7 @@ class Door:
     peer: str
     admission: Admission = attrs.field(default=None)
     sessions: Sessions = attrs.field(factory=lambda: Sessions(keep_jobs=True))
-    route: Optional[_LogRoute] = None
+    route: Optional[LogRoute] = None
     #: the launch is ending (a signal): its sessions are told so, and no new one starts
     ending: bool = False
     #: the launch's anchor connection
@@ -295,27 +164,18 @@ class Door:
         return self.sessions.jobs()
 
 
-@attrs.frozen
-class _Applied:
-    """What became of a launch's options: the schedulers it prefers, and a line naming those
-    not applied and why (None: all were)."""
-
-    prefer: Tuple[str, ...]
-    note: Optional[str]
-
-
 class Daemon:
     """The service of one state directory (see the module documentation)."""
 
     def __init__(self, state: StateDir, listener: socket.socket, idle_exit: Optional[float],
-                 routes: Optional[_Routes] = None, signals: Optional[Signals] = None) -> None:
+                 routes: Optional[LogRoutes] = None, signals: Optional[Signals] = None) -> None:
         self.state = state
         self.signals = signals
         self.path = socket_path(state.directory)
         self._listener = listener
         self._socket_id = _file_id(self.path)
         self.idle_exit = idle_exit
-        self.routes = routes or _Routes()
+        self.routes = routes or LogRoutes()
         self.service = JobService(store=state.store)
         CoallocManager(self.service, runtime_settings(parse_arguments([]), [], state))
         self.sessions = Sessions()
@@ -327,11 +187,7 @@ class Daemon:
         self._stop = trio.Event()
         self._stop_reason = ""
         self._end_every_job = False
-        #: the values of the service-wide options (set by the first launch), dest -> value
-        self._service_values: Optional[Dict[str, Any]] = None
-        #: backend name -> the values of its options it was started with
-        self._backend_values: Dict[str, Dict[str, Any]] = {}
-        self._flags: Dict[str, str] = {}
+        self.options = LaunchOptions(self.service, state, idle_exit)
         self._nursery: Optional[trio.Nursery] = None
         self._planning = False
         if state.problem:
@@ -515,7 +371,7 @@ class Daemon:
             door.anchor = api
             opened.append(door)
             if door.route is not None:
-                _ROUTE.set(door.route)
+                LOG_ROUTE.set(door.route)
             return {"door": door.ident, "service": service_facts(self.service),
                     "not_applied": door.config.notices[0][1] if door.config.notices else None}
 
@@ -559,7 +415,7 @@ class Daemon:
     async def _serve_session(self, door: Door, stream: trio.SocketStream, rest: bytes, peer: str,
                              out_fd: Optional[int] = None) -> None:
         if door.route is not None:
-            _ROUTE.set(door.route)
+            LOG_ROUTE.set(door.route)
         if door.ending:
             log.info("%s: the launch is ending; %s is not served", door.peer, peer)
             if out_fd is not None:
@@ -594,7 +450,7 @@ class Daemon:
             # as an agent of its own would have written it there.
             verbose = max(args.verbose or 0, args.debug or 0, 1 if args.log_file else 0)
             level = logging.WARNING if verbose <= 0 else logging.INFO if verbose == 1 else logging.DEBUG
-            door.route = _LogRoute(os.dup(fds[0]), level)
+            door.route = LogRoute(os.dup(fds[0]), level)
             self.routes.add(door.route)
         self.doors[ident] = door
         log.info("%s joined (process %s, schedulers %s, on disconnect: %s)", peer, message.get("pid", "?"),
@@ -620,112 +476,14 @@ class Daemon:
         _, applied = self._apply(list(argv), cwd)
         return {"prefer": applied.prefer, "not_applied": applied.note}
 
-    def _apply(self, argv: List[str], cwd: Optional[str]):
-        """Read a launch's command line and bring the service to it: the schedulers it lacks
-        are added; what it cannot apply is named.  ServiceError (BAD_REQUEST) with the line to
-        show for a command line that cannot be used."""
-        try:
-            args, names, given = read_launch(argv)
-        except (CommandLineError, ValueError) as exc:
-            text = str(exc)
-            raise ServiceError(text if text.startswith("proxy-agent") else f"proxy-agent: {text}",
-                               ErrorKind.BAD_REQUEST) from None
-        for dest in _PATH_OPTIONS:
-            value = getattr(args, dest, None)
-            if value and cwd and not os.path.isabs(value):
-                value = os.path.join(cwd, value)
-                setattr(args, dest, value)
-                if dest in given:
-                    given[dest] = value
-        notes: List[str] = []
-        try:
-            self._apply_service_options(args, given, notes)
-            added = self._apply_backends(args, names, given, notes)
-        except ValueError as exc:
-            raise ServiceError(f"proxy-agent: {exc}", ErrorKind.BAD_REQUEST) from None
-        if added:
-            self._update_runtime()
-            if not self._planning and self._nursery is not None:
-                # the initial model is kept planned for clients to come, once there is one
-                self._planning = True
-                self._nursery.start_soon(keep_snapshot_planned, self.service)
-        note = None
-        if notes:
-            note = (f"this launch joined the running service of {self.state.directory} (process {os.getpid()}), "
-                    f"which keeps its own settings; not applied: {'; '.join(notes)}")
-        return args, _Applied(tuple(names), note)
-
-    def _apply_service_options(self, args, given: Dict[str, Any], notes: List[str]) -> None:
-        brokering = self.service.brokering
-        if self._service_values is None:
-            brokering.configure(args.broker, args.broker_config)  # ValueError naming a bad one
-            # how long ended jobs are shown and kept: before any scheduler adopts its stored jobs
-            self.service.keep_ended, self.service.show_ended = args.keep_ended, args.show_ended
-            self._service_values = {dest: getattr(args, dest) for dest in SERVICE_OPTIONS if dest != "idle_exit"}
-            self._service_values["idle_exit"] = self.idle_exit
-            self._runtime_args = copy.copy(args)
-            return
-        if "broker" in given or "broker_config" in given:
-            from .service.brokering import Brokering
-            from .service.model import ServiceModel
-
-            Brokering(ServiceModel()).configure(given.get("broker"), given.get("broker_config"))
-        for dest in SERVICE_OPTIONS:
-            if dest not in given:
-                continue
-            wanted = idle_exit_seconds(given[dest]) if dest == "idle_exit" else given[dest]
-            current = self._service_values.get(dest)
-            if wanted != current:
-                shown = given[dest] if dest == "idle_exit" else _shown(given[dest], dest)
-                notes.append(f"{self._flag(dest)}={shown} (the service has {_shown(current, dest)})")
-
-    def _apply_backends(self, args, names: Sequence[str], given: Dict[str, Any], notes: List[str]) -> List[str]:
-        service = self.service
-        added = []
-        for name in names:
-            if name in service.failures:
-                service.remove_failed_backend(name)
-                self._backend_values.pop(name, None)
-            dests = backend_dests(name) + BACKEND_COMMON
-            if name not in self._backend_values:
-                cls = backend_class(name)
-                # The service's local jobs outlive its end; each launch ends its own clients'
-                # (see Door), so the backend itself always keeps them.
-                backend_args = copy.copy(args)
-                backend_args.on_disconnect = "keep"
-                options = cls.options_from_args(backend_args)
-                context = service.context(all_users=args.all_users,
-                                          state_dir=self.state.directory if self.state.usable else None)
-                service.start_backend(cls(service.model, options, context))
-                self._backend_values[name] = {dest: getattr(args, dest, None) for dest in dests}
-                added.append(name)
-                log.info("the %s scheduler was added", name)
-                continue
-            current = self._backend_values[name]
-            for dest in dests:
-                if dest in given and given[dest] != current.get(dest) and dest != "on_disconnect":
-                    notes.append(f"{self._flag(dest)}={_shown(given[dest])} (the service's {name} scheduler has "
-                                 f"{_shown(current.get(dest), dest)})")
-        return added
-
-    def _update_runtime(self) -> None:
-        """The runtime of multi-part jobs listens on TCP when a batch scheduler runs (with
-        ``--runtime-tcp auto``): decided again as schedulers are added, until it starts."""
-        manager = self.service.coalloc
-        args = getattr(self, "_runtime_args", None)
-        if manager is None or args is None or manager.server is not None or manager.ready.is_set():
-            return
-        names = [backend.name for backend in self.service.backends]
-        manager.settings = runtime_settings(args, names, self.state)
-
-    def _flag(self, dest: str) -> str:
-        if not self._flags:
-            parser = build_parser()
-            for action in parser._actions:
-                longs = [o for o in action.option_strings if o.startswith("--")]
-                if longs:
-                    self._flags[action.dest] = longs[0]
-        return self._flags.get(dest, "--" + dest.replace("_", "-"))
+    def _apply(self, argv: List[str], cwd: Optional[str]) -> Tuple[Any, Applied]:
+        """A launch's command line applied (see :meth:`LaunchOptions.apply`)."""
+        args, applied, added = self.options.apply(argv, cwd)
+        if added and not self._planning and self._nursery is not None:
+            # the initial model is kept planned for clients to come, once there is one
+            self._planning = True
+            self._nursery.start_soon(keep_snapshot_planned, self.service)
+        return args, applied
 
     # ------------------------------------------------------------------ jobs
 
@@ -780,22 +538,6 @@ def _ended(model, key: int) -> bool:
     return key not in model or model.attr(key, K.STATE) in _FINAL_STATES
 
 
-def _shown(value: Any, dest: Optional[str] = None) -> str:
-    if dest == "idle_exit":
-        return "never" if value is None else f"{value:g}"
-    if dest in ("keep_ended", "show_ended"):
-        from .service.service import duration_text
-
-        if value is None:
-            return "never" if dest == "keep_ended" else "all"
-        return duration_text(value) if isinstance(value, (int, float)) else str(value)
-    if value is None:
-        return "its default"
-    if isinstance(value, bool):
-        return "on" if value else "off"
-    return str(value)
-
-
 def _file_id(path: str) -> Optional[Tuple[int, int]]:
     try:
         info = os.lstat(path)
@@ -804,91 +546,7 @@ def _file_id(path: str) -> Optional[Tuple[int, int]]:
     return info.st_dev, info.st_ino
 
 
-_BACKEND_DESTS: Dict[str, List[str]] = {}
-
-
-class _Dests:
-    """Collects the names (dests) of the options a backend adds, as argparse would name them."""
-
-    def __init__(self) -> None:
-        self.dests: List[str] = []
-
-    def add_argument_group(self, *args: Any, **kwargs: Any) -> "_Dests":
-        return self
-
-    def add_mutually_exclusive_group(self, **kwargs: Any) -> "_Dests":
-        return self
-
-    def add_argument(self, *flags: str, **settings: Any) -> None:
-        dest = settings.get("dest")
-        if dest is None:
-            longs = [flag for flag in flags if flag.startswith("--")]
-            dest = (longs or list(flags))[0].lstrip("-").replace("-", "_")
-        self.dests.append(dest)
-
-
-def backend_dests(name: str) -> List[str]:
-    """The options (dests) a backend adds to the command line."""
-    dests = _BACKEND_DESTS.get(name)
-    if dests is None:
-        collector = _Dests()
-        backend_class(name).add_arguments(collector)
-        dests = _BACKEND_DESTS[name] = collector.dests
-    return list(dests)
-
-
-def read_launch(argv: Sequence[str]):
-    """A launch's command line read as the agent reads its own: (arguments, schedulers, the
-    options given in so many words).  CommandLineError or ValueError with the line to show."""
-    try:
-        args = parse_arguments(list(argv))
-        names = check_arguments(args)
-        given = given_options(argv, args.parsed_backends)
-    except SystemExit:  # help or the version: the launching process answers those itself
-        raise CommandLineError("proxy-agent: --help and --version are answered by the launch itself") from None
-    return args, names, given
-
-
 # --------------------------------------------------------------------------- the process
-
-
-def _parse(argv: Sequence[str]):
-    """The service's own command line: read by hand when it is what a launch writes (the
-    service then starts without argparse), else by argparse."""
-    words = list(argv)
-    values: Dict[str, Any] = {"state_dir": None, "idle_exit": None, "check": None}
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word == "--check":
-            values["check"] = words[i + 1:]
-            break
-        if word in ("--state-dir", "--idle-exit") and i + 1 < len(words) and not words[i + 1].startswith("-"):
-            values[word[2:].replace("-", "_")] = words[i + 1]
-            i += 2
-            continue
-        return _parse_fully(argv)
-    import types
-
-    return types.SimpleNamespace(**values)
-
-
-def _parse_fully(argv: Sequence[str]):
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="proxy-agent service",
-        description="The service of one state directory, which every proxy-agent launch on that directory "
-        "joins. Launches start it when none runs; it runs in the foreground when started by hand.",
-    )
-    parser.add_argument("--state-dir", metavar="DIR", help="the state directory (default: the agent's)")
-    parser.add_argument("--idle-exit", metavar="SECONDS|never",
-                        help=f"leave after this long without a client and a running local job "
-                        f"(default: {DEFAULT_IDLE_EXIT:g})")
-    parser.add_argument("--check", nargs=argparse.REMAINDER, metavar="ARGV",
-                        help="first check a launch's command line (the rest of the line), and stop with its "
-                        "one-line error if it cannot be used")
-    return parser.parse_args(list(argv))
 
 
 def main(argv: Sequence[str], signals: Optional[Signals] = None) -> int:
@@ -924,7 +582,7 @@ def main(argv: Sequence[str], signals: Optional[Signals] = None) -> int:
 def _serve(argv: Sequence[str], signals: Signals, where: List[str]) -> int:
     from .endpoints import default_state_dir
 
-    args = _parse(argv)
+    args = service_command_line(argv)
     try:
         idle_exit = idle_exit_seconds(args.idle_exit)
         if args.check is not None:
@@ -937,11 +595,11 @@ def _serve(argv: Sequence[str], signals: Signals, where: List[str]) -> int:
     where.append(state.directory)
     try:
         os.makedirs(state.directory, mode=0o700, exist_ok=True)
-        service_log = _ServiceLog(os.path.join(state.directory, LOG_NAME))
+        service_log = ServiceLog(os.path.join(state.directory, LOG_NAME))
     except OSError as exc:
         print(f"proxy-agent: cannot use the state directory {state.directory}: {exc.strerror or exc}", file=sys.stderr)
         return 2
-    routes = _Routes()
+    routes = LogRoutes()
     root = logging.getLogger()
     root.handlers[:] = [service_log, routes]
     root.setLevel(logging.INFO)
@@ -971,7 +629,7 @@ def _serve(argv: Sequence[str], signals: Signals, where: List[str]) -> int:
         os.write(2, READY_MARK)
     except OSError:
         pass  # that launch has gone: the service serves the next one
-    _detach(service_log.fd)
+    detach(service_log.fd)
     signals.hold()  # from here a signal is noted, and stops the service once it runs
     started = time.time()
     try:
@@ -990,20 +648,3 @@ def _serve(argv: Sequence[str], signals: Signals, where: List[str]) -> int:
                 log.warning("the job store did not close cleanly: %s", exc)
         log.info("left after %.0f s", time.time() - started)
     return 0
-
-
-def _detach(log_fd: int) -> None:
-    """From now on stdin is /dev/null and stdout and stderr go into the log (what a user's
-    broker module prints, say): the launch that started the service waits for its stderr to
-    close (the service is ready), and nothing of the service may hold a launch's terminal or
-    ssh channel."""
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.close(null)
-    os.dup2(log_fd, 1)
-    os.dup2(log_fd, 2)
-    try:
-        if isinstance(sys.stdout, io.TextIOWrapper):
-            sys.stdout.reconfigure(line_buffering=True)
-    except (AttributeError, ValueError):
-        pass

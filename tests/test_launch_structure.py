@@ -154,7 +154,7 @@ def test_a_submission_is_written_without_walking_the_spec_with_asdict(monkeypatc
     def refuse(*args, **kwargs):
         raise AssertionError("attrs.asdict walks every value of every submission")
 
-    monkeypatch.setattr(store.attrs, "asdict", refuse)
+    monkeypatch.setattr(attrs, "asdict", refuse)
     assert store.spec_to_json(spec) == expected
     assert store.spec_from_json(store.spec_to_json(spec)) == spec
 

@@ -21,7 +21,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "proxy_agent"
 #: otherwise that module alone) and the layers below it that it may import.
 LAYERS: List[Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = [
     ("foundation", ("proxy_agent", "proxy_agent.cli", "proxy_agent.endpoints", "proxy_agent.config",
-                    "proxy_agent.manpage", "proxy_agent.runtime.*", "proxy_agent.frontends",
+                    "proxy_agent.manpage", "proxy_agent.simple_line", "proxy_agent.runtime.*", "proxy_agent.frontends",
                     "proxy_agent.frontends.api", "proxy_agent.frontends.api.wire"), ()),
     ("launch", ("proxy_agent.launch",), ("foundation",)),
     ("protocol", ("proxy_agent.protocol.*",), ("foundation",)),
@@ -39,7 +39,7 @@ LAYERS: List[Tuple[str, Tuple[str, ...], Tuple[str, ...]]] = [
     ("agent", ("proxy_agent.__main__",),
      ("foundation", "launch", "protocol", "service", "transport", "schedulers", "PTP front-end", "server",
       "job list")),
-    ("service process", ("proxy_agent.daemon",),
+    ("service process", ("proxy_agent.daemon", "proxy_agent.daemon_log", "proxy_agent.daemon_options"),
      ("foundation", "launch", "service", "transport", "schedulers", "service interface", "PTP front-end", "server",
       "agent")),
     ("completion", ("proxy_agent.completion",),

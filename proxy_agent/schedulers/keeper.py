@@ -31,14 +31,16 @@ What it does, for every job:
   resume: SIGSTOP and SIGCONT).
 
 The agent talks to it over ``keeper.sock`` in the directory, one JSON object per line; see
-:data:`REQUESTS`.  The keeper leaves by itself once no agent has been connected and no job
-has been running for :data:`IDLE_EXIT` seconds.
+:data:`REQUESTS`.  Its parts: the agent's connection (:mod:`.keeper_agent`), the journal
+(:mod:`.keeper_journal`), output from pipes to files (:mod:`.keeper_output`), what it knows of
+each job (:mod:`.keeper_jobs`); this module supervises the processes.  The keeper leaves by
+itself once no agent has been connected and no job has been running for :data:`IDLE_EXIT`
+seconds.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import select
 import selectors
@@ -51,100 +53,21 @@ from typing import Dict, List, Optional, Tuple
 
 from .custodian import FDS_PER_MESSAGE, CustodianLink, custodian_main, marker_of, say
 from .reaper import MARKER, OrphanReaper, set_name
-from ..service.journal import JOURNAL, compact_journal, journal_line, read_journal
+from .keeper_agent import IDLE_EXIT, NOTICES, REQUESTS, AgentConnection
+from .keeper_jobs import KeptJob, KeptProcess, kill_group
+from .keeper_journal import MIN_FREE, JobJournal
+from .keeper_output import AHEAD, AHEAD_DETACHED, OutputCopying
+from ..service.journal import JOURNAL, compact_journal
 
-#: JSON without spaces, by one encoder (``json.dumps`` with separators makes one a call)
-_compact = json.JSONEncoder(separators=(",", ":")).encode
+__all__ = ["AHEAD", "AHEAD_DETACHED", "EOF_GRACE", "IDLE_EXIT", "MIN_FREE", "NOTICES", "REQUESTS", "Keeper", "main",
+           "run_keeper"]
 
-#: How far (bytes) an output file may run ahead of what the connected agent has read.
-AHEAD = 8 << 20
-#: The same while no agent is connected.
-AHEAD_DETACHED = 256 << 20
-#: Seconds without an agent and without jobs after which the keeper leaves.
-IDLE_EXIT = 30.0
 #: Seconds a process's pipes may stay open after it exited before it counts as ended anyway.
 EOF_GRACE = 0.5
-_READ = 1 << 16
-_MAX_LINE = 64 << 20
-
-#: What the agent may ask, and what the keeper sends back.
-REQUESTS = {
-    "hello": "-> jobs: every job the keeper knows, running or ended, with its processes",
-    "spawn": "key, argv, env, cwd, count -> spawned (pids) or failed (error)",
-    "signal": "key, action (terminate|suspend|resume|kill), grace -> nothing (its effect shows in exit/done)",
-    "read": "key, rank, stream, offset: the agent has read a file up to offset (flow control)",
-    "forget": "key: remove the job's files (it has ended and been delivered)",
-    "bye": "policy (terminate|keep): the agent is leaving; terminate ends every job now",
-}
-NOTICES = {
-    "output": "key, rank, stream, size: a file grew (one notice until the agent reads)",
-    "recorded": "keys: these jobs are in the journal, synced to the disk (sent before they start)",
-    "spawned": "key, pids: the job's processes started",
-    "failed": "key, error, refused (the job was not recorded: nothing ran), started (processes that did)",
-    "exit": "key, rank, code (negative: the signal; null with lost: the status is not known)",
-    "dropped": "key, rank, stream, bytes, lines, at: output the disk had no room for (totals), from offset at",
-    "done": "key, error (why it ended so, if it did not end by itself): every process has ended, the end journaled",
-    "closing": "policy: the keeper is ending every job (after bye terminate)",
-}
-#: Free bytes the state directory's disk must have for a new job to be accepted.
-MIN_FREE = 1 << 20
-#: Seconds after the disk refused output during which new jobs are refused (for a quota,
-#: which the free space does not show).
-_FULL_MEMORY = 5.0
-#: Errors of a write that mean the disk has no room (the data is dropped and counted).
-_NO_ROOM = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
-#: Move output from pipe to file in the kernel where it can (no copy, and a keeper killed
-#: in between cannot have taken bytes out of the pipe without writing them).
-_SPLICE = hasattr(os, "splice")
 
 
-class _Process:
-    __slots__ = ("rank", "pid", "popen", "fds", "code", "exited_at", "reported", "lost")
 
-    def __init__(self, rank: int, pid: int, popen: Optional[subprocess.Popen], fds: Dict[str, int]) -> None:
-        self.rank = rank
-        self.pid = pid
-        #: the Popen object when the process was started through subprocess, else None
-        self.popen = popen
-        #: stream -> read end of its pipe, while open
-        self.fds = fds
-        self.code: Optional[int] = None
-        self.exited_at: Optional[float] = None
-        self.reported = False
-        #: why its exit status is not known (it ended with the keeper that ran it), else None
-        self.lost: Optional[str] = None
-
-
-class _Job:
-    __slots__ = ("key", "dir", "processes", "files", "sizes", "read", "notified", "pgid", "done",
-                 "kill_at", "started", "ended", "stopped", "adopted", "dropped", "error")
-
-    def __init__(self, key: int, directory: str) -> None:
-        self.key = key
-        self.dir = directory
-        self.processes: List[_Process] = []
-        #: (rank, stream) -> write fd of its file
-        self.files: Dict[Tuple[int, str], int] = {}
-        self.sizes: Dict[Tuple[int, str], int] = {}
-        #: what the agent has read of each file
-        self.read: Dict[Tuple[int, str], int] = {}
-        #: files the agent has been told about and not read since
-        self.notified: set = set()
-        self.pgid: Optional[int] = None
-        self.done = False
-        self.kill_at: Optional[float] = None
-        self.started = time.time()
-        self.ended: Optional[float] = None
-        self.stopped = False
-        #: taken back from an earlier keeper: its files are appended to, never truncated
-        self.adopted = False
-        #: output the disk had no room for: (rank, stream) -> [bytes, lines, offset of the gap]
-        self.dropped: Dict[Tuple[int, str], List[int]] = {}
-        #: why the job ended as it did, when not by itself (a keeper that died while starting it)
-        self.error: Optional[str] = None
-
-
-class Keeper:
+class Keeper(AgentConnection, JobJournal, OutputCopying):
     """The keeper (see the module documentation).  ``custodian``: the link to the custodian
     that started it, if one did (``instance``: the custodian's job marker)."""
 
@@ -160,9 +83,9 @@ class Keeper:
             os.chdir("/")
         os.makedirs(self.jobs_dir, mode=0o700, exist_ok=True)
         self.selector = selectors.DefaultSelector()
-        self.jobs: Dict[int, _Job] = {}
+        self.jobs: Dict[int, KeptJob] = {}
         #: the jobs not done yet: what the loop's timers and the orphan sweep look at
-        self.live: Dict[int, _Job] = {}
+        self.live: Dict[int, KeptJob] = {}
         #: a job ended since the last sweep for orphans
         self.sweep_due = False
         #: stdin of every job process (kept open; close-on-exec like every fd of the keeper)
@@ -179,8 +102,8 @@ class Keeper:
         self.journal = os.open(self.journal_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
         #: entries to append, written at the end of the round before any message that tells of them
         self.journal_pending: List[bytes] = []
-        self.by_pid: Dict[int, Tuple[_Job, _Process]] = {}
-        self.by_fd: Dict[int, Tuple[_Job, _Process, str]] = {}
+        self.by_pid: Dict[int, Tuple[KeptJob, KeptProcess]] = {}
+        self.by_fd: Dict[int, Tuple[KeptJob, KeptProcess, str]] = {}
         self.paused: set = set()
         self.agent: Optional[socket.socket] = None
         self.inbox = b""
@@ -239,7 +162,7 @@ class Keeper:
             self.released.append(key)
         now = time.monotonic()
         for key, entry in unfinished.items():
-            job = _Job(key, os.path.join(self.jobs_dir, str(key)))
+            job = KeptJob(key, os.path.join(self.jobs_dir, str(key)))
             job.adopted = True
             job.started = float(entry.get("started") or time.time())
             self.jobs[key] = job
@@ -274,7 +197,7 @@ class Keeper:
             self.live[key] = job
             for rank in range(max(procs) + 1):
                 pid, code, fds = procs.get(rank, [0, None, {}])
-                process = _Process(rank, pid, None, fds)
+                process = KeptProcess(rank, pid, None, fds)
                 job.processes.append(process)
                 for stream in ("stdout", "stderr"):
                     path = os.path.join(job.dir, f"{rank}.{'out' if stream == 'stdout' else 'err'}")
@@ -297,7 +220,7 @@ class Keeper:
         if strays:  # processes that left their jobs: ended with them, by the sweep
             self.sweep_due = True
 
-    def _end_untaken(self, job: _Job, mark: str, strays: List[int], why: str) -> None:
+    def _end_untaken(self, job: KeptJob, mark: str, strays: List[int], why: str) -> None:
         """A running job that cannot be taken back: ended, its processes too, saying why."""
         pids = set(strays) | set(_marked_processes(mark))
         for pid in pids:
@@ -314,23 +237,6 @@ class Keeper:
         job.done = True
         job.ended = time.time()
         self._write_status(job, why)
-
-    def _listen(self) -> socket.socket:
-        path = os.path.join(self.dir, "keeper.sock")
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        old = os.umask(0o177)
-        try:
-            sock.bind(path)
-        finally:
-            os.umask(old)
-        sock.listen(4)
-        sock.setblocking(False)
-        self.selector.register(sock, selectors.EVENT_READ, ("listen", None))
-        return sock
 
     def _on_signal(self, signum, frame) -> None:
         self.closing = True
@@ -392,270 +298,6 @@ class Keeper:
                     deadlines.append(max(0.01, process.exited_at + EOF_GRACE - now))
         return min(deadlines)
 
-    # ------------------------------------------------------------------ the agent
-
-    def _accept(self) -> None:
-        try:
-            conn, _ = self.listener.accept()
-        except OSError:
-            return
-        if self.agent is not None:  # a new agent replaces one that is gone without saying so
-            self._drop_agent()
-        conn.setblocking(False)
-        self.agent = conn
-        self.inbox = b""
-        self.outbox = bytearray()
-        self.selector.register(conn, selectors.EVENT_READ, ("agent", None))
-        for job in self.jobs.values():
-            job.notified.clear()
-
-    def _drop_agent(self) -> None:
-        agent = self.agent
-        self.agent = None
-        if agent is not None:
-            try:
-                self.selector.unregister(agent)
-            except (KeyError, ValueError):
-                pass
-            agent.close()
-        self.idle_since = time.monotonic()
-        for fd in list(self.paused):  # the detached limit is higher: read on
-            self._maybe_resume(fd)
-
-    def _send(self, message: dict) -> None:
-        """Queue a message; the loop writes everything queued in a round at the round's end."""
-        if self.agent is None:
-            return
-        self.outbox += _compact(message).encode() + b"\n"
-
-    def _agent_writable(self) -> None:
-        if self.journal_pending:  # what a message tells of is recorded before it goes
-            self._write_journal()
-        agent = self.agent
-        if agent is None:
-            return
-        while self.outbox:
-            try:
-                sent = agent.send(self.outbox)
-            except BlockingIOError:
-                break
-            except OSError:
-                self._drop_agent()
-                return
-            del self.outbox[:sent]
-        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.outbox else 0)
-        try:
-            self.selector.modify(agent, events, ("agent", None))
-        except (KeyError, ValueError):
-            pass
-
-    def _flush_agent(self) -> None:
-        deadline = time.monotonic() + 1.0
-        while self.outbox and self.agent is not None and time.monotonic() < deadline:
-            self._agent_writable()
-            if self.outbox:
-                time.sleep(0.01)
-
-    def _agent_readable(self) -> None:
-        agent = self.agent
-        if agent is None:
-            return
-        try:
-            data = agent.recv(1 << 16)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._drop_agent()
-            return
-        self.inbox += data
-        if len(self.inbox) > _MAX_LINE:
-            self._drop_agent()
-            return
-        if b"\n" not in self.inbox:
-            return
-        *lines, self.inbox = self.inbox.split(b"\n")
-        requests = []
-        for line in lines:
-            try:
-                requests.append(json.loads(line))
-            except ValueError as exc:
-                requests.append(exc)
-        # Every job is in the journal before its processes start: one write for all the
-        # spawn requests that came together.  The agent hears that they are recorded at once,
-        # before they are started (it answers the submissions then).
-        refused = self._record_started(requests, lines)
-        if self.recorded:
-            self._send({"op": "recorded", "keys": self.recorded})
-            self.recorded = []
-            self._agent_writable()
-        for request in requests:
-            try:
-                if isinstance(request, ValueError):
-                    raise request
-                if refused and request.get("op") == "spawn" and request.get("key") in refused:
-                    self._send({"op": "failed", "key": request["key"], "error": refused[request["key"]],
-                                "refused": True})
-                    continue
-                self._handle(request)
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
-                self._send({"op": "error", "error": f"bad request: {exc}"})
-
-    def _record_started(self, requests: list, lines: List[bytes]) -> Dict[int, str]:
-        """Journal the jobs about to start, with their requests as the agent sent them (a
-        keeper that replaces one that died before it started them starts them), synced to the
-        disk; the keys that could not be recorded (nothing of them runs), with why."""
-        entries = []
-        keys = []
-        head = f'{{"started":{time.time()!r},"mark":{json.dumps(self.reaper.instance)},"key":'.encode()
-        for request, line in zip(requests, lines):
-            if isinstance(request, dict) and request.get("op") == "spawn":
-                key = request.get("key")
-                if isinstance(key, int) and key not in self.jobs and isinstance(request.get("argv"), list):
-                    entries.append(b"%s%d,\"request\":%s}\n" % (head, key, line.strip()))
-                    keys.append(key)
-        if not entries:
-            return {}
-        error = self._no_room()
-        if error is None and self.journal_pending:
-            error = self._write_journal()  # what is pending goes first, whole
-        if error is None:
-            error = self._append_journal(b"".join(entries), sync=True)
-        if error:
-            return {key: error for key in keys}
-        self.recorded = keys
-        return {}
-
-    def _no_room(self) -> Optional[str]:
-        """Why a new job cannot be taken now for lack of disk space (None: it can)."""
-        try:
-            info = os.statvfs(self.dir)
-            free = info.f_bavail * info.f_frsize
-        except OSError:
-            return None
-        recent = self.disk_full_at is not None and time.monotonic() - self.disk_full_at < _FULL_MEMORY
-        if free >= MIN_FREE and not recent:
-            return None
-        return (f"no space left on the disk of {self.dir} ({free // 1024} KiB free): new jobs are refused until "
-                "space is freed")
-
-    def _write_journal(self) -> Optional[str]:
-        """Append what is pending to the journal (kept to try again if the disk refuses it);
-        why it failed, if it did."""
-        data = b"".join(self.journal_pending)
-        self.journal_pending = []
-        error = self._append_journal(data)
-        if error is not None:
-            self.journal_pending = [data]
-        return error
-
-    def _append_journal(self, data: bytes, sync: bool = False) -> Optional[str]:
-        """Append whole lines to the journal (synced to the disk if ``sync``); on failure the
-        journal is cut back to where it was, so that no torn line is left for the next write
-        to run into.  Why it failed, if it did."""
-        try:
-            size = os.fstat(self.journal).st_size
-        except OSError as exc:
-            return f"cannot record the job in {self.journal_path}: {exc.strerror or exc}"
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self.journal, view):]
-            if sync:
-                os.fdatasync(self.journal)
-        except OSError as exc:
-            try:
-                os.ftruncate(self.journal, size)
-            except OSError:
-                pass
-            if exc.errno in _NO_ROOM:
-                self.disk_full_at = time.monotonic()
-            return f"cannot record the job in {self.journal_path}: {exc.strerror or exc}"
-        return None
-
-    def _handle(self, request: dict) -> None:
-        op = request.get("op")
-        if op == "hello":
-            self._send({"op": "jobs", "jobs": [self._describe(job) for job in self.jobs.values()]
-                        + self._ended_on_disk()})
-        elif op == "spawn":
-            self._spawn(int(request["key"]), request["argv"], request["env"], request["cwd"], int(request["count"]))
-        elif op == "signal":
-            job = self.jobs.get(int(request["key"]))
-            if job is not None:
-                self._signal_job(job, request["action"], float(request.get("grace", 2.0)))
-        elif op == "read":
-            job = self.jobs.get(int(request["key"]))
-            if job is not None:
-                where = (int(request["rank"]), request["stream"])
-                job.read[where] = max(job.read.get(where, 0), int(request["offset"]))
-                job.notified.discard(where)
-                if job.sizes.get(where, 0) > job.read[where]:
-                    self._notify_output(job, where)
-                for process in job.processes:
-                    fd = process.fds.get(where[1]) if process.rank == where[0] else None
-                    if fd is not None and fd in self.paused:
-                        self._maybe_resume(fd)
-        elif op == "forget":
-            self._forget(int(request["key"]))
-        elif op == "bye":
-            self.remove_on_exit = bool(request.get("remove"))
-            if request.get("policy") == "terminate":
-                # end every job; the agent stays connected to hear each end, then the keeper leaves
-                self.closing = True
-                self._send({"op": "closing", "policy": "terminate"})
-            else:
-                self._flush_agent()
-                self._drop_agent()
-                self.idle_since = time.monotonic() - IDLE_EXIT + 1.0  # leave soon once no job runs
-        else:
-            self._send({"op": "error", "error": f"unknown request {op!r}"})
-
-    def _describe(self, job: _Job) -> dict:
-        described = {
-            "key": job.key,
-            "done": job.done,
-            "pids": [p.pid for p in job.processes],
-            "codes": [p.code if p.reported else None for p in job.processes],
-            "sizes": {f"{r}.{s}": n for (r, s), n in job.sizes.items()},
-            "started": job.started,
-            "ended": job.ended,
-        }
-        _add_troubles(described, job)
-        return described
-
-    def _ended_on_disk(self) -> List[dict]:
-        """Jobs ended under an earlier keeper (in the journal, or the ``status.json`` of an
-        older keeper), not in memory now."""
-        found = []
-        if self.journal_pending:
-            self._write_journal()
-        journal = read_journal(self.journal_path)
-        for key, entry in journal.items():
-            if key in self.jobs or entry.get("forgotten"):
-                continue
-            if not entry.get("done"):
-                # started but never finished here (the keeper itself was killed): lost
-                entry = {"key": key, "done": True, "lost": True, "codes": [], "pids": []}
-            found.append(entry)
-        try:
-            names = os.listdir(self.jobs_dir)
-        except OSError:
-            return found
-        for name in names:
-            if not name.isdigit() or int(name) in self.jobs or int(name) in journal:
-                continue
-            try:
-                with open(os.path.join(self.jobs_dir, name, "status.json")) as status:
-                    data = json.load(status)
-            except (OSError, ValueError):
-                # started but never finished here (the keeper itself was killed): lost
-                data = {"key": int(name), "done": True, "lost": True, "codes": [], "pids": []}
-            data["done"] = True
-            found.append(data)
-        return found
-
     # ------------------------------------------------------------------ jobs
 
     def _spawn(self, key: int, argv: List[str], env: Dict[str, str], cwd: str, count: int) -> None:
@@ -663,7 +305,7 @@ class Keeper:
             self._send({"op": "failed", "key": key, "error": "a job with this key is already running"})
             return
         directory = os.path.join(self.jobs_dir, str(key))
-        job = _Job(key, directory)
+        job = KeptJob(key, directory)
         if key in self.seen:  # an earlier job with this key, forgotten: its files go
             try:
                 for name in os.listdir(directory):
@@ -699,7 +341,7 @@ class Keeper:
                         os.close(fd)
                     except OSError:
                         pass  # (closed by _start_process when its start failed)
-            _kill_group(job.pgid, signal.SIGKILL)  # those that did start: they end as the job fails
+            kill_group(job.pgid, signal.SIGKILL)  # those that did start: they end as the job fails
             self._tell_pids(job)  # (their ends are recorded like any other)
             error = f"cannot start {argv[0]!r}: {exc.strerror or exc}"
             self._send({"op": "failed", "key": key, "error": error, "started": len(job.processes)})
@@ -715,7 +357,7 @@ class Keeper:
         self._tell_pids(job)
         self._send({"op": "spawned", "key": key, "pids": [p.pid for p in job.processes]})
 
-    def _start_process(self, job: _Job, rank: int, argv, env, cwd, count, pipe: Tuple[int, int, int, int]) -> None:
+    def _start_process(self, job: KeptJob, rank: int, argv, env, cwd, count, pipe: Tuple[int, int, int, int]) -> None:
         env = dict(env)
         env["PROXY_AGENT_PROCESS_INDEX"] = str(rank)
         env["PROXY_AGENT_NUM_PROCS"] = str(count)
@@ -739,7 +381,7 @@ class Keeper:
         os.close(err_w)
         if job.pgid is None:
             job.pgid = pid
-        process = _Process(rank, pid, popen, {"stdout": out_r, "stderr": err_r})
+        process = KeptProcess(rank, pid, popen, {"stdout": out_r, "stderr": err_r})
         job.processes.append(process)
         self.by_pid[pid] = (job, process)
         for stream, fd in process.fds.items():
@@ -769,125 +411,6 @@ class Keeper:
             if moved:
                 os.chdir(self.home)
 
-    def _pipe_readable(self, fd: int) -> None:
-        entry = self.by_fd.get(fd)
-        if entry is None:
-            return
-        job, process, stream = entry
-        where = (process.rank, stream)
-        taken = self._take_output(job, where, fd)
-        if taken is None:
-            return
-        if taken == 0:
-            self._close_pipe(fd)
-            return
-        self._notify_output(job, where)
-        limit = AHEAD if self.agent is not None else AHEAD_DETACHED
-        if job.sizes[where] - job.read.get(where, 0) > limit:
-            self.selector.unregister(fd)
-            self.paused.add(fd)
-
-    def _take_output(self, job: _Job, where: Tuple[int, str], fd: int) -> Optional[int]:
-        """Move what the pipe holds into the process's file (what the disk has no room for
-        is dropped and counted); the bytes taken from the pipe, 0 at its end, None if it
-        holds nothing now."""
-        global _SPLICE
-        out = job.files.get(where)
-        if _SPLICE and out is not None:
-            try:
-                moved = os.splice(fd, out, _READ)
-            except BlockingIOError:
-                return None
-            except OSError as exc:
-                if exc.errno in (errno.EINVAL, errno.ENOSYS, errno.EXDEV):
-                    _SPLICE = False  # not for this file system: copy through the keeper instead
-                elif exc.errno not in _NO_ROOM and exc.errno != errno.EIO:
-                    return 0
-            else:
-                job.sizes[where] += moved
-                return moved
-        try:
-            data = os.read(fd, _READ)
-        except BlockingIOError:
-            return None
-        except OSError:
-            data = b""
-        if data:
-            self._write_output(job, where, data)
-        return len(data)
-
-    def _write_output(self, job: _Job, where: Tuple[int, str], data: bytes) -> None:
-        """Append to a process's file; what the disk does not take is dropped and counted."""
-        view = memoryview(data)
-        try:
-            out = _output_file(job, where)
-            while view:
-                view = view[os.write(out, view):]
-        except OSError as exc:
-            job.sizes[where] += len(data) - len(view)
-            self._drop(job, where, view.tobytes(), exc)
-            return
-        job.sizes[where] += len(data)
-
-    def _drop(self, job: _Job, where: Tuple[int, str], data: bytes, exc: OSError) -> None:
-        """Output the disk did not take: counted, with where the file stops (the gap)."""
-        at = job.sizes[where]
-        dropped = job.dropped.setdefault(where, [0, 0, at])
-        dropped[0] += len(data)
-        dropped[1] += data.count(b"\n")
-        dropped[2] = at
-        self.drops_untold[(job.key, where)] = None
-        if exc.errno in _NO_ROOM:
-            self.disk_full_at = time.monotonic()
-        if not self.drop_logged:
-            self.drop_logged = True
-            say(f"keeper: output of job {job.key} dropped: {exc.strerror or exc}")
-
-    def _tell_drops(self) -> None:
-        """Tell the agent how much output each file has lost so far (totals, and where the
-        latest loss is in the file)."""
-        untold, self.drops_untold = self.drops_untold, {}
-        for key, where in untold:
-            job = self.jobs.get(key)
-            if job is None or where not in job.dropped:
-                continue
-            size, lines, at = job.dropped[where]
-            self._send({"op": "dropped", "key": key, "rank": where[0], "stream": where[1], "bytes": size,
-                        "lines": lines, "at": at})
-
-    def _maybe_resume(self, fd: int) -> None:
-        entry = self.by_fd.get(fd)
-        if entry is None:
-            self.paused.discard(fd)
-            return
-        job, process, stream = entry
-        where = (process.rank, stream)
-        limit = AHEAD if self.agent is not None else AHEAD_DETACHED
-        if job.sizes[where] - job.read.get(where, 0) <= limit:
-            self.paused.discard(fd)
-            self.selector.register(fd, selectors.EVENT_READ, ("pipe", None))
-
-    def _notify_output(self, job: _Job, where: Tuple[int, str]) -> None:
-        if self.agent is None or where in job.notified:
-            return
-        job.notified.add(where)
-        self._send({"op": "output", "key": job.key, "rank": where[0], "stream": where[1], "size": job.sizes[where]})
-
-    def _close_pipe(self, fd: int) -> None:
-        entry = self.by_fd.pop(fd, None)
-        if fd in self.paused:
-            self.paused.discard(fd)
-        else:
-            try:
-                self.selector.unregister(fd)
-            except (KeyError, ValueError):
-                pass
-        os.close(fd)
-        if entry is not None:
-            job, process, stream = entry
-            process.fds.pop(stream, None)
-            self._check_process(job, process)
-
     def _reap(self) -> None:
         while True:
             try:
@@ -912,7 +435,7 @@ class Keeper:
             self.reaped[str(pid)] = code  # so that a keeper after this one knows it too
         self._check_process(job, process)
 
-    def _check_process(self, job: _Job, process: _Process) -> None:
+    def _check_process(self, job: KeptJob, process: KeptProcess) -> None:
         """Report a process once it has exited and its output is complete (its pipes closed),
         or once its pipes have stayed open EOF_GRACE seconds after it exited (something it
         started holds them; they are read on until the job ends)."""
@@ -928,8 +451,8 @@ class Keeper:
         if all(p.reported for p in job.processes):
             self._finish(job)
 
-    def _finish(self, job: _Job) -> None:
-        _kill_group(job.pgid, signal.SIGKILL)  # whatever the job left in its group
+    def _finish(self, job: KeptJob) -> None:
+        kill_group(job.pgid, signal.SIGKILL)  # whatever the job left in its group
         self.live.pop(job.key, None)
         # what left the group is ended by the sweep at the end of this round (one look at
         # the keeper's children for every job that ended in the round)
@@ -990,7 +513,7 @@ class Keeper:
                 and delivered):
             self._custodian_gone()
 
-    def _tell_pids(self, job: _Job) -> None:
+    def _tell_pids(self, job: KeptJob) -> None:
         """The custodian learns the pids of a job's processes once they have started: with
         the next job's pipes, or at the end of the round."""
         if self.custodian is not None and job.processes:
@@ -1059,7 +582,7 @@ class Keeper:
             if entry is not None:
                 entry[1].fds.pop(entry[2], None)
 
-    def _close_files(self, job: _Job) -> None:
+    def _close_files(self, job: KeptJob) -> None:
         for fd in job.files.values():
             try:
                 os.close(fd)
@@ -1067,54 +590,23 @@ class Keeper:
                 pass
         job.files = {}
 
-    def _write_status(self, job: _Job, error: Optional[str] = None) -> None:
-        status = {
-            "key": job.key,
-            "done": True,
-            "pids": [p.pid for p in job.processes],
-            "codes": [p.code for p in job.processes],
-            "sizes": {f"{r}.{s}": n for (r, s), n in job.sizes.items()},
-            "started": job.started,
-            "ended": job.ended,
-        }
-        if error is not None:
-            job.error = error
-        _add_troubles(status, job)
-        # written with the round's other entries, before the "done" that tells of it
-        self.journal_pending.append(journal_line(status))
-
-    def _forget(self, key: int) -> None:
-        job = self.jobs.get(key)
-        if job is not None and not job.done:
-            return
-        self.jobs.pop(key, None)
-        self.journal_pending.append(journal_line({"key": key, "forgotten": True}))
-        self._write_journal()
-        directory = os.path.join(self.jobs_dir, str(key))
-        try:
-            for name in os.listdir(directory):
-                os.unlink(os.path.join(directory, name))
-            os.rmdir(directory)
-        except OSError:
-            pass
-
     # ------------------------------------------------------------------ signals
 
-    def _signal_job(self, job: _Job, action: str, grace: float) -> None:
+    def _signal_job(self, job: KeptJob, action: str, grace: float) -> None:
         if job.done:
             return
         if action == "terminate":
-            _kill_group(job.pgid, signal.SIGTERM)
-            _kill_group(job.pgid, signal.SIGCONT)  # a stopped job must wake to see SIGTERM
+            kill_group(job.pgid, signal.SIGTERM)
+            kill_group(job.pgid, signal.SIGCONT)  # a stopped job must wake to see SIGTERM
             if job.kill_at is None:
                 job.kill_at = time.monotonic() + grace
         elif action == "kill":
-            _kill_group(job.pgid, signal.SIGKILL)
+            kill_group(job.pgid, signal.SIGKILL)
         elif action == "suspend":
-            _kill_group(job.pgid, signal.SIGSTOP)
+            kill_group(job.pgid, signal.SIGSTOP)
             job.stopped = True
         elif action == "resume":
-            _kill_group(job.pgid, signal.SIGCONT)
+            kill_group(job.pgid, signal.SIGCONT)
             job.stopped = False
 
     def _terminate_all(self, grace: float) -> None:
@@ -1126,45 +618,11 @@ class Keeper:
         now = time.monotonic()
         for job in list(self.live.values()):
             if job.kill_at is not None and now >= job.kill_at and not job.done:
-                _kill_group(job.pgid, signal.SIGKILL)
+                kill_group(job.pgid, signal.SIGKILL)
                 job.kill_at = None
             for process in job.processes:
                 if process.exited_at is not None and not process.reported and now - process.exited_at >= EOF_GRACE:
                     self._check_process(job, process)
-
-
-def _output_file(job: _Job, where: Tuple[int, str]) -> int:
-    """The write end of a process's output file, made (with the job's directory) when the
-    first output comes: most processes of a busy host write nothing to one stream or both,
-    and a job that writes nothing has no directory."""
-    fd = job.files.get(where)
-    if fd is None:
-        rank, stream = where
-        path = os.path.join(job.dir, f"{rank}.{'out' if stream == 'stdout' else 'err'}")
-        # a job taken back from an earlier keeper goes on where its files end
-        flags = os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | (os.O_APPEND if job.adopted else os.O_TRUNC)
-        try:
-            fd = os.open(path, flags, 0o600)
-        except FileNotFoundError:
-            try:
-                os.mkdir(job.dir, mode=0o700)
-            except FileExistsError:
-                pass
-            fd = os.open(path, flags, 0o600)
-        job.files[where] = fd
-    return fd
-
-
-def _add_troubles(described: dict, job: _Job) -> None:
-    """What went wrong with a job, in its description or status: why it ended so, whose exit
-    status is not known, how much output the disk had no room for."""
-    if job.error is not None:
-        described["error"] = job.error
-    lost = {str(p.rank): p.lost for p in job.processes if p.lost is not None}
-    if lost:
-        described["lost_codes"] = lost
-    if job.dropped:
-        described["dropped"] = {f"{r}.{s}": list(value) for (r, s), value in job.dropped.items()}
 
 
 #: Start processes with os.posix_spawn (Linux and glibc, where it reports exec errors).
@@ -1178,15 +636,6 @@ def _group(pgid: int) -> dict:
     if sys.version_info >= (3, 11):
         return {"process_group": pgid}
     return {"preexec_fn": lambda: os.setpgid(0, pgid)}  # pragma: no cover
-
-
-def _kill_group(pgid: Optional[int], sig: int) -> None:
-    if pgid is None:
-        return
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def run_keeper(directory: str, custodian: Optional[CustodianLink], instance: Optional[str]) -> int:

@@ -21,29 +21,27 @@ A new submission is committed with a full sync (``PRAGMA synchronous=FULL``): it
 machine losing power.  Everything else is committed with the cheaper ``NORMAL``, which a
 killed agent never loses either.
 
-Only one agent uses a state directory at a time: :class:`StateLock` holds an exclusive lock
-on ``agent.lock`` (with the holder's pid and how to reach it written inside) for the agent's
-life.
+Only one agent uses a state directory at a time (:mod:`.state_lock`).  The database file, its
+schema and the store's errors are :mod:`.store_file`'s; a job's row is :mod:`.stored_job`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import json
 import logging
 import os
 import sqlite3
-import stat
 import time
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
-import attrs
-
 from ..endpoints import default_state_dir, holder_of
-from ..endpoints import read_lock_holder as _read_holder
 from .jobs import JobSpec
+from .state_lock import StateDirInUse, StateLock
+from .store_file import (SCHEMA_VERSION, StoreDamaged, StoreError, StoreUnwritable, check_content, check_file,
+                         check_pages, check_version, create_file, explained, make_private, migrate, move_aside,
+                         read_only, transient)
+from .stored_job import COLUMNS, StoredJob, offsets_of, spec_from_json, spec_to_json
 
 log = logging.getLogger("proxy_agent.service.store")
 
@@ -63,252 +61,8 @@ __all__ = [
     "spec_to_json",
 ]
 
-#: The schema this code writes; older ones are migrated on open.
-SCHEMA_VERSION = 2
-
-#: Schema 1: the statements that create it in an empty database.
-_SCHEMA_1 = (
-    """CREATE TABLE IF NOT EXISTS jobs (
-        key INTEGER PRIMARY KEY,
-        backend TEXT NOT NULL,
-        queue TEXT NOT NULL DEFAULT '',
-        native_id TEXT NOT NULL DEFAULT '',
-        name TEXT NOT NULL DEFAULT '',
-        client_ref TEXT NOT NULL DEFAULT '',
-        spec TEXT NOT NULL DEFAULT '{}',
-        state TEXT NOT NULL DEFAULT 'ACCEPTED',
-        native_state TEXT NOT NULL DEFAULT '',
-        message TEXT NOT NULL DEFAULT '',
-        submitted REAL NOT NULL,
-        ended REAL,
-        delivered TEXT NOT NULL DEFAULT '{}',
-        extra TEXT NOT NULL DEFAULT '{}'
-    )""",
-    "CREATE INDEX IF NOT EXISTS jobs_ended ON jobs (ended)",
-)
-
-#: version -> the statements that take a database of the version before to it.  A new
-#: database is made as schema 1 and migrated like any old one, so every step runs everywhere.
-_MIGRATIONS = {
-    # how a job ended, so that a job its scheduler has forgotten still shows its exit status
-    # after a restart
-    2: (
-        "ALTER TABLE jobs ADD COLUMN exit_code TEXT NOT NULL DEFAULT ''",
-        "ALTER TABLE jobs ADD COLUMN signal TEXT NOT NULL DEFAULT ''",
-    ),
-}
-
-
 #: Every how many flushes the write-ahead log is checkpointed.
 _CHECKPOINT_EVERY = 20
-
-
-class StoreError(Exception):
-    """The store cannot be used; ``message`` says why in one line."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(message)
-        self.message = message
-
-
-class StoreUnwritable(StoreError):
-    """The store is sound but cannot be written now (a full disk, a read-only file, an I/O
-    error): kept as it is, and written once it can be."""
-
-
-class StoreDamaged(StoreError):
-    """What is at the store's path cannot be read as a store of a schema this agent knows
-    (damaged, truncated, a newer agent's, not a plain file): :func:`open_store` moves it aside."""
-
-
-class StateDirInUse(StoreError):
-    """Another agent holds the state directory."""
-
-    def __init__(self, message: str, holder: Dict[str, Any]) -> None:
-        super().__init__(message)
-        self.holder = holder
-
-
-# --------------------------------------------------------------------------- the lock
-
-
-class StateLock:
-    """The one agent of a state directory: an exclusive ``flock`` on ``agent.lock``."""
-
-    def __init__(self, directory: str) -> None:
-        self.directory = directory
-        self.path = os.path.join(directory, "agent.lock")
-        self._fd: Optional[int] = None
-
-    def acquire(self, about: Dict[str, Any]) -> None:
-        """Take the lock, writing ``about`` (pid, how to reach this agent) into the file;
-        :class:`StateDirInUse` naming the holder when another agent has it."""
-        try:
-            os.makedirs(self.directory, mode=0o700, exist_ok=True)
-        except OSError as exc:
-            raise StoreError(f"cannot create the state directory {self.directory}: {exc.strerror or exc}") from None
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = _read_holder(fd)
-            os.close(fd)
-            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                pid = holder.get("pid", "another process")
-                where = holder.get("unix")
-                hint = f"; connect to it: proxy-console --unix {where}" if where else ""
-                raise StateDirInUse(
-                    f"the state directory {self.directory} is in use by proxy-agent process {pid}{hint}", holder
-                ) from None
-            raise StoreError(f"cannot lock {self.path}: {exc.strerror or exc}") from None
-        self._fd = fd
-        self.update(about)
-
-    def update(self, about: Dict[str, Any]) -> None:
-        """Say who holds the lock; the lock holds without it (a full disk may refuse the
-        bytes: then a second agent is told the directory is in use, without the pid)."""
-        if self._fd is not None:
-            try:
-                os.ftruncate(self._fd, 0)
-                os.pwrite(self._fd, json.dumps(about).encode(), 0)
-            except OSError as exc:
-                log.warning("cannot write who holds %s: %s", self.path, exc.strerror or exc)
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-# --------------------------------------------------------------------------- specs as JSON
-
-
-#: JobSpec's fields, in order.  Their values are strings, numbers, booleans, None and tuples
-#: of those (or of pairs): JSON writes them as attrs.asdict would give them, without its
-#: walk over every value (a submission is written for every job).
-_SPEC_FIELDS = tuple(field.name for field in attrs.fields(JobSpec))
-
-
-#: JSON without spaces, by one encoder (``json.dumps`` with separators makes one a call)
-_compact = json.JSONEncoder(separators=(",", ":")).encode
-
-
-def spec_to_json(spec: JobSpec) -> str:
-    return _compact({name: getattr(spec, name) for name in _SPEC_FIELDS})
-
-
-def spec_from_json(text: str) -> Optional[JobSpec]:
-    """The JobSpec stored as ``text`` (None if it cannot be read back)."""
-    try:
-        data = json.loads(text)
-        fields = {f.name for f in attrs.fields(JobSpec)}
-        return JobSpec(**{k: v for k, v in data.items() if k in fields})
-    except (ValueError, TypeError, AttributeError):
-        return None
-
-
-# --------------------------------------------------------------------------- the store
-
-
-def _offsets(text: str) -> Dict[str, int]:
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return {}
-    if not isinstance(value, dict):
-        return {}
-    return {k: v for k, v in value.items() if isinstance(k, str) and isinstance(v, int)}
-
-
-@attrs.frozen
-class StoredJob:
-    key: int
-    backend: str
-    queue: str
-    native_id: str
-    name: str
-    client_ref: str
-    spec: str
-    state: str
-    native_state: str
-    message: str
-    submitted: float
-    ended: Optional[float]
-    delivered: str
-    extra: str
-    #: the exit status (decimal text) or the signal name of an ended job ('' if not known)
-    exit_code: str = ""
-    signal: str = ""
-
-    @property
-    def job_spec(self) -> Optional[JobSpec]:
-        return spec_from_json(self.spec)
-
-    @property
-    def delivered_offsets(self) -> Dict[str, int]:
-        """How much output reached a client: ``"RANK.STREAM"`` -> bytes of its file."""
-        try:
-            value = json.loads(self.delivered)
-        except ValueError:
-            return {}
-        if not isinstance(value, dict):
-            return {}
-        return {k: int(v) for k, v in value.items() if isinstance(v, int)}
-
-    @property
-    def extras(self) -> Dict[str, Any]:
-        try:
-            value = json.loads(self.extra)
-        except ValueError:
-            return {}
-        return value if isinstance(value, dict) else {}
-
-
-_COLUMNS = [f.name for f in attrs.fields(StoredJob)]
-
-
-#: The first bytes of every SQLite database file.
-_SQLITE_HEADER = b"SQLite format 3\x00"
-
-#: SQLite's primary result codes that say the store cannot be used *now*, not that it is
-#: damaged: full, I/O error (extended codes too), read-only, cannot open, busy, locked, no
-#: permission, out of memory, a locking protocol error.
-_TRANSIENT_CODES = frozenset({13, 10, 8, 14, 5, 6, 3, 7, 15})
-#: The same as SQLite's message texts (for Pythons without ``sqlite_errorcode``).
-_TRANSIENT_TEXTS = ("disk is full", "disk i/o error", "readonly database", "unable to open", "is locked",
-                    "not authorized", "out of memory", "locking protocol", "access permission denied")
-
-
-def transient(exc: BaseException) -> bool:
-    """Does this SQLite error say the store cannot be used now (rather than that it is
-    damaged)?"""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        return (code & 0xFF) in _TRANSIENT_CODES
-    text = str(exc).lower()
-    return any(part in text for part in _TRANSIENT_TEXTS)
-
-
-def _read_only(exc: BaseException) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)
-    if isinstance(code, int):
-        return code & 0xFF == 8  # SQLITE_READONLY and its extended codes
-    return "readonly" in str(exc).lower()
-
-
-def _explained(exc: BaseException, path: str) -> str:
-    """SQLite's words for an error, and what lies behind a vague one: SQLite calls a full
-    disk an I/O error when the file it cannot grow is its shared-memory file."""
-    text = str(exc)
-    if "full" in text:
-        return text
-    try:
-        info = os.statvfs(os.path.dirname(path) or ".")
-    except OSError:
-        return text
-    if info.f_bavail * info.f_frsize < 64 * 1024:
-        return f"{text}: no space left on the disk of {os.path.dirname(path)}"
-    return text
 
 
 class _OwedBefore(dict):
@@ -364,15 +118,15 @@ class JobStore:
         cannot be opened for writing now (see :meth:`reading_only`)."""
         path = self.path
         if not os.path.lexists(path):
-            _create(path)
-        _check_file(path)
+            create_file(path)
+        check_file(path)
         try:
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         except sqlite3.Error as exc:
             raise self._failure(exc, "written") from None
         try:
-            self._check_version(db, path)  # before anything is changed in a newer agent's file
-            _check_pages(db)
+            check_version(db, path)  # before anything is changed in a newer agent's file
+            check_pages(db)
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")
             db.execute("PRAGMA busy_timeout=2000")
@@ -380,8 +134,8 @@ class JobStore:
             # written, and that time is all an agent killed in between could lose.  The
             # periodic flush checkpoints instead.
             db.execute("PRAGMA wal_autocheckpoint=0")
-            self._migrate(db)
-            _check_content(db)
+            migrate(db)
+            check_content(db)
             # SQLite opens a file it may not write read-only, without a word: a change that is
             # taken back says so now
             db.execute("BEGIN IMMEDIATE")
@@ -395,14 +149,13 @@ class JobStore:
                 raise self._failure(exc, "written") from None
             raise
         for name in (path, path + "-wal", path + "-shm"):
-            _make_private(name)  # what an older agent made with the umask's mode
+            make_private(name)  # what an older agent made with the umask's mode
         return db
 
     def _failure(self, exc: sqlite3.Error, doing: str) -> Exception:
         if transient(exc):
-            return StoreUnwritable(f"the job store {self.path} cannot be {doing} now: {_explained(exc, self.path)}")
+            return StoreUnwritable(f"the job store {self.path} cannot be {doing} now: {explained(exc, self.path)}")
         return StoreDamaged(f"the job store {self.path} cannot be used: {exc}")
-
     @classmethod
     def reading_only(cls, path: str, why: str) -> "JobStore":
         """A sound store that cannot be written now, read without writing anything: its
@@ -424,7 +177,7 @@ class JobStore:
         store = cls.__new__(cls)
         store._init_state(path)
         store._db = store._connect_reading()
-        if store._check_version(store._db, path) < SCHEMA_VERSION:
+        if check_version(store._db, path) < SCHEMA_VERSION:
             store._db.close()
             return None
         store._reading_only = True
@@ -432,7 +185,7 @@ class JobStore:
 
     def _connect_reading(self) -> sqlite3.Connection:
         path = self.path
-        _check_file(path)
+        check_file(path)
         from urllib.parse import quote
 
         uri = "file:" + quote(os.path.abspath(path))
@@ -455,10 +208,10 @@ class JobStore:
                 last = exc
                 continue
             try:
-                version = self._check_version(db, path)
-                _check_pages(db)
+                version = check_version(db, path)
+                check_pages(db)
                 if version == SCHEMA_VERSION:
-                    _check_content(db)
+                    check_content(db)
                 return db
             except sqlite3.Error as exc:
                 db.close()
@@ -467,38 +220,6 @@ class JobStore:
                 last = exc
         raise StoreUnwritable(f"the job store {path} cannot be read now: {last}")
 
-    @staticmethod
-    def _check_version(db: sqlite3.Connection, path: str = "") -> int:
-        (version,) = db.execute("PRAGMA user_version").fetchone()
-        if version > SCHEMA_VERSION:
-            raise StoreDamaged(f"the job store {path} cannot be used: it was written by a newer proxy-agent "
-                               f"(schema {version}; this one knows {SCHEMA_VERSION})")
-        return version
-
-    @staticmethod
-    def _migrate(db: sqlite3.Connection) -> None:
-        version = JobStore._check_version(db)
-        if version == SCHEMA_VERSION:
-            return
-        # One transaction: a migration that fails half-way leaves the old schema as it was.
-        db.execute("BEGIN IMMEDIATE")
-        try:
-            if version < 1:
-                for statement in _SCHEMA_1:
-                    db.execute(statement)
-                version = 1
-            while version < SCHEMA_VERSION:
-                version += 1
-                for statement in _MIGRATIONS[version]:
-                    db.execute(statement)
-            db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-            db.execute("COMMIT")
-        except BaseException:
-            try:
-                db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
-            raise
 
     @contextlib.contextmanager
     def _transaction(self, durable: bool = False) -> Iterator[None]:
@@ -548,9 +269,9 @@ class JobStore:
         """A write failed: owed if the store cannot be written now, raised if it is damaged."""
         if not transient(exc):
             raise exc
-        if _read_only(exc):
+        if read_only(exc):
             self._reading_only = True  # the connection stays read-only: a new one is needed
-        self._set_unwritable(f"the job store {self.path} cannot be written now: {_explained(exc, self.path)}")
+        self._set_unwritable(f"the job store {self.path} cannot be written now: {explained(exc, self.path)}")
 
     @property
     def owes(self) -> bool:
@@ -700,7 +421,7 @@ class JobStore:
                         row = self._db.execute("SELECT delivered FROM jobs WHERE key=?", (key,)).fetchone()
                         if row is None:
                             continue
-                        current = _offsets(row[0])
+                        current = offsets_of(row[0])
                         before = previous.setdefault(key, {})
                         for name, offset in where.items():
                             if offset > current.get(name, -1):
@@ -741,7 +462,7 @@ class JobStore:
                     row = self._db.execute("SELECT delivered FROM jobs WHERE key=?", (key,)).fetchone()
                     if row is None or not where:
                         continue
-                    current = _offsets(row[0])
+                    current = offsets_of(row[0])
                     current.update(where)
                     self._db.execute("UPDATE jobs SET delivered=? WHERE key=?", (json.dumps(current), key))
         except sqlite3.Error as exc:
@@ -813,7 +534,7 @@ class JobStore:
                     row = self._db.execute("SELECT delivered FROM jobs WHERE key=?", (key,)).fetchone()
                     if row is None:
                         continue
-                    current = _offsets(row[0])
+                    current = offsets_of(row[0])
                     for name, offset in where.items():
                         current[name] = max(offset, current.get(name, 0))
                     self._db.execute("UPDATE jobs SET delivered=? WHERE key=?", (json.dumps(current), key))
@@ -845,7 +566,7 @@ class JobStore:
 
     def jobs(self, *, ended: Optional[bool] = None) -> List[StoredJob]:
         self._write_noted()
-        query = f"SELECT {', '.join(_COLUMNS)} FROM jobs"
+        query = f"SELECT {', '.join(COLUMNS)} FROM jobs"
         if ended is True:
             query += " WHERE ended IS NOT NULL"
         elif ended is False:
@@ -855,7 +576,7 @@ class JobStore:
 
     def job(self, key: int) -> Optional[StoredJob]:
         self._write_noted()
-        row = self._db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs WHERE key=?", (key,)).fetchone()
+        row = self._db.execute(f"SELECT {', '.join(COLUMNS)} FROM jobs WHERE key=?", (key,)).fetchone()
         return StoredJob(*row) if row else None
 
     def max_key(self) -> int:
@@ -910,109 +631,6 @@ class JobStore:
             raise StoreUnwritable(f"{self.unwritable}; no job is forgotten until it can be") from None
 
 
-def _create(path: str) -> None:
-    """A new, empty store at ``path``: made under another name and renamed into place, so
-    that the path never holds a half-made (or empty) database; :class:`StoreUnwritable` if
-    the disk refuses it."""
-    directory, name = os.path.split(path)
-    temporary = os.path.join(directory, f".{name}.new-{os.getpid()}")
-    for leftover in (temporary, temporary + "-wal", temporary + "-shm", temporary + "-journal"):
-        try:
-            os.unlink(leftover)
-        except OSError:
-            pass
-    try:
-        # made 0600 before SQLite writes a byte into it: SQLite gives the log and the
-        # shared-memory file the database's mode, and the umask's would let others read the
-        # user's jobs (an empty file is an empty database to SQLite)
-        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
-        db = sqlite3.connect(temporary, isolation_level=None)
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            JobStore._migrate(db)
-        finally:
-            db.close()  # the last connection: its log goes into the file
-        os.chmod(temporary, 0o600)
-        os.replace(temporary, path)
-    except BaseException as exc:
-        for leftover in (temporary, temporary + "-wal", temporary + "-shm", temporary + "-journal"):
-            try:
-                os.unlink(leftover)
-            except OSError:
-                pass
-        if not isinstance(exc, (sqlite3.Error, OSError)):
-            raise  # (a signal stopping the agent, say: nothing is left behind)
-        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
-        raise StoreUnwritable(f"the job store {path} cannot be made now: {why}") from None
-
-
-def _make_private(path: str) -> None:
-    """Mode 0600 for the file at ``path`` if there is one, never following a symbolic link
-    (:func:`_check_file` refused one; this holds even if one is put there since)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return  # none there (or not ours to open): nothing to change
-    try:
-        if stat.S_ISREG(os.fstat(fd).st_mode):
-            os.fchmod(fd, 0o600)
-    except OSError:
-        pass  # a read-only file system, say: the mode stays as it is
-    finally:
-        os.close(fd)
-
-
-def _check_file(path: str) -> None:
-    """What is at the store's path is a plain file that begins like a database (with a
-    plain log and shared-memory file if any); :class:`StoreDamaged` saying what it is otherwise.
-    Nothing is followed through a symbolic link."""
-    for name in (path, path + "-wal", path + "-shm"):
-        try:
-            info = os.lstat(name)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            raise StoreUnwritable(f"the job store {path} cannot be looked at now: {exc.strerror or exc}") from None
-        what = os.path.basename(name)
-        if stat.S_ISLNK(info.st_mode):
-            try:
-                target = os.readlink(name)
-            except OSError:
-                target = "?"
-            raise StoreDamaged(f"{what} in {os.path.dirname(path)} is a symbolic link (to {target}), not the job store; "
-                           "it is not followed")
-        if stat.S_ISDIR(info.st_mode):
-            raise StoreDamaged(f"{what} in {os.path.dirname(path)} is a directory, not the job store")
-        if not stat.S_ISREG(info.st_mode):
-            raise StoreDamaged(f"{what} in {os.path.dirname(path)} is not a plain file, not the job store")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError as exc:
-        raise StoreUnwritable(f"the job store {path} cannot be opened now: {exc.strerror or exc}") from None
-    try:
-        head = os.read(fd, len(_SQLITE_HEADER))
-    except OSError as exc:
-        raise StoreUnwritable(f"the job store {path} cannot be read now: {exc.strerror or exc}") from None
-    finally:
-        os.close(fd)
-    if not head:
-        raise StoreDamaged(f"the job store {path} is empty (it was truncated): the jobs it held are gone")
-    if head != _SQLITE_HEADER:
-        raise StoreDamaged(f"the job store {path} cannot be used: file is not a database")
-
-
-def _check_pages(db: sqlite3.Connection) -> None:
-    """Every page of the database is sound (sqlite3.Error if not)."""
-    problems = [row[0] for row in db.execute("PRAGMA quick_check")]
-    if problems != ["ok"]:
-        raise sqlite3.DatabaseError(f"database disk image is malformed ({'; '.join(map(str, problems[:3]))})")
-
-
-def _check_content(db: sqlite3.Connection) -> None:
-    """The jobs read back (sqlite3.Error if not)."""
-    db.execute(f"SELECT {', '.join(_COLUMNS)} FROM jobs").fetchall()
-
-
 def open_store(directory: str) -> JobStore:
     """The store of ``directory``.
 
@@ -1037,7 +655,7 @@ def open_store(directory: str) -> JobStore:
             raise exc from None
     except StoreDamaged as damaged:
         first = damaged.message
-    aside = _move_aside(path, first)
+    aside = move_aside(path, first)
     log.warning("%s; kept as %s, starting a new store", first, aside)
     try:
         store = JobStore(path)
@@ -1046,23 +664,3 @@ def open_store(directory: str) -> JobStore:
     store.damaged_copy = aside
     store.damage = first
     return store
-
-
-def _move_aside(path: str, why: str) -> str:
-    """Rename what is at ``path`` (and its log and shared-memory files) to a name of its own;
-    where it went.  A symbolic link is renamed itself, never what it points to."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    aside = f"{path}.damaged-{stamp}"
-    number = 1
-    while any(os.path.lexists(aside + suffix) for suffix in ("", "-wal", "-shm")):  # never replaced
-        number += 1
-        aside = f"{path}.damaged-{stamp}-{number}"
-    try:
-        if os.path.lexists(path):
-            os.rename(path, aside)
-        for suffix in ("-wal", "-shm"):
-            if os.path.lexists(path + suffix):
-                os.rename(path + suffix, aside + suffix)
-    except OSError as exc:
-        raise StoreError(f"{why}; it could not be moved aside: {exc.strerror or exc}") from None
-    return aside
