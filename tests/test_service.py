@@ -16,7 +16,7 @@ from proxy_agent.client import AgentClient
 from proxy_agent.schedulers.local import LocalBackend
 from proxy_agent.schedulers.sim import SimBackend, SimOptions
 from proxy_agent.service.jobs import ErrorKind, JobSpec, JobState, ServiceError
-from proxy_agent.service.model import K, Kind
+from proxy_agent.service.model import BACKLOG_LIMIT, K, Kind
 from proxy_agent.service.service import JobService
 
 ROOT = Path(__file__).resolve().parent.parent / "proxy_agent"
@@ -253,7 +253,9 @@ async def test_output_written_while_nobody_listens_is_bounded_and_the_loss_is_to
             # the newest lines are there, in order, and the oldest went with a count
             assert out[-1] == f"{29999:099d}"
             assert out == [f"{i:099d}" for i in range(30000 - len(out), 30000)]
-            assert 5000 < len(out) < 30000
+            # bounded by the backlog's size (whole blocks of lines go first, so how much of the
+            # bound is in use depends on how the lines were read: on a busy machine, in bigger blocks)
+            assert 0 < len(out) < 30000 and len(out) * 100 <= BACKLOG_LIMIT
             assert f"{30000 - len(out)} earlier lines of output were dropped (no client had events started)" in err
             await client.quit()
     finally:
