@@ -612,6 +612,9 @@ def _serve(argv: Sequence[str], signals: Signals, where: List[str]) -> int:
         print(f"proxy-agent: {state.problem}", file=sys.stderr)
         return 2
     path = socket_path(state.directory)
+    # From here a signal is noted, and stops the service once it runs: the socket file is known
+    # to be its own (made) before anything can stop the start-up.
+    signals.hold()
     try:
         listener = bind_unix_listener(path, 64, replace=True)
     except OSError as exc:
