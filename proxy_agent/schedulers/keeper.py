@@ -570,17 +570,7 @@ class Keeper(AgentConnection, JobJournal, OutputCopying):
                 break
             self._notify_output(job, (process.rank, stream))
         if fd in self.by_fd:
-            self.by_fd.pop(fd)
-            if fd in self.paused:
-                self.paused.discard(fd)
-            else:
-                try:
-                    self.selector.unregister(fd)
-                except (KeyError, ValueError):
-                    pass
-            os.close(fd)
-            if entry is not None:
-                entry[1].fds.pop(entry[2], None)
+            self._release_pipe(fd)
 
     def _close_files(self, job: KeptJob) -> None:
         for fd in job.files.values():

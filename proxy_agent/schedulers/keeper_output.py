@@ -134,7 +134,8 @@ class OutputCopying:
         job.notified.add(where)
         self._send({"op": "output", "key": job.key, "rank": where[0], "stream": where[1], "size": job.sizes[where]})
 
-    def _close_pipe(self, fd: int) -> None:
+    def _release_pipe(self, fd: int):
+        """Stop watching a process's pipe and close it; what it was (None: unknown)."""
         entry = self.by_fd.pop(fd, None)
         if fd in self.paused:
             self.paused.discard(fd)
@@ -145,6 +146,10 @@ class OutputCopying:
                 pass
         os.close(fd)
         if entry is not None:
-            job, process, stream = entry
-            process.fds.pop(stream, None)
-            self._check_process(job, process)
+            entry[1].fds.pop(entry[2], None)
+        return entry
+
+    def _close_pipe(self, fd: int) -> None:
+        entry = self._release_pipe(fd)
+        if entry is not None:
+            self._check_process(entry[0], entry[1])
