@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from .parts import DescriptionError, MAX_DESCRIPTION_SIZE, MAX_PARTS, MultiJobDescription, Part, kind_of
+from .parts import DescriptionError, description_text, MAX_PARTS, MultiJobDescription, Part, kind_of
 
 
 # --------------------------------------------------------------------------- JSON
@@ -39,13 +39,7 @@ def _no_duplicate_keys(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
 
 
 def _load_json(text: Union[str, bytes]) -> Any:
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise DescriptionError(f"is not UTF-8 text (byte {error.start})") from None
-    if len(text) > MAX_DESCRIPTION_SIZE:
-        raise DescriptionError(f"is longer than {MAX_DESCRIPTION_SIZE} characters")
+    text = description_text(text)
     try:
         return json.loads(text, object_pairs_hook=_no_duplicate_keys)
     except json.JSONDecodeError as error:

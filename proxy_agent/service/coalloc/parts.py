@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import enum
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import attrs
 
@@ -110,6 +110,19 @@ class DescriptionError(ValueError):
             if fields.get(key) is None:
                 fields[key] = value
         return DescriptionError(self.reason, **fields)
+
+
+def description_text(text: Union[str, bytes]) -> str:
+    """A description as text: UTF-8 and within :data:`MAX_DESCRIPTION_SIZE` characters, or
+    :class:`DescriptionError` saying which it is not."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DescriptionError(f"is not UTF-8 text (byte {error.start})") from None
+    if len(text) > MAX_DESCRIPTION_SIZE:
+        raise DescriptionError(f"is longer than {MAX_DESCRIPTION_SIZE} characters")
+    return text
 
 
 # --------------------------------------------------------------------------- checks

@@ -10,7 +10,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 import attrs
 
 from .parts import (
-    BarrierRelease, DescriptionError, MAX_DESCRIPTION_SIZE, MAX_NESTING, MAX_PARTS, MultiJobDescription, Part,
+    BarrierRelease, DescriptionError, description_text, MAX_NESTING, MAX_PARTS, MultiJobDescription, Part,
     enum_member,
 )
 
@@ -580,13 +580,7 @@ class _Meaning:
 
 
 def _rsl_source(text: Union[str, bytes]) -> _Source:
-    if isinstance(text, bytes):
-        try:
-            text = text.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise DescriptionError(f"is not UTF-8 text (byte {error.start})") from None
-    if len(text) > MAX_DESCRIPTION_SIZE:
-        raise DescriptionError(f"is longer than {MAX_DESCRIPTION_SIZE} characters")
+    text = description_text(text)
     return _Source(text)
 
 
