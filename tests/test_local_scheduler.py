@@ -638,7 +638,7 @@ async def test_cancelling_run_reaps_everything():
     backend = LocalBackend(model, LocalOptions(kill_grace=0.2))
     async with trio.open_nursery() as nursery:
         await nursery.start(backend.run)
-        job = await backend.submit(JobSpec("/bin/sleep", ["30"], num_procs=2), backend.default_queue())
+        job = (await backend.submit(JobSpec("/bin/sleep", ["30"], num_procs=2), backend.default_queue)).key
         await wait_for(lambda: model.attr(job, K.STATE) == "RUNNING")
         pids = [int(model.attr(p, K.PID)) for p in model.processes(job)]
         nursery.cancel_scope.cancel()

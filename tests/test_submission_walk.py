@@ -9,7 +9,6 @@ import dis
 import sys
 from typing import Dict, List, Optional, Tuple
 
-import pytest
 import trio
 import trio.testing
 
@@ -99,8 +98,6 @@ class WalkRecorder(trio.abc.Instrument):
                 self._left[room] = True
 
 
-@pytest.mark.xfail(strict=True, reason="the session still asks the service twice, the service the local "
-                   "scheduler up to three times and the view is told before and after")
 async def test_one_submission_walks_through_each_room_once(tmp_path):
     model = ServiceModel()
     service = JobService(model)

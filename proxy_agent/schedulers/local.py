@@ -58,7 +58,7 @@ import trio
 from ..service.attributes import AttrInfo, ValueType
 from ..service.jobs import ErrorKind, JobError, JobSpec, SubmitError
 from ..service.model import K, Kind, ServiceModel, UnknownElement
-from ..service.backend import Backend, BackendContext
+from ..service.backend import Backend, BackendContext, Submitted
 from .common import LineSplitter, MAX_LINE_BYTES, current_user
 from .keeper_link import KeeperError, KeeperLink, open_keeper
 from .local_adoption import LocalAdoption
@@ -175,9 +175,6 @@ class LocalBackend(KeeperNews, OutputReading, LocalAdoption, LaunchPreparation, 
                      default="1", minimum="1", maximum=str(MAX_PROCS), settable=True),
             AttrInfo(K.CPUS, ValueType.INTEGER, "CPUs", "How many CPUs the node has", default="0"),
         ]
-
-    def default_queue(self) -> Optional[int]:
-        return self.queue_id
 
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         state_dir = self.context.state_dir
@@ -324,7 +321,7 @@ class LocalBackend(KeeperNews, OutputReading, LocalAdoption, LaunchPreparation, 
             raise JobError("the keeper of the local jobs ended and has not been replaced yet", ErrorKind.UNAVAILABLE)
         return self._keeper
 
-    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> int:
+    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> Submitted:
         if self._closing:
             raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
         if self.queue_id is None:
@@ -352,7 +349,7 @@ class LocalBackend(KeeperNews, OutputReading, LocalAdoption, LaunchPreparation, 
             self._withdraw(record)
             raise SubmitError(record.refused, ErrorKind.UNAVAILABLE)
         self._answered(record)
-        return job_id
+        return Submitted(job_id)  # its own id on this host (its process group) comes once it runs
 
     def _withdraw(self, record: LocalJob) -> None:
         """A job the keeper refused (it recorded nothing, started nothing) leaves the model."""
@@ -385,30 +382,26 @@ class LocalBackend(KeeperNews, OutputReading, LocalAdoption, LaunchPreparation, 
 
     def _add_job(self, spec: JobSpec, name: str, path: str, cwd: str, count: int, state: Dict[str, str],
                  key: Optional[int]) -> int:
-        model = self.model
-        with model.batch():
-            job_id = model.add(
-                Kind.JOB,
-                self.queue_id,
-                {
-                    K.CLIENT_REF: spec.client_ref,
-                    K.NAME: name,
-                    **state,
-                    K.QUEUE: self.queue_id,
-                    K.NUM_PROCS: str(count),
-                    K.EXECUTABLE: path,
-                    K.WORKING_DIR: cwd,
-                    K.ARGUMENTS: tuple(spec.arguments),
-                    K.USER: self.user,
-                },
-                owner=self.name,
-                key=key,
-            )
-            process_ids = list(model.add_many(
-                Kind.PROCESS, job_id, [{**state, K.NODE: self.node_id} for _ in range(count)], owner=self.name,
-            ))
+        assert self.queue_id is not None
+        job_id, process_ids = self.model.add_job(
+            self.queue_id,
+            {
+                K.CLIENT_REF: spec.client_ref,
+                K.NAME: name,
+                **state,
+                K.QUEUE: self.queue_id,
+                K.NUM_PROCS: str(count),
+                K.EXECUTABLE: path,
+                K.WORKING_DIR: cwd,
+                K.ARGUMENTS: tuple(spec.arguments),
+                K.USER: self.user,
+            },
+            [{**state, K.NODE: self.node_id}] * count,  # one shared row
+            owner=self.name,
+            key=key,
+        )
         assert self._directory is not None
-        self._jobs[job_id] = LocalJob(job_id, process_ids, os.path.join(self._directory, "jobs"))
+        self._jobs[job_id] = LocalJob(job_id, list(process_ids), os.path.join(self._directory, "jobs"))
         return job_id
 
     async def terminate(self, job: int) -> None:
@@ -523,6 +516,7 @@ class LocalBackend(KeeperNews, OutputReading, LocalAdoption, LaunchPreparation, 
                  K.TOTAL_SLOTS: str(self.cpus)},
                 owner=self.name,
             )
+            self.default_queue = self.queue_id
 
     def _live(self, job: int) -> LocalJob:
         record = self._jobs.get(job)

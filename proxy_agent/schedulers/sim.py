@@ -61,7 +61,7 @@ import trio
 from ..service.attributes import AttrInfo, ValueType
 from ..service.jobs import ErrorKind, JobError, JobSpec, JobState, StateTable, SubmitError
 from ..service.model import K, Kind, ServiceModel, UnknownElement
-from ..service.backend import Backend, BackendContext
+from ..service.backend import Backend, BackendContext, Submitted
 from .common import current_user
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -274,9 +274,6 @@ class SimBackend(Backend):
             AttrInfo(K.HOLD, ValueType.BOOLEAN, "Hold", "Submit the job held", default="false", settable=True),
         ]
 
-    def default_queue(self) -> Optional[int]:
-        return self.queue_ids.get(QUEUE_NAMES[0])
-
     async def run(self, *, task_status: trio.TaskStatus = trio.TASK_STATUS_IGNORED) -> None:
         if self.machine_id is None:
             # in steps, so that a big cluster's construction keeps no client waiting for
@@ -298,7 +295,7 @@ class SimBackend(Backend):
         task_status.started()
         await self._loop()
 
-    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> int:
+    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> Submitted:
         if self.machine_id is None:
             raise SubmitError("the simulated scheduler is not running", ErrorKind.UNAVAILABLE)
         num_procs = spec.num_procs
@@ -331,14 +328,12 @@ class SimBackend(Backend):
             K.WORKING_DIR: spec.working_dir,
         }
         model = self.model
-        with model.batch():
-            job_id = model.add(Kind.JOB, queue, attrs_, owner=self.name, key=key)
-            model.add_many(Kind.PROCESS, job_id, [_state(native)] * num_procs, owner=self.name)
+        job_id, _ = model.add_job(queue, attrs_, [_state(native)] * num_procs, owner=self.name, key=key)
         record = _Submitted(name, pending_time, run_time, nodes)
         self._submitted[job_id] = record
         if not spec.hold:
             self._schedule(pending_time, _START, job_id, record.gen)
-        return job_id
+        return Submitted(job_id)
 
     async def terminate(self, job: int) -> None:
         native = self._native(job)
@@ -461,6 +456,7 @@ class SimBackend(Backend):
                 owner=owner,
             )
             self.queue_ids[name] = queue_id
+        self.default_queue = self.queue_ids[QUEUE_NAMES[0]]
         yield
         yield from self._add_existing_jobs(self.options.jobs)
 

@@ -35,7 +35,19 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "Backend",
     "BackendContext",
+    "Submitted",
 ]
+
+
+@attrs.frozen
+class Submitted:
+    """A backend's answer to a submission: the job's key, and what the service keeps in its
+    store to find the job again (the scheduler's own id, and what else the backend needs to
+    adopt it later: output file paths, say)."""
+
+    key: int
+    native_id: Optional[str] = None
+    extra: Dict[str, Any] = attrs.field(factory=dict)
 
 
 def _ignore(level: str, text: str) -> None:
@@ -98,9 +110,9 @@ class Backend(abc.ABC):
     def attributes(self) -> List[AttrInfo]:
         """Every attribute beyond the standard ones that this backend shows or accepts."""
 
-    def default_queue(self) -> Optional[int]:
-        """The queue a submission that names none goes to (None before discovery)."""
-        return None
+    #: The queue a submission that names none goes to (None before discovery): read as an
+    #: attribute, so routing a submission asks the backend nothing before :meth:`submit`.
+    default_queue: Optional[int] = None
 
     # ------------------------------------------------------------------ life cycle
 
@@ -114,21 +126,17 @@ class Backend(abc.ABC):
     # ------------------------------------------------------------------ requests
 
     @abc.abstractmethod
-    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> int:
-        """Start a job in ``queue`` (a queue of this backend); return its job key once it is in
-        the model (``key`` when given: the service chose it and recorded the submission under
-        it).  Raise :class:`~proxy_agent.service.jobs.SubmitError` naming the problem."""
+    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> Submitted:
+        """Start a job in ``queue`` (a queue of this backend); answer once it is in the model,
+        with its key (``key`` when given: the service chose it and recorded the submission
+        under it) and what the store keeps of it.  Raise
+        :class:`~proxy_agent.service.jobs.SubmitError` naming the problem."""
 
     def adopt(self, stored: List["StoredJob"]) -> List[int]:
         """Take back jobs an earlier agent submitted to this backend (their store records):
         put them in the model under their keys and follow them.  Returns the keys adopted;
         the others are not this backend's to follow (they stay in the store)."""
         return []
-
-    def job_extra(self, job: int) -> Dict[str, Any]:
-        """What the backend needs, beside the job description, to adopt the job later
-        (output file paths, say); kept in the store."""
-        return {}
 
     def active_jobs(self) -> int:
         """How many of its jobs are running in the agent's care (an idle service waits for
@@ -138,11 +146,6 @@ class Backend(abc.ABC):
     def output_files(self, job: int) -> Dict[Tuple[int, str], str]:
         """Where the backend keeps a job's output, if it does: (rank, stream) -> file."""
         return {}
-
-    def native_id(self, job: int) -> Optional[str]:
-        """The scheduler's own id of a job this backend submitted (None if it has none yet)."""
-        value = self.model.attr(job, "nativeId")
-        return value if isinstance(value, str) else None
 
     @abc.abstractmethod
     async def terminate(self, job: int) -> None:

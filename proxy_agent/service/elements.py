@@ -2,7 +2,9 @@
 and the elements themselves (see :mod:`.model` for how the model keeps and changes them).
 
 These are the model's vocabulary, imported by everything that reads the model; the model's
-bookkeeping (tables, subscribers, output flow) stays in :mod:`.model`."""
+bookkeeping (tables, subscribers, output flow) stays in :mod:`.model`.  The keys elements
+are known by come from one :class:`KeySource`: the model's, which the service also numbers a
+job from before its scheduler is asked (the submission is recorded under that key)."""
 
 from __future__ import annotations
 
@@ -133,3 +135,24 @@ class ProcessElement(Element):
     def __init__(self, key: int, kind: Kind, parent: int, values: tuple, owner: str, rank: int) -> None:
         super().__init__(key, kind, parent, values, owner)
         self.rank = rank
+
+
+class KeySource:
+    """Hands out element keys, ascending and never twice (see the module documentation)."""
+
+    __slots__ = ("next",)
+
+    def __init__(self) -> None:
+        #: the key handed out next
+        self.next = 1
+
+    def take(self, count: int = 1) -> range:
+        """``count`` new keys, contiguous."""
+        keys = range(self.next, self.next + count)
+        self.next += count
+        return keys
+
+    def reserve(self, above: int) -> None:
+        """Hand out only keys above ``above`` from now on."""
+        if above >= self.next:
+            self.next = above + 1

@@ -26,6 +26,7 @@ __all__ = [
     "JobState",
     "ServiceError",
     "StateTable",
+    "SchedulersDown",
     "SubmitError",
 ]
 
@@ -196,6 +197,12 @@ class SubmitError(ServiceError):
     """A submission was refused."""
 
     default_kind = ErrorKind.SUBMIT_FAILED
+
+
+class SchedulersDown(SubmitError):
+    """No scheduler of the service runs (every backend failed to start): the message says why."""
+
+    default_kind = ErrorKind.UNAVAILABLE
 
 
 class JobError(ServiceError):

@@ -57,7 +57,7 @@ from typing import ContextManager, Deque, Dict, Iterable, List, Mapping, Optiona
 
 # The model's vocabulary (its kinds, names and elements) lives beside it, and is the model's too.
 from .elements import (
-    CREATE_ORDER, REFERENCES, ROOT, AttrValue, Element, K, Kind, ProcessElement, UnknownElement,
+    CREATE_ORDER, REFERENCES, ROOT, AttrValue, Element, K, KeySource, Kind, ProcessElement, UnknownElement,
 )
 
 __all__ = [
@@ -152,6 +152,15 @@ class ChangeSink:
     def created(self, element: Element) -> None:
         """A new element (its children follow in their own calls)."""
 
+    def created_all(self, elements: Sequence[Element],
+                    changes: Sequence[Tuple[Element, List[int]]] = ()) -> None:
+        """New elements, parents before their children, and the changes the model's observers
+        made of them (their queue's figures): one call for a job and its processes."""
+        for element in elements:
+            self.created(element)
+        for element, slots in changes:
+            self.changed(element, slots)
+
     def changed(self, element: Element, slots: Iterable[int]) -> None:
         """These attribute slots of the element have new values (read them from the element)."""
 
@@ -209,7 +218,8 @@ class ServiceModel:
         #: kind -> key -> element, in creation order
         self._by_kind: Dict[Kind, Dict[int, Element]] = {kind: {} for kind in Kind}
         self._elements = _ElementIndex(self._by_kind)
-        self._next_key = 1
+        #: where element keys come from (the service numbers a submission from it too)
+        self.key_source = KeySource()
         self._sinks: List[ChangeSink] = []
         #: the subscribers that take output
         self._readers: List[ChangeSink] = []
@@ -219,6 +229,8 @@ class ServiceModel:
         self._output_recorders: List[ChangeSink] = []
         self._quiet = 0
         self._missed = False
+        #: while not None, the subscribers' share of each update is kept here (see add_job)
+        self._collected: Optional[List[Tuple[Element, List[int]]]] = None
         self._batch = _Batch(self)
         self._backlog: Dict[int, OutputBacklog] = {}
         #: job key -> the rank its next process gets
@@ -430,14 +442,11 @@ class ServiceModel:
         return self.find(parent, _PARENT_KIND[kind])
 
     def new_keys(self, count: int) -> range:
-        keys = range(self._next_key, self._next_key + count)
-        self._next_key += count
-        return keys
+        return self.key_source.take(count)
 
     def reserve_keys(self, above: int) -> None:
         """Hand out only keys above ``above`` from now on (keys restored from a store)."""
-        if above >= self._next_key:
-            self._next_key = above + 1
+        self.key_source.reserve(above)
 
     def add(self, kind: Kind, parent: Optional[int], attrs: Mapping[str, AttrValue], owner: str = "",
             key: Optional[int] = None) -> int:
@@ -451,7 +460,7 @@ class ServiceModel:
                 raise ValueError(f"key {key} is in use or not a valid key")
             parent_key = ROOT if parent is None else parent
             parent_element = self._check_parent(kind, parent_key)
-            if key < self._next_key:
+            if key < self.key_source.next:
                 self._ascending = False
             self.reserve_keys(key)
             rank = self._next_rank(parent_element) if kind is Kind.PROCESS else -1
@@ -507,7 +516,66 @@ class ServiceModel:
         self._notify()
         return keys
 
-    def _attach(self, element: Element) -> None:
+    def add_job(self, queue: int, attrs: Mapping[str, AttrValue], processes: Sequence[Mapping[str, AttrValue]],
+                owner: str = "", key: Optional[int] = None) -> Tuple[int, range]:
+        """A job in ``queue`` and its processes (ranks 0, 1, ...) in one step; returns the
+        job's key and its processes' keys.  Each subscriber hears of them in one call
+        (:meth:`ChangeSink.created_all`), then the batch is flushed.  ``key``: as for
+        :meth:`add`; the processes' keys are new.  Processes given the same mapping object
+        share one row, as in :meth:`add_many`."""
+        self.find(queue, Kind.QUEUE)
+        keys = self.key_source
+        if key is None:
+            key = keys.take(1)[0]
+        else:
+            if key in self._elements or key <= ROOT:
+                raise ValueError(f"key {key} is in use or not a valid key")
+            if key < keys.next:
+                self._ascending = False
+            keys.reserve(key)
+        job = Element(key, Kind.JOB, queue, self._values(Kind.JOB, attrs), owner)
+        elements: List[Element] = [job]
+        self._link(job)
+        process_keys = keys.take(len(processes))
+        rows: Dict[int, tuple] = {}
+        values_of = self._values
+        for rank, (process_key, process_attrs) in enumerate(zip(process_keys, processes)):
+            row = rows.get(id(process_attrs))
+            if row is None:
+                row = rows[id(process_attrs)] = values_of(Kind.PROCESS, process_attrs)
+            process = ProcessElement(process_key, Kind.PROCESS, key, row, owner, rank)
+            self._link(process)
+            elements.append(process)
+        if processes:
+            self._next_ranks[key] = len(processes)
+        for sink in self._observers:
+            sink.created_all(elements)
+        changes: List[Tuple[Element, List[int]]] = []
+        if self._quiet:  # in a batch: its end flushes the observers and the subscribers
+            self._missed = True
+            for sink in self._sinks:
+                sink.created_all(elements)
+            return key, process_keys
+        if self._observers:
+            # What the observers derive from the job now (its queue's figures) reaches each
+            # subscriber with the job, in the same call.
+            self._collected = changes
+            self._quiet += 1
+            try:
+                for sink in self._observers:
+                    sink.flush()
+            finally:
+                self._quiet -= 1
+                self._missed = False
+                self._collected = None
+        for sink in self._sinks:
+            sink.created_all(elements, changes)
+        for sink in self._sinks:
+            sink.flush()
+        return key, process_keys
+
+    def _link(self, element: Element) -> None:
+        """Put an element in the model (its subscribers are told by the caller)."""
         self._by_kind[element.kind][element.key] = element
         parent = self._elements.get(element.parent)
         if parent is not None:
@@ -516,6 +584,9 @@ class ServiceModel:
             else:
                 parent.children.append(element.key)
         self.version += 1
+
+    def _attach(self, element: Element) -> None:
+        self._link(element)
         for sink in self._observers:
             sink.created(element)
         for sink in self._sinks:
@@ -559,8 +630,11 @@ class ServiceModel:
         self.version += 1
         for sink in self._observers:
             sink.changed(element, changed)
-        for sink in self._sinks:
-            sink.changed(element, changed)
+        if self._collected is not None:
+            self._collected.append((element, changed))
+        else:
+            for sink in self._sinks:
+                sink.changed(element, changed)
         self._notify()
         return True
 

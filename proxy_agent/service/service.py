@@ -30,7 +30,7 @@ from .brokering import ATTRIBUTES as BROKER_ATTRIBUTES
 from .brokering import Brokering, Placement
 from .coalloc.manager import DESCRIPTION_ATTRIBUTE as COALLOC_DESCRIPTION
 from .history import JobOutput, OutputHistory, read_job_output
-from .jobs import ErrorKind, JobError, JobSpec, ServiceError, SubmitError
+from .jobs import ErrorKind, JobError, JobSpec, SchedulersDown, ServiceError, SubmitError
 from .model import K, Kind, ServiceModel, UnknownElement
 from .recorder import FINAL_STATES, StoreRecorder
 from .store import JobStore, StoredJob, StoreUnwritable, transient
@@ -571,7 +571,7 @@ class JobService:
     def default_queue(self, prefer: Sequence[str] = ()) -> Tuple[Backend, int]:
         """The default queue of the first running backend (of ``prefer``'s first, if any)."""
         for backend in self.running_backends(prefer):
-            queue = backend.default_queue()
+            queue = backend.default_queue
             if queue is not None:
                 return backend, queue
         raise SubmitError("no scheduler has a queue to submit to", ErrorKind.UNAVAILABLE)
@@ -637,13 +637,16 @@ class JobService:
         """
         if self._closing:
             raise SubmitError("the agent is shutting down", ErrorKind.SHUTTING_DOWN)
+        failure = self.failure
+        if failure is not None:
+            raise SchedulersDown(failure)
         if spec.extra_value(COALLOC_DESCRIPTION) is not None:
             if self.coalloc is None:
                 raise SubmitError("this agent does not run multi-part jobs", ErrorKind.NOT_SUPPORTED)
             return await self.coalloc.submit(spec)
         placement = self.route(spec, prefer)
         backend, queue = placement.backend, placement.queue
-        key = self.model.new_keys(1)[0]
+        key = self.model.key_source.take(1)[0]  # numbered here: the store records it before the scheduler is asked
         if on_key is not None:
             on_key(key)
         store = self.store
@@ -666,7 +669,7 @@ class JobService:
                 if self.store is not store:  # the store failed: the job goes on without it
                     self.stored.discard(key)
                     store = None
-            actual = await backend.submit(spec, queue, key)
+            submitted = await backend.submit(spec, queue, key)
         except BaseException:
             self.stored.discard(key)
             if store is not None:
@@ -675,16 +678,17 @@ class JobService:
                 except sqlite3.Error as exc:
                     self._store_failed(exc)
             raise
+        actual = submitted.key
         if store is not None and self.store is store:
             try:
                 if actual != key:
                     self.stored.discard(key)
                     store.rekey(key, actual)
-                extra = dict(backend.job_extra(actual))
+                extra = dict(submitted.extra)
                 if placement.decision is not None:
                     # an adopted job keeps the broker's choice and reason
                     extra[_BROKER_EXTRA] = placement.decision.job_attributes()
-                native = backend.native_id(actual) or ""
+                native = submitted.native_id or ""
                 if native or extra:  # else the record has it already (no id, no extra)
                     store.record_native_id(actual, native, extra)
                 self.stored.add(actual)

@@ -461,7 +461,7 @@ class ApiSession:
         await self._ready.wait()
         service = self.service
         model = service.model
-        defaults = {backend.name: backend.default_queue() for backend in service.running_backends()}
+        defaults = {backend.name: backend.default_queue for backend in service.running_backends()}
         queues = []
         for key in model.keys(Kind.QUEUE):
             owner = model.get(key).owner

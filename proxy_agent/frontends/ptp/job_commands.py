@@ -13,7 +13,7 @@ import trio
 from ...protocol.attributes import AttributeSet
 from ...protocol.messages import Command, CommandId, Error, ErrorCode, Ok
 from ...protocol.session import Transaction
-from ...service.jobs import ErrorKind, JobError, ServiceError, SubmitError
+from ...service.jobs import ErrorKind, JobError, SchedulersDown, ServiceError, SubmitError
 from ...service.model import Kind, UnknownElement
 from ...service.service import describe
 from . import mapping
@@ -54,11 +54,13 @@ class JobCommands:
         return raw
 
     async def _job_command(self, command: Command, transaction: Optional[Transaction]) -> None:
+        cid = command.command_id
         attrs_ = AttributeSet.parse(command.args)
         if self.view is None:
             self._fail(command, transaction, attrs_, ErrorCode.ILLEGAL_IN_PHASE, "the session is not initialised")
             return
-        if not await self._service_ready(command, transaction):
+        # A submission goes to the service alone (which says if no scheduler runs): see _submit.
+        if not await self._service_ready(command, transaction, check=cid is not CommandId.SUBMIT_JOB):
             return
         # A request, once made, is carried out even if the client leaves meanwhile (a job
         # submitted but not recorded would run unseen); bounded so shutdown still ends.
@@ -72,22 +74,7 @@ class JobCommands:
         service = self.service
         try:
             if cid is CommandId.SUBMIT_JOB:
-                spec = mapping.job_spec(attrs_, self._queue_ref, self._job_key)
-                if spec.working_dir is None and self.config.working_dir is not None:
-                    spec = attrs.evolve(spec, working_dir=self.config.working_dir)
-                view = self.view
-                sub_id = spec.client_ref or ""
-                # The job is held back from this client (nothing else is) until the OK is queued.
-                view.expect_submission(sub_id)
-                job: Optional[int] = None
-                try:
-                    job = await service.submit(spec, self.config.prefer)
-                    self.submitted.append(job)
-                    log.info("submitted %s as job %d", spec.client_ref, job)  # the job's id, as every tool names it
-                    self.emit(Ok(tid), transaction)
-                finally:
-                    view.submitted(sub_id, job)
-                    self._model_changed()
+                await self._submit(tid, transaction, attrs_)
                 return
             elif cid is CommandId.TERMINATE_JOB:
                 await service.terminate(self._job_key(attrs_.get("jobId")))
@@ -108,6 +95,8 @@ class JobCommands:
                 await self._send_output(command, transaction, attrs_)
             else:  # pragma: no cover - the session only lets known commands through
                 raise JobError(f"{command.name} is not handled", ErrorKind.NOT_SUPPORTED)
+        except SchedulersDown as exc:
+            self.emit(Error(tid, ErrorCode.SCHEDULER, exc.message), transaction)
         except ServiceError as exc:
             log.info("%s (TID %d) failed: %s", command.name, tid, exc.message)
             code = mapping.error_code(exc.kind)
@@ -119,6 +108,33 @@ class JobCommands:
             self._fail(command, transaction, attrs_, ErrorCode.INTERNAL, f"internal error: {describe(exc)}")
         else:
             self.emit(Ok(tid), transaction)
+
+    async def _submit(self, tid: int, transaction: Optional[Transaction], attrs_: AttributeSet) -> None:
+        """SUBMIT_JOB: the client's attributes become a job description, the service submits it
+        (routes, numbers, records and hands it to one backend), and the OK is queued.
+
+        The job is held back from this client (nothing else is) until the writer takes the
+        OK: the view reads the submissions in flight from ``view.expected`` as the model
+        tells it of the job, and hears of the answer from the writer (``_tell_answered``).
+        So the submitting task goes front-end, service, backend, model, view, and back, and
+        renders nothing itself."""
+        spec = mapping.job_spec(attrs_, self._queue_ref, self._job_key)
+        if spec.working_dir is None and self.config.working_dir is not None:
+            spec = attrs.evolve(spec, working_dir=self.config.working_dir)
+        assert self.view is not None
+        sub_id = spec.client_ref or ""
+        expected = self.view.expected
+        if sub_id:
+            expected[sub_id] = expected.get(sub_id, 0) + 1
+        job: Optional[int] = None
+        try:
+            job = await self.service.submit(spec, self.config.prefer)
+            self.submitted.append(job)
+            log.info("submitted %s as job %d", spec.client_ref, job)  # the job's id, as every tool names it
+            self.emit(Ok(tid), transaction, changes_first=False)
+        finally:
+            self._answered.append((sub_id, job))
+            self._poke()
 
     async def _send_output(self, command: Command, transaction: Optional[Transaction], attrs_: AttributeSet) -> None:
         """GET_OUTPUT: the job's kept output as OUTPUT events (the OK follows).  Any job the

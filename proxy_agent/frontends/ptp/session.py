@@ -104,7 +104,8 @@ class PtpSession(JobCommands):
         #: rendered as the writer gets to them (the client reads the first while the agent
         #: renders the next)
         self._ahead: Deque[Union[bytes, Iterator[bytes]]] = deque()
-        self._wake = trio.Event()
+        #: where the writer waits for something to write (see _poke)
+        self._lot = trio.lowlevel.ParkingLot()
         self._snapshot_started = False
         self._closing = False
         #: when the session began to end (the bounds above count from it)
@@ -128,13 +129,24 @@ class PtpSession(JobCommands):
         self._ready = service.ready
         #: keys of the jobs this client submitted (what ``--on-disconnect terminate`` ends)
         self.submitted: List[int] = []
+        #: submissions answered since the writer last took ``_out``: (jobSubId, job key or None);
+        #: the writer tells the view of them once their OK is taken (see job_commands)
+        self._answered: List[Tuple[str, Optional[int]]] = []
 
     # ------------------------------------------------------------------ output
 
-    def emit(self, event: Event, transaction: Optional[Transaction] = None, final: bool = False) -> bool:
+    def emit(self, event: Event, transaction: Optional[Transaction] = None, final: bool = False,
+             changes_first: bool = True) -> bool:
         """Check, encode (in the session's dialect) and queue one event; ``transaction`` is
         the command it answers; ``final``: one of the frames that end the stream.  Returns
-        False if it may not be sent (its command was abandoned or already completed)."""
+        False if it may not be sent (its command was abandoned or already completed).
+
+        Changes of the model made while nothing waited to be written go out before it
+        (a reply follows what its command changed); ``changes_first=False`` lets them
+        follow it instead (a submission's OK: the job it made is held back anyway, and the
+        submitting task renders nothing)."""
+        if changes_first and not final and not self._out and self._has_model_work():
+            self._emit_model()
         try:
             data = self.session.write(event, transaction)
         except ProtocolViolation as exc:
@@ -153,7 +165,8 @@ class PtpSession(JobCommands):
         return True
 
     def _poke(self) -> None:
-        self._wake.set()
+        """Wake the writer (the view's changes wake it too, without coming through here)."""
+        self._lot.unpark_all()
 
     def _has_model_work(self) -> bool:
         view = self.view
@@ -166,23 +179,14 @@ class PtpSession(JobCommands):
             and view.has_pending
         )
 
-    def _model_changed(self) -> None:
-        """The model changed: while events flow and nothing waits to be written, the change
-        is queued at once; otherwise it waits in the view and goes out with the next write
-        (the writer takes the view's changes just before it writes).
-
-        Either way it is written as soon as it would have been, and the changes made while
-        bytes wait for the writer share its events: a burst of submissions costs a few
-        events, not a few per submission.  The states of the client's own jobs are kept one
-        by one in the view, so only other jobs' states merge, and only within one write
-        (or while events are stopped, or the client does not keep up).
-        """
-        if not self._out and self._has_model_work():
-            self._emit_model()
-        self._poke()
-
     def _emit_model(self) -> None:
-        """Queue the pending changes."""
+        """Queue the pending changes.
+
+        The writer does this, woken by the view as the model changes (and :meth:`emit`, for
+        the changes a reply follows): whatever changes while bytes wait for the writer shares
+        its events, so a burst of submissions costs a few events, not a few per submission.
+        The states of the client's own jobs are kept one by one in the view, so only other
+        jobs' states merge."""
         tid = self.session.events_tid
         assert self.view is not None and tid is not None
         check = self.session.check
@@ -190,6 +194,14 @@ class PtpSession(JobCommands):
         for event_id, args in self.view.drain():
             check(event_id, tid)
             out += encode_frame(event_id, tid, args)
+
+    def _tell_answered(self) -> None:
+        """The view learns which submissions were answered, once their OKs are taken to be
+        written: each one's job goes out from the next write on, as the client's own."""
+        answered, self._answered = self._answered, []
+        if self.view is not None:
+            for sub_id, job in answered:
+                self.view.submitted(sub_id, job)
 
     def _take_ahead(self) -> bytes:
         item = self._ahead[0]
@@ -205,11 +217,10 @@ class PtpSession(JobCommands):
     async def _writer(self) -> None:
         while True:
             if not self._resume and not self._ahead and not self._out and not self._has_model_work() \
-                    and not (self._closing and self._final):
+                    and not self._answered and not (self._closing and self._final):
                 if self._closing:
                     break
-                await self._wake.wait()
-                self._wake = trio.Event()
+                await self._lot.park()
                 continue
             sent = 0
             delivered = None
@@ -219,12 +230,14 @@ class PtpSession(JobCommands):
                 self._resume = None
             elif self._ahead:
                 data = self._take_ahead()
-            elif self._out or self._has_model_work():
+            elif self._out or self._has_model_work() or self._answered:
                 if self._has_model_work() and len(self._out) < _WRITE_HIGH_WATER:
                     self._emit_model()
                 data = bytes(self._out)
                 self._out.clear()
                 delivered = self.view.take_delivered() if data and self.view is not None else None
+                if self._answered:
+                    self._tell_answered()
             else:  # closing, nothing else left: the frames that end the stream
                 data = bytes(self._final)
                 self._final.clear()
@@ -514,7 +527,7 @@ class PtpSession(JobCommands):
         self.rules = render_rules(self.session.dialect, self.service.attributes())
         global _latest_rules
         _latest_rules = self.rules
-        self.view = ModelView(self.service.model, init.base_id, self.rules, self._model_changed)
+        self.view = ModelView(self.service.model, init.base_id, self.rules, self._lot.unpark_all)
         if self._nursery is not None and not self._snapshot_started:
             self._nursery.start_soon(self._prepare_snapshot)
         log.info("session initialised: base id %d, %s dialect", init.base_id, self.session.dialect.name)
@@ -529,12 +542,17 @@ class PtpSession(JobCommands):
                                    lambda: not self._snapshot_started and not self._closing,
                                    base=lambda: self.view.plan_base() if self.view is not None else None)
 
-    async def _service_ready(self, command: Command, transaction: Optional[Transaction] = None) -> bool:
+    async def _service_ready(self, command: Command, transaction: Optional[Transaction] = None,
+                             check: bool = True) -> bool:
+        """Wait for the service's backends to start; False (and the client told why) if none
+        did.  ``check=False``: only wait (the service's answer will say it)."""
         if self._ready.is_set():
             # a session that is ending takes no new request; no pass through the scheduler
             await trio.lowlevel.checkpoint_if_cancelled()
         else:
             await self._ready.wait()
+        if not check:
+            return True
         failure = self.service.failure
         if failure is not None:
             self.emit(Error(command.tid, ErrorCode.SCHEDULER, failure), transaction)

@@ -25,7 +25,7 @@ COMPLETED...), in order, however much else is merged meanwhile (:class:`OwnJob`)
 ran but ended before its client was told still goes STARTING, RUNNING, COMPLETED; one that
 never ran (cancelled while queued) gets no RUNNING.  While its submission is being carried
 out, the job (with its processes and output) is held back from the client alone, so that the
-submission's OK comes first (:meth:`ModelView.expect_submission`).
+submission's OK comes first (:attr:`ModelView.expected`).
 
 Process output is the one stream that cannot be coalesced.  While the client keeps reading,
 nothing is dropped: the view holds what is waiting and the jobs' output is held back at the
@@ -80,7 +80,8 @@ class ModelView(ChangeSink):
         self.model = model
         self.base = base_id
         self.rules = rules
-        self.on_change = on_change
+        if on_change is not None:
+            self.flush = on_change  # type: ignore[method-assign]  # the model's flush wakes the client's writer
         self._renderers = {kind: Renderer(kind, model.schema(kind), rules, base_id) for kind in Kind}
         views = _VIEWS.get(model)
         if views is None:
@@ -107,8 +108,12 @@ class ModelView(ChangeSink):
         self._drained_offsets: Dict[Tuple[int, str], int] = {}
         #: why it is not reading, for the note about dropped lines
         self._not_reading = ""
-        # Submissions of this client being carried out: jobSubId -> how many (see expect_submission)
-        self._expected: Dict[str, int] = {}
+        #: Submissions of this client being carried out: jobSubId -> how many.  The front-end
+        #: counts one in before it asks the service; the job such a submission makes (the job
+        #: whose ``jobSubId`` this is) is held back from this client, with its processes and
+        #: output, until :meth:`submitted`: the submission's OK goes out first, and from its
+        #: first event on the job is the client's own.  Nothing else waits for it.
+        self.expected: Dict[str, int] = {}
         # Jobs held back until their submission is answered: key -> jobSubId
         self._withheld: Dict[int, str] = {}
         # Their records and their processes': element key -> withheld job key
@@ -144,24 +149,16 @@ class ModelView(ChangeSink):
 
     # ------------------------------------------------------------------ the client's submissions
 
-    def expect_submission(self, sub_id: str) -> None:
-        """The client's SUBMIT_JOB with this jobSubId is being carried out.  The job it makes
-        (the job whose ``jobSubId`` this is) is held back from this client, with its processes
-        and output, until :meth:`submitted`: the submission's OK goes out first, and from its
-        first event on the job is the client's own.  Nothing else waits for it."""
-        if sub_id:
-            self._expected[sub_id] = self._expected.get(sub_id, 0) + 1
-
     def submitted(self, sub_id: str, key: Optional[int]) -> None:
-        """The submission of :meth:`expect_submission` is answered: ``key`` is its job (None:
+        """A submission counted in :attr:`expected` is answered: ``key`` is its job (None:
         it was refused).  The job goes out from now on, every state it goes through as an
         event of its own (see the module documentation)."""
         if sub_id:
-            left = self._expected.get(sub_id, 0) - 1
+            left = self.expected.get(sub_id, 0) - 1
             if left > 0:
-                self._expected[sub_id] = left
+                self.expected[sub_id] = left
             else:
-                self._expected.pop(sub_id, None)
+                self.expected.pop(sub_id, None)
         if key is not None:
             element = self.model.by_key.get(key)
             if element is not None and element.kind is Kind.JOB:
@@ -173,7 +170,7 @@ class ModelView(ChangeSink):
                         # Its scheduler listed it before its submit command answered, and the
                         # client was told of it as of anybody's job: told again, as its own.
                         self._reissue(element, element.parent)
-        if sub_id and sub_id not in self._expected:
+        if sub_id and sub_id not in self.expected:
             # what was held for this jobSubId and is not the submission's job: anybody's job
             for stray in [k for k, s in self._withheld.items() if s == sub_id]:
                 self._own.pop(stray, None)
@@ -195,7 +192,7 @@ class ModelView(ChangeSink):
         if slot is None or slot >= len(values):
             return False
         sub_id = values[slot]
-        if sub_id.__class__ is not str or sub_id not in self._expected:
+        if sub_id.__class__ is not str or sub_id not in self.expected:
             return False
         key = element.key
         self._withheld[key] = sub_id
@@ -329,7 +326,7 @@ class ModelView(ChangeSink):
             self._held[key] = self._held[element.parent]  # a process of a job held back
             return
         self._pending[key] = _NEW
-        if self._expected and element.kind is Kind.JOB:
+        if self.expected and element.kind is Kind.JOB:
             self._claim(element)
 
     def changed(self, element: Element, slots: Iterable[int]) -> None:
@@ -344,7 +341,7 @@ class ModelView(ChangeSink):
             return  # new to the client
         record = self._pending.get(key)
         if record is _NEW:
-            if self._expected and element.kind is Kind.JOB:
+            if self.expected and element.kind is Kind.JOB:
                 self._claim(element)  # its jobSubId may have come only now
             return
         if record is None:
@@ -455,9 +452,11 @@ class ModelView(ChangeSink):
             for process in list(self._output):
                 self._trim(process, share)
 
-    def flush(self) -> None:
-        if self.on_change is not None:
-            self.on_change()
+    def created_all(self, elements: Sequence[Element], changes: Sequence[Tuple[Element, List[int]]] = ()) -> None:
+        for element in elements:
+            self.created(element)
+        for element, slots in changes:
+            self.changed(element, slots)
 
     # ------------------------------------------------------------------ draining
 

@@ -67,7 +67,7 @@ from ...service.attributes import AttrInfo
 from ...service.jobs import ErrorKind, JobError, JobSpec, JobState, ServiceError, SubmitError
 from ...service.model import K, Kind, ServiceModel
 from .. import common
-from ...service.backend import Backend, BackendContext
+from ...service.backend import Backend, BackendContext, Submitted
 from .records import NativeJob, NativeNode, NativeQueue
 from .adoption import Adoption
 from .jobtable import JobTable, gc_paused
@@ -164,7 +164,6 @@ class BatchBackend(BatchCommandLine, QueuesAndNodes, Adoption, OutputFollowing, 
         self._definitions: Dict[str, NativeQueue] = {}
         #: read every queue's definitions at the next poll
         self._definitions_due = False
-        self._default: Optional[str] = None
         self._queues_stale = False
         #: whether the queues' job figures may have changed since they were last counted
         self._figures_stale = True
@@ -194,9 +193,6 @@ class BatchBackend(BatchCommandLine, QueuesAndNodes, Adoption, OutputFollowing, 
         return []
     def attributes(self) -> List[AttrInfo]:
         return [*DISPLAY_ATTRIBUTES, *self.submit_attributes()]
-
-    def default_queue(self) -> Optional[int]:
-        return self._queues.get(self._default) if self._default is not None else None
 
     # ------------------------------------------------------------------ commands
 
@@ -568,7 +564,7 @@ class BatchBackend(BatchCommandLine, QueuesAndNodes, Adoption, OutputFollowing, 
 
     # ------------------------------------------------------------------ submission
 
-    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> int:
+    async def submit(self, spec: JobSpec, queue: int, key: Optional[int] = None) -> Submitted:
         if not spec.executable:
             raise SubmitError("the submission names no program", ErrorKind.BAD_REQUEST)
         name = self.model.attr(queue, K.NAME)
@@ -622,7 +618,7 @@ class BatchBackend(BatchCommandLine, QueuesAndNodes, Adoption, OutputFollowing, 
         self._poke()
         log.info("submitted %s as %s job %s (key %d)", spec.display_name, self.system.label, native_id,
                  tracked.element)
-        return tracked.element
+        return Submitted(tracked.element, native_id, {"paths": dict(tracked.paths), "spool": list(tracked.spool_files)})
 
     def _register(self, native_id: str, spec: JobSpec, queue: int, key: Optional[int], *, submitted: bool,
                   values: Optional[Dict[str, Any]] = None) -> TrackedJob:
@@ -649,11 +645,11 @@ class BatchBackend(BatchCommandLine, QueuesAndNodes, Adoption, OutputFollowing, 
         first.update(values or {})
         attrs_.update(first)
         attrs_[K.QUEUE] = queue
-        with model.batch():
-            element = model.add(Kind.JOB, queue, {k: v for k, v in attrs_.items() if v not in ("", None)},
-                                owner=self.name, key=key)
-            process = model.add(Kind.PROCESS, element, {k: v for k, v in first.items() if k in (
-                K.STATE, K.NATIVE_STATE, K.EXIT_CODE, K.SIGNAL) and v}, owner=self.name)
+        element, processes = model.add_job(
+            queue, {k: v for k, v in attrs_.items() if v not in ("", None)},
+            [{k: v for k, v in first.items() if k in (K.STATE, K.NATIVE_STATE, K.EXIT_CODE, K.SIGNAL) and v}],
+            owner=self.name, key=key)
+        process = processes[0]
         tracked = TrackedJob(native_id, element, process, queue, submitted=submitted)
         self._figures_stale = True
         self._jobs[native_id] = tracked
@@ -668,12 +664,6 @@ class BatchBackend(BatchCommandLine, QueuesAndNodes, Adoption, OutputFollowing, 
             raise SubmitError(f"cannot create the output directory {self.spool_dir}: {exc.strerror or exc}") from None
         stem = os.path.join(self.spool_dir, f"{_SAFE_NAME.sub('_', label)[:80] or 'job'}.{secrets.token_hex(4)}")
         return stem + ".out", stem + ".err"
-
-    def job_extra(self, job: int) -> Dict[str, Any]:
-        tracked = self._by_element.get(job)
-        if tracked is None:
-            return {}
-        return {"paths": dict(tracked.paths), "spool": list(tracked.spool_files)}
 
     # ------------------------------------------------------------------ adoption
 

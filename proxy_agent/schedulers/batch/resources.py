@@ -74,7 +74,7 @@ class QueuesAndNodes:
         if listed != self._queue_records:
             self._figures_stale = True  # the scheduler's own figures may have changed
         self._queue_records = listed
-        self._default = default
+        self.default_queue = self._queues.get(default) if default is not None else None
 
     def _queue_for(self, name: str, current: Optional[int] = None) -> int:
         """The queue of a job; one pending in several (``a,b``) is shown in the first known."""
@@ -87,7 +87,7 @@ class QueuesAndNodes:
             return current
         name = names[0] if names else ""
         if not name:
-            default = self.default_queue()
+            default = self.default_queue
             if default is not None:
                 return default
             name = "unknown"

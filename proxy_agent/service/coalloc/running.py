@@ -342,7 +342,7 @@ class RunningManager(ManagerCore):
                 backend = service.backend(name)
             except ServiceError:
                 raise exc from None
-            queue = backend.default_queue() if backend in service.running_backends() else None
+            queue = backend.default_queue if backend in service.running_backends() else None
             if queue is None:
                 raise SubmitError(f"the {name} scheduler has no queue to submit to (yet)", ErrorKind.UNAVAILABLE) from None
             return backend.name, service.queue_label(queue)
