@@ -107,7 +107,7 @@ class JobCommands:
             log.exception("internal error in %s (TID %d)", command.name, tid)
             self._fail(command, transaction, attrs_, ErrorCode.INTERNAL, f"internal error: {describe(exc)}")
         else:
-            self.emit(Ok(tid), transaction)
+            self.emit(Ok(tid), transaction, changes_first=True)
 
     async def _submit(self, tid: int, transaction: Optional[Transaction], attrs_: AttributeSet) -> None:
         """SUBMIT_JOB: the client's attributes become a job description, the service submits it
@@ -131,7 +131,7 @@ class JobCommands:
             job = await self.service.submit(spec, self.config.prefer)
             self.submitted.append(job)
             log.info("submitted %s as job %d", spec.client_ref, job)  # the job's id, as every tool names it
-            self.emit(Ok(tid), transaction, changes_first=False)
+            self.emit(Ok(tid), transaction)  # the job it made is held back anyway: see above
         finally:
             self._answered.append((sub_id, job))
             self._poke()

@@ -136,15 +136,15 @@ class PtpSession(JobCommands):
     # ------------------------------------------------------------------ output
 
     def emit(self, event: Event, transaction: Optional[Transaction] = None, final: bool = False,
-             changes_first: bool = True) -> bool:
+             changes_first: bool = False) -> bool:
         """Check, encode (in the session's dialect) and queue one event; ``transaction`` is
         the command it answers; ``final``: one of the frames that end the stream.  Returns
         False if it may not be sent (its command was abandoned or already completed).
 
-        Changes of the model made while nothing waited to be written go out before it
-        (a reply follows what its command changed); ``changes_first=False`` lets them
-        follow it instead (a submission's OK: the job it made is held back anyway, and the
-        submitting task renders nothing)."""
+        ``changes_first``: changes of the model made while nothing waited to be written go
+        out before it (a job command's reply follows what the command changed).  Otherwise
+        the writer sends them after what is queued (the changes a client missed while its
+        events were stopped come after the reply that starts them again)."""
         if changes_first and not final and not self._out and self._has_model_work():
             self._emit_model()
         try:

@@ -633,42 +633,58 @@ class ModelView(ChangeSink):
         return events
 
     def _change_events(self, kind: Kind, changes: List[Tuple[Element, Set[int]]]) -> List[WireEvent]:
+        """CHANGE events: each new value goes with every element that took it, so elements
+        that share a change share a group (and a range), whatever else changed for each of
+        them (64 processes that entered RUNNING and got their pids meanwhile: one group
+        saying RUNNING, then one per pid)."""
         renderer = self._renderers[kind]
         length = len(self.model.schema(kind).keys)
 
-        def args_of(row: list, key: tuple) -> List[str]:
-            args = renderer.args(row)
-            if any(value is None for _, value in key):
-                args.extend(renderer.cleared(i for i, value in key if value is None))
-            return args
-
-        def row_key(element: Element, slots: Set[int]) -> tuple:
-            values = element.values
-            return tuple(sorted((i, values[i] if i < len(values) else None) for i in slots))
-
-        def sparse(key: tuple) -> list:
-            row: list = [None] * length
-            for i, value in key:
-                row[i] = value
-            return row
+        def built(members: List[Tuple[Element, Set[int]]]) -> List[Tuple[str, List[str]]]:
+            # (slot, value) -> the elements that took it; then the values alike elements took
+            took: Dict[Tuple[int, Any], List[Element]] = {}
+            for element, slots in members:
+                values = element.values
+                for i in slots:
+                    pair = (i, values[i] if i < len(values) else None)
+                    group = took.get(pair)
+                    if group is None:
+                        took[pair] = [element]
+                    else:
+                        group.append(element)
+            alike: Dict[Tuple[int, ...], Tuple[List[Element], List[Tuple[int, Any]]]] = {}
+            for pair, elements in took.items():
+                ident = tuple([e.key for e in elements])
+                entry = alike.get(ident)
+                if entry is None:
+                    alike[ident] = (elements, [pair])
+                else:
+                    entry[1].append(pair)
+            groups: List[Tuple[str, List[str]]] = []
+            for elements, pairs in alike.values():
+                row: list = [None] * length
+                cleared = []
+                for i, value in sorted(pairs):
+                    if value is None:
+                        cleared.append(i)
+                    else:
+                        row[i] = value
+                args = renderer.args(row)
+                if cleared:
+                    args.extend(renderer.cleared(cleared))
+                if args:  # else a change nothing of which this client sees
+                    groups.append((self._refs(kind, elements), args))
+            return groups
 
         if kind is Kind.PROCESS:
-            by_job: Dict[int, Dict[tuple, List[Element]]] = {}
-            for element, slots in changes:
-                groups = by_job.setdefault(element.parent, {})
-                groups.setdefault(row_key(element, slots), []).append(element)
+            by_job: Dict[int, List[Tuple[Element, Set[int]]]] = {}
+            for change in changes:
+                by_job.setdefault(change[0].parent, []).append(change)
             events: List[WireEvent] = []
-            for job, groups in by_job.items():
-                built = [(self._refs(kind, m), args_of(sparse(key), key)) for key, m in groups.items()]
-                built = [(r, a) for r, a in built if a]  # a change nothing of which this client sees
-                events.extend(self._grouped(EventId.PROCESS_CHANGE, [str(self.base + job)], built))
+            for job, members in by_job.items():
+                events.extend(self._grouped(EventId.PROCESS_CHANGE, [str(self.base + job)], built(members)))
             return events
-        grouped: Dict[tuple, List[Element]] = {}
-        for element, slots in changes:
-            grouped.setdefault(row_key(element, slots), []).append(element)
-        built = [(self._refs(kind, m), args_of(sparse(key), key)) for key, m in grouped.items()]
-        built = [(r, a) for r, a in built if a]  # a change nothing of which this client sees
-        return self._grouped(PTP_KIND[kind].change_event, [], built)
+        return self._grouped(PTP_KIND[kind].change_event, [], built(changes))
 
     def _remove_events(self, kind: Kind, removed: List[Tuple[int, int]]) -> List[WireEvent]:
         if kind is Kind.PROCESS:
