@@ -18,7 +18,7 @@ import time
 
 import trio
 
-from proxy_agent.service.backend import Backend
+from proxy_agent.service.backend import Backend, Submitted
 from proxy_agent.schedulers.common import state_attrs
 from proxy_agent.schedulers.keeper_link import KeeperLink
 from proxy_agent.schedulers.local import STATE_TABLE, LocalBackend
@@ -175,15 +175,12 @@ class _StoreWatchingBackend(Backend):
     def attributes(self):
         return []
 
-    def default_queue(self):
-        return self.queue
-
     async def run(self, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        self.queue = self.model.add(Kind.QUEUE, None, {K.NAME: "default"}, owner=self.name)
+        self.queue = self.default_queue = self.model.add(Kind.QUEUE, None, {K.NAME: "default"}, owner=self.name)
         task_status.started()
         await trio.sleep_forever()
 
-    async def submit(self, spec, queue, key=None) -> int:
+    async def submit(self, spec, queue, key=None) -> Submitted:
         reader = sqlite3.connect(self.path)
         try:
             found = reader.execute("SELECT count(*) FROM jobs WHERE key=?", (key,)).fetchone()[0]
@@ -192,7 +189,7 @@ class _StoreWatchingBackend(Backend):
         self.committed[spec.client_ref] = found == 1
         job = self.model.add(Kind.JOB, queue, {K.STATE: "QUEUING"}, owner=self.name, key=key)
         await trio.lowlevel.checkpoint()
-        return job
+        return Submitted(job)
 
     async def terminate(self, job: int) -> None:
         pass

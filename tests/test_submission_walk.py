@@ -9,6 +9,7 @@ import dis
 import sys
 from typing import Dict, List, Optional, Tuple
 
+import pytest
 import trio
 import trio.testing
 
@@ -18,6 +19,7 @@ from proxy_agent.schedulers.local import LocalBackend
 from proxy_agent.server import Admission, ServerLimits, Sessions, serve_connection
 from proxy_agent.service.model import ServiceModel
 from proxy_agent.service.service import JobService
+from proxy_agent.service.store import open_store
 
 from wait_support import scaled
 
@@ -98,9 +100,11 @@ class WalkRecorder(trio.abc.Instrument):
                 self._left[room] = True
 
 
-async def test_one_submission_walks_through_each_room_once(tmp_path):
+@pytest.mark.parametrize("stored", [False, True], ids=["without a store", "with the agent's store"])
+async def test_one_submission_walks_through_each_room_once(tmp_path, stored):
     model = ServiceModel()
-    service = JobService(model)
+    # the agent's own set-up: its store in the state directory, the local jobs beside it
+    service = JobService(model, open_store(str(tmp_path)) if stored else None)
     service.add_backend(LocalBackend(model, None, service.context(state_dir=str(tmp_path))))
     recorder = WalkRecorder()
     client_stream, agent_stream = trio.testing.memory_stream_pair()

@@ -484,8 +484,11 @@ class LocalBackend(KeeperNews, OutputReading, LocalAdoption, LaunchPreparation, 
         async def run() -> None:
             try:
                 await function(*args)
-            except Exception:  # noqa: BLE001 - best effort
-                log.exception("a request to the keeper failed")
+            except Exception as exc:  # noqa: BLE001 - best effort
+                if self._closing:  # the keeper is being let go: expected, and nothing to fix
+                    log.info("a request to the keeper was dropped as the agent ends: %s", exc)
+                else:
+                    log.exception("a request to the keeper failed")
 
         if self._nursery_for_tasks is not None:
             try:

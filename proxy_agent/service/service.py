@@ -97,6 +97,8 @@ class JobService:
         self._ended_at: Dict[int, float] = {}
         #: keys of the jobs the store holds
         self.stored: Set[int] = set()
+        #: ``BACKEND:NAME`` of the queues (see queue_label)
+        self._queue_labels: Dict[int, str] = {}
         self._stored_records: List[StoredJob] = []
         #: the standing notice saying the store cannot be written now
         self._unwritable_notice: Optional[Tuple[str, str]] = None
@@ -249,7 +251,12 @@ class JobService:
                 started()
 
     def _adopt(self, backend: Backend) -> None:
-        """Give a backend that has just started the stored jobs an earlier agent submitted to it."""
+        """Give a backend that has just started the stored jobs an earlier agent submitted to it
+        (and learn the labels of its queues)."""
+        model = self.model
+        for key in model.keys(Kind.QUEUE):
+            if model.get(key).owner == backend.name:
+                self.queue_label(key)
         shown_since = None if self.show_ended is None else time.time() - self.show_ended
         records = [r for r in self._stored_records if r.backend == backend.name and r.key not in self.stored
                    and (r.ended is None or shown_since is None or r.ended >= shown_since)]
@@ -564,9 +571,16 @@ class JobService:
         return f"no queue named {text!r}; queues: {', '.join(names) or 'none yet'}"
 
     def queue_label(self, key: int) -> str:
-        """``BACKEND:NAME`` of a queue."""
-        element = self.model.get(key)
-        return f"{element.owner}:{self.model.attr(key, K.NAME) or key}"
+        """``BACKEND:NAME`` of a queue (remembered: a queue's key and name never change, so a
+        submission's record names its queue without asking the model again)."""
+        label = self._queue_labels.get(key)
+        if label is None:
+            element = self.model.get(key)
+            name = self.model.attr(key, K.NAME)
+            label = f"{element.owner}:{name or key}"
+            if name:
+                self._queue_labels[key] = label
+        return label
 
     def default_queue(self, prefer: Sequence[str] = ()) -> Tuple[Backend, int]:
         """The default queue of the first running backend (of ``prefer``'s first, if any)."""

@@ -196,8 +196,8 @@ class PtpSession(JobCommands):
             out += encode_frame(event_id, tid, args)
 
     def _tell_answered(self) -> None:
-        """The view learns which submissions were answered, once their OKs are taken to be
-        written: each one's job goes out from the next write on, as the client's own."""
+        """The view learns which submissions were answered (their OKs are queued, or were not
+        sent): each one's job goes out, as the client's own, behind its OK in the same write."""
         answered, self._answered = self._answered, []
         if self.view is not None:
             for sub_id, job in answered:
@@ -231,13 +231,13 @@ class PtpSession(JobCommands):
             elif self._ahead:
                 data = self._take_ahead()
             elif self._out or self._has_model_work() or self._answered:
+                if self._answered:
+                    self._tell_answered()  # their OKs are in _out: their jobs go right behind them
                 if self._has_model_work() and len(self._out) < _WRITE_HIGH_WATER:
                     self._emit_model()
                 data = bytes(self._out)
                 self._out.clear()
                 delivered = self.view.take_delivered() if data and self.view is not None else None
-                if self._answered:
-                    self._tell_answered()
             else:  # closing, nothing else left: the frames that end the stream
                 data = bytes(self._final)
                 self._final.clear()

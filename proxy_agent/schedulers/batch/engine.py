@@ -160,6 +160,8 @@ class BatchBackend(BatchCommandLine, QueuesAndNodes, Adoption, OutputFollowing, 
         self._machine: Optional[int] = None
         self._queues: Dict[str, int] = {}
         self._queue_records: Dict[str, NativeQueue] = {}
+        #: the name of the default queue (its key is ``default_queue``)
+        self._default: Optional[str] = None
         #: each queue's definitions as last read by BatchSystem.queue_details
         self._definitions: Dict[str, NativeQueue] = {}
         #: read every queue's definitions at the next poll

@@ -74,6 +74,7 @@ class QueuesAndNodes:
         if listed != self._queue_records:
             self._figures_stale = True  # the scheduler's own figures may have changed
         self._queue_records = listed
+        self._default = default
         self.default_queue = self._queues.get(default) if default is not None else None
 
     def _queue_for(self, name: str, current: Optional[int] = None) -> int:
