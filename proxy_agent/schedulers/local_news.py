@@ -69,14 +69,20 @@ class KeeperNews:
 
     def _answered(self, record: LocalJob) -> None:
         """A submission has been answered: its job's news that waited goes to the model, once
-        the client has been told of the job."""
-        waiting, record.waiting = record.waiting, None
-        if waiting:
-            async def hear() -> None:
-                await trio.lowlevel.checkpoint()
+        the client has been told of the job.  News that comes meanwhile waits with it, so
+        that the model hears all of it in the keeper's order (a process's exit never before
+        the news that its output file grew: the output would be read as empty)."""
+        if not record.waiting:
+            record.waiting = None
+            return
+
+        async def hear() -> None:
+            await trio.lowlevel.checkpoint()
+            waiting, record.waiting = record.waiting, None
+            if waiting:
                 self._notices(waiting)
 
-            self._spawn_soon(hear)
+        self._spawn_soon(hear)
 
     def _set_pids(self, message: dict) -> None:
         key = message.get("key")
