@@ -10,6 +10,7 @@ import os
 import socket
 import sys
 import tempfile
+import time
 from collections import deque
 from pathlib import Path
 from typing import Deque, List, Optional, Sequence
@@ -102,19 +103,75 @@ def stop_services(roots: Sequence[str]) -> None:
     from proxy_agent.endpoints import lock_holder
     from proxy_agent.launch import LaunchError, stop_service
 
+    def stop(directory: str) -> None:
+        try:
+            stop_service(directory, end_jobs=True, timeout=scaled(15))
+        except LaunchError:
+            pid = (lock_holder(directory) or {}).get("pid")
+            if isinstance(pid, int):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    roots = [os.path.abspath(str(root)) for root in roots if os.path.isdir(root)]
     for root in roots:
-        if not os.path.isdir(root):
-            continue
-        for directory in services_under(str(root)):
+        for directory in services_under(root):
+            stop(directory)
+    # A service a launch forked just before the test ended does not hold its directory yet:
+    # waited for until it does (then stopped) or has left.
+    deadline = time.monotonic() + scaled(15)
+    while True:
+        starting = _agent_processes(roots, "service")
+        if not starting:
+            break
+        if time.monotonic() > deadline:
+            for pid, _directory in starting:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            break
+        for _pid, directory in starting:
+            if lock_holder(directory) is not None:
+                stop(directory)
+        time.sleep(0.05)
+    # A keeper whose service has gone (one that left while starting) would leave by itself
+    # once idle for a while; a test ends it now.
+    for pid, directory in _agent_processes(roots, "keeper"):
+        if lock_holder(directory) is None:
             try:
-                stop_service(directory, end_jobs=True, timeout=scaled(15))
-            except LaunchError:
-                pid = (lock_holder(directory) or {}).get("pid")
-                if isinstance(pid, int):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def _agent_processes(roots: Sequence[str], kind: str) -> List[tuple]:
+    """(pid, state directory) of the services (``kind`` "service": ``proxy-agent service
+    --state-dir DIR``) or keepers ("keeper": ``proxy_agent.schedulers.keeper DIR/local``) whose
+    state directory is under one of ``roots``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                words = [word.decode(errors="replace") for word in file.read().split(b"\0")]
+        except OSError:
+            continue
+        directory = None
+        if kind == "service" and "service" in words and "--state-dir" in words:
+            index = words.index("--state-dir")
+            if index + 1 < len(words) and "service" in words[:index]:
+                directory = os.path.abspath(words[index + 1])
+        elif kind == "keeper" and "proxy_agent.schedulers.keeper" in words:
+            index = words.index("proxy_agent.schedulers.keeper")
+            if index + 1 < len(words):
+                directory = os.path.dirname(os.path.abspath(words[index + 1]))
+        if directory is not None and any(directory == root or directory.startswith(root + os.sep) for root in roots) \
+                and not process_gone(int(entry)):
+            found.append((int(entry), directory))
+    return found
 
 
 def service_pid(state_dir) -> int:

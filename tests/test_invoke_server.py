@@ -15,7 +15,7 @@ import sys
 import tempfile
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 import trio
 import trio.testing
@@ -211,17 +211,28 @@ async def stop_agent(state_dir: Path) -> None:
     with trio.move_on_after(scaled(1.0)):
         while not processes_of(state_dir) and (state_dir / "agent.err").exists():
             await trio.sleep(0.05)
-    pids = processes_of(state_dir)
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+    # ... and one may appear while the others end (a launch forks its service): every
+    # process working in the directory is ended, until none has been seen for a moment.
+    ended: Set[int] = set()
+    quiet_since: Optional[float] = None
     with trio.move_on_after(scaled(30)):
-        while any(alive(p) for p in pids):
+        while True:
+            pids = processes_of(state_dir)
+            for pid in pids:
+                if pid not in ended:
+                    ended.add(pid)
+                    try:
+                        os.kill(pid, signal.SIGTERM)
+                    except ProcessLookupError:
+                        pass
+            if any(alive(p) for p in ended) or pids:
+                quiet_since = None
+            elif quiet_since is None:
+                quiet_since = trio.current_time()
+            elif trio.current_time() - quiet_since >= 0.3:
+                return
             await trio.sleep(0.05)
-        return
-    for pid in pids:
+    for pid in ended | set(processes_of(state_dir)):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
