@@ -13,7 +13,7 @@ import tempfile
 import time
 from collections import deque
 from pathlib import Path
-from typing import Deque, List, Optional, Sequence
+from typing import Deque, Iterator, List, Optional, Sequence, Tuple
 
 import trio
 
@@ -151,14 +151,7 @@ def _agent_processes(roots: Sequence[str], kind: str) -> List[tuple]:
     --state-dir DIR``) or keepers ("keeper": ``proxy_agent.schedulers.keeper DIR/local``) whose
     state directory is under one of ``roots``."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as file:
-                words = [word.decode(errors="replace") for word in file.read().split(b"\0")]
-        except OSError:
-            continue
+    for pid, words in _command_lines():
         directory = None
         if kind == "service" and "service" in words and "--state-dir" in words:
             index = words.index("--state-dir")
@@ -169,9 +162,21 @@ def _agent_processes(roots: Sequence[str], kind: str) -> List[tuple]:
             if index + 1 < len(words):
                 directory = os.path.dirname(os.path.abspath(words[index + 1]))
         if directory is not None and any(directory == root or directory.startswith(root + os.sep) for root in roots) \
-                and not process_gone(int(entry)):
-            found.append((int(entry), directory))
+                and not process_gone(pid):
+            found.append((pid, directory))
     return found
+
+
+def _command_lines() -> Iterator[Tuple[int, List[str]]]:
+    """(pid, command line as words) of every process that can be read."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as file:
+                yield int(entry), [word.decode(errors="replace") for word in file.read().split(b"\0")]
+        except OSError:
+            continue
 
 
 def service_pid(state_dir) -> int:
@@ -190,18 +195,11 @@ def processes_of(state_dir) -> List[tuple]:
     service has just forked the service's."""
     wanted = os.path.abspath(str(state_dir))
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/cmdline", "rb") as file:
-                words = [word.decode(errors="replace") for word in file.read().split(b"\0")]
-        except OSError:
-            continue
+    for pid, words in _command_lines():
         if "--state-dir" in words:
             index = words.index("--state-dir")
-            if index + 1 < len(words) and os.path.abspath(words[index + 1]) == wanted and not process_gone(int(entry)):
-                found.append((int(entry), "service" in words[:index]))
+            if index + 1 < len(words) and os.path.abspath(words[index + 1]) == wanted and not process_gone(pid):
+                found.append((pid, "service" in words[:index]))
     # a service's own child, forked and not yet executing what it runs, shows its command line
     services = {pid for pid, service in found if service}
     return [(pid, service and _parent(pid) not in services) for pid, service in found]

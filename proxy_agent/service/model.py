@@ -560,13 +560,9 @@ class ServiceModel:
             # What the observers derive from the job now (its queue's figures) reaches each
             # subscriber with the job, in the same call.
             self._collected = changes
-            self._quiet += 1
             try:
-                for sink in self._observers:
-                    sink.flush()
+                self._flush_observers()
             finally:
-                self._quiet -= 1
-                self._missed = False
                 self._collected = None
         for sink in self._sinks:
             sink.created_all(elements, changes)
@@ -763,15 +759,18 @@ class ServiceModel:
             self._missed = True
             return
         if self._observers:
-            self._quiet += 1  # what the observers change now belongs to this flush
-            try:
-                for sink in self._observers:
-                    sink.flush()
-            finally:
-                self._quiet -= 1
-                self._missed = False
+            self._flush_observers()
         for sink in self._sinks:
             sink.flush()
+
+    def _flush_observers(self) -> None:
+        self._quiet += 1  # what the observers change now belongs to the subscribers' flush
+        try:
+            for sink in self._observers:
+                sink.flush()
+        finally:
+            self._quiet -= 1
+            self._missed = False
 
 
 def _freeze(name: str, value: object) -> AttrValue:
